@@ -1,0 +1,297 @@
+//! Turns a job's stream entries into OpenAI `chat.completion.chunk`s, exactly in OpenAI's
+//! order: per choice a first chunk with `delta: {"role":"assistant","content":""}`, then
+//! content deltas, then a chunk with an empty delta and the `finish_reason`; with
+//! `include_usage` a last chunk with `choices: []` and the usage; then `[DONE]`. Pure
+//! bookkeeping, no I/O, so the sequence is unit-tested directly.
+
+use crate::error::ApiError;
+use crate::openai::response::{
+    finish_reason_str, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice, Delta, UsageOut,
+    SYSTEM_FINGERPRINT,
+};
+use crate::validate::Delivery;
+use fallow_scheduler::job::{Completion, FinishReason, JobEvent, TokenLogprob, Usage};
+use fallow_scheduler::stream::StreamEntry;
+
+/// One SSE event to send. `id` is the Redis entry id it came from (for `Last-Event-ID`).
+#[derive(Debug)]
+pub struct Frame {
+    pub id: Option<String>,
+    pub payload: Payload,
+}
+
+#[derive(Debug)]
+pub enum Payload {
+    Chunk(ChatCompletionChunk),
+    Error(ApiError),
+    Done,
+}
+
+pub struct ChunkBuilder {
+    id: String,
+    created: i64,
+    model: String,
+    delivery: Delivery,
+    roles_sent: bool,
+    /// Bytes of text already sent per choice, to send only the rest from `Final`.
+    sent_len: Vec<usize>,
+    finished: Vec<bool>,
+    usage: Usage,
+    attempt: Option<i32>,
+    content_sent: bool,
+    done: bool,
+    /// Set when the job itself ended the stream (`Final`: the finish reason of the first
+    /// choice and the usage; `Error`: `None` inside).
+    job_outcome: Option<Option<(FinishReason, Usage)>>,
+}
+
+impl ChunkBuilder {
+    /// `resumed`: the client saw the stream's first entry already (it resumes after an id),
+    /// so it has the role chunks.
+    pub fn new(
+        id: String,
+        created: i64,
+        model: String,
+        n: u32,
+        delivery: Delivery,
+        resumed: bool,
+    ) -> Self {
+        let n = n.max(1) as usize;
+        ChunkBuilder {
+            id,
+            created,
+            model,
+            delivery,
+            roles_sent: resumed,
+            // A resumed client has an unknown prefix of the text; never resend a `Final`'s
+            // text to it (it would duplicate), only its finish chunks.
+            sent_len: vec![if resumed { usize::MAX } else { 0 }; n],
+            finished: vec![false; n],
+            usage: Usage::default(),
+            attempt: None,
+            content_sent: resumed,
+            done: false,
+            job_outcome: None,
+        }
+    }
+
+    /// Whether the stream has ended (a `Final` or an error was turned into frames).
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Whether the job ended the stream itself (a `Final` or a runner's `Error`), as
+    /// opposed to the api giving up (timeout, Redis lost) while the job may still run.
+    pub fn ended_normally(&self) -> bool {
+        self.job_outcome.is_some()
+    }
+
+    /// The first choice's finish reason and the usage, once a `Final` arrived.
+    pub fn final_outcome(&self) -> Option<(FinishReason, Usage)> {
+        self.job_outcome.flatten()
+    }
+
+    /// Whether any content has been sent yet (for time-to-first-token).
+    pub fn content_sent(&self) -> bool {
+        self.content_sent
+    }
+
+    pub fn on_entry(&mut self, entry: &StreamEntry) -> Vec<Frame> {
+        let mut out = Vec::new();
+        if self.done {
+            return out;
+        }
+        let id = Some(entry.id.clone());
+        if !self.roles_sent && !matches!(entry.event, JobEvent::Error { .. }) {
+            self.roles_sent = true;
+            for index in 0..self.finished.len() as u32 {
+                let delta = Delta {
+                    role: Some("assistant"),
+                    content: Some(String::new()),
+                };
+                out.push(self.frame(id.clone(), index, delta, None, None));
+            }
+        }
+        match &entry.event {
+            JobEvent::Started { attempt } => {
+                if self.attempt.is_some_and(|a| a != *attempt) && self.content_sent {
+                    // Never splice two attempts' tokens into one answer.
+                    out.extend(self.on_error(ApiError::JobFailed {
+                        code: "runner_lost".into(),
+                        message: "The runner serving this request was lost after it had sent tokens; retry the request.".into(),
+                    }));
+                }
+                self.attempt = Some(*attempt);
+            }
+            JobEvent::Delta {
+                index,
+                text,
+                logprobs,
+                finish_reason,
+                usage,
+            } => {
+                self.usage = *usage;
+                self.on_delta(
+                    &mut out,
+                    &id,
+                    *index,
+                    text,
+                    logprobs.as_ref(),
+                    *finish_reason,
+                );
+            }
+            JobEvent::Final { completion } => self.on_final(&mut out, &id, completion),
+            JobEvent::Error { code, message } => {
+                self.job_outcome = Some(None);
+                out.extend(self.on_error(ApiError::JobFailed {
+                    code: code.clone(),
+                    message: message.clone(),
+                }))
+            }
+        }
+        out
+    }
+
+    /// Ends the stream with an error event and `[DONE]`.
+    pub fn on_error(&mut self, err: ApiError) -> Vec<Frame> {
+        if self.done {
+            return Vec::new();
+        }
+        self.done = true;
+        vec![
+            Frame {
+                id: None,
+                payload: Payload::Error(err),
+            },
+            Frame {
+                id: None,
+                payload: Payload::Done,
+            },
+        ]
+    }
+
+    fn on_delta(
+        &mut self,
+        out: &mut Vec<Frame>,
+        id: &Option<String>,
+        index: u32,
+        text: &str,
+        logprobs: Option<&Vec<TokenLogprob>>,
+        finish: Option<FinishReason>,
+    ) {
+        let i = index as usize;
+        if i >= self.finished.len() || self.finished[i] {
+            tracing::debug!(index, "ignoring a delta for an unknown or finished choice");
+            return;
+        }
+        if !text.is_empty() || logprobs.is_some() {
+            self.sent_len[i] = self.sent_len[i].saturating_add(text.len());
+            self.content_sent = true;
+            let delta = Delta {
+                role: None,
+                content: Some(text.to_owned()),
+            };
+            let logprobs = logprobs.map(|l| ChoiceLogprobs { content: l.clone() });
+            out.push(self.frame(id.clone(), index, delta, logprobs, None));
+        }
+        if let Some(reason) = finish {
+            self.finished[i] = true;
+            out.push(self.frame(id.clone(), index, Delta::default(), None, Some(reason)));
+        }
+    }
+
+    fn on_final(&mut self, out: &mut Vec<Frame>, id: &Option<String>, completion: &Completion) {
+        self.usage = completion.usage;
+        for choice in &completion.choices {
+            let i = choice.index as usize;
+            if i >= self.finished.len() || self.finished[i] {
+                continue;
+            }
+            // Text the deltas did not carry (a runner that does not stream, or a stream
+            // that expired) is sent in one piece before the finish chunk.
+            let sent = self.sent_len[i];
+            if choice.text.len() > sent && choice.text.is_char_boundary(sent) {
+                let delta = Delta {
+                    role: None,
+                    content: Some(choice.text[sent..].to_owned()),
+                };
+                self.content_sent = true;
+                out.push(self.frame(id.clone(), choice.index, delta, None, None));
+            }
+            self.finished[i] = true;
+            out.push(self.frame(
+                id.clone(),
+                choice.index,
+                Delta::default(),
+                None,
+                Some(choice.finish_reason),
+            ));
+        }
+        if self.delivery.include_usage {
+            out.push(Frame {
+                id: id.clone(),
+                payload: Payload::Chunk(self.chunk(Vec::new(), Some(Some(self.usage.into())))),
+            });
+        }
+        out.push(Frame {
+            id: None,
+            payload: Payload::Done,
+        });
+        self.done = true;
+        let first = completion
+            .choices
+            .first()
+            .map_or(FinishReason::Stop, |c| c.finish_reason);
+        self.job_outcome = Some(Some((first, completion.usage)));
+    }
+
+    fn frame(
+        &self,
+        id: Option<String>,
+        index: u32,
+        delta: Delta,
+        logprobs: Option<ChoiceLogprobs>,
+        finish: Option<FinishReason>,
+    ) -> Frame {
+        let choice = ChunkChoice {
+            index,
+            delta,
+            logprobs,
+            finish_reason: finish.map(finish_reason_str),
+        };
+        Frame {
+            id,
+            payload: Payload::Chunk(self.chunk(vec![choice], self.usage_field())),
+        }
+    }
+
+    fn usage_field(&self) -> Option<Option<UsageOut>> {
+        if self.delivery.continuous_usage {
+            Some(Some(self.usage.into()))
+        } else if self.delivery.include_usage {
+            Some(None)
+        } else {
+            None
+        }
+    }
+
+    fn chunk(
+        &self,
+        choices: Vec<ChunkChoice>,
+        usage: Option<Option<UsageOut>>,
+    ) -> ChatCompletionChunk {
+        ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: SYSTEM_FINGERPRINT,
+            choices,
+            usage,
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "chunks_tests.rs"]
+mod tests;

@@ -1,0 +1,274 @@
+use super::*;
+use fallow_scheduler::job::ChoiceResult;
+use serde_json::{json, Value};
+
+fn entry(id: &str, event: JobEvent) -> StreamEntry {
+    StreamEntry {
+        id: id.to_owned(),
+        event,
+    }
+}
+
+fn delta(index: u32, text: &str, finish: Option<FinishReason>, completion_tokens: u32) -> JobEvent {
+    JobEvent::Delta {
+        index,
+        text: text.to_owned(),
+        logprobs: None,
+        finish_reason: finish,
+        usage: Usage {
+            prompt_tokens: 5,
+            completion_tokens,
+            cached_tokens: 0,
+        },
+    }
+}
+
+fn final_event(texts: &[&str]) -> JobEvent {
+    JobEvent::Final {
+        completion: Completion {
+            choices: texts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| ChoiceResult {
+                    index: i as u32,
+                    text: (*t).to_owned(),
+                    finish_reason: FinishReason::Stop,
+                    matched_stop: None,
+                    logprobs: None,
+                })
+                .collect(),
+            usage: Usage {
+                prompt_tokens: 5,
+                completion_tokens: 2,
+                cached_tokens: 1,
+            },
+        },
+    }
+}
+
+/// Frames as (id, JSON or "[DONE]").
+fn render(frames: Vec<Frame>) -> Vec<(Option<String>, Value)> {
+    frames
+        .into_iter()
+        .map(|f| {
+            let value = match f.payload {
+                Payload::Chunk(c) => serde_json::to_value(&c).unwrap_or(Value::Null),
+                Payload::Error(e) => {
+                    serde_json::to_value(e.status_and_body().1).unwrap_or(Value::Null)
+                }
+                Payload::Done => json!("[DONE]"),
+            };
+            (f.id, value)
+        })
+        .collect()
+}
+
+fn builder(n: u32, delivery: Delivery) -> ChunkBuilder {
+    ChunkBuilder::new("chatcmpl-x".into(), 7, "m".into(), n, delivery, false)
+}
+
+fn run(b: &mut ChunkBuilder, entries: Vec<StreamEntry>) -> Vec<(Option<String>, Value)> {
+    render(entries.iter().flat_map(|e| b.on_entry(e)).collect())
+}
+
+#[test]
+fn a_stream_starts_with_the_role_then_content_then_finish_then_done() {
+    let mut b = builder(
+        1,
+        Delivery {
+            stream: true,
+            ..Default::default()
+        },
+    );
+    let out = run(
+        &mut b,
+        vec![
+            entry("1-0", JobEvent::Started { attempt: 1 }),
+            entry("2-0", delta(0, "Hel", None, 1)),
+            entry("3-0", delta(0, "lo", Some(FinishReason::Stop), 2)),
+            entry("4-0", final_event(&["Hello"])),
+        ],
+    );
+    let deltas: Vec<Value> = out
+        .iter()
+        .map(|(_, v)| v["choices"][0]["delta"].clone())
+        .collect();
+    assert_eq!(deltas[0], json!({"role": "assistant", "content": ""}));
+    assert_eq!(deltas[1], json!({"content": "Hel"}));
+    assert_eq!(deltas[2], json!({"content": "lo"}));
+    assert_eq!(deltas[3], json!({}));
+    assert_eq!(out[3].1["choices"][0]["finish_reason"], "stop");
+    assert_eq!(out[1].1["choices"][0]["finish_reason"], Value::Null);
+    assert_eq!(out.last().map(|(_, v)| v.clone()), Some(json!("[DONE]")));
+    assert_eq!(out.len(), 5);
+    // ids are the Redis entry ids; without include_usage there is no usage key at all.
+    assert_eq!(out[1].0.as_deref(), Some("2-0"));
+    assert!(out[1].1.get("usage").is_none());
+    assert_eq!(out[1].1["object"], "chat.completion.chunk");
+    assert!(b.is_done() && b.ended_normally());
+}
+
+#[test]
+fn include_usage_adds_a_final_usage_chunk_and_null_usage_elsewhere() {
+    let mut b = builder(
+        1,
+        Delivery {
+            stream: true,
+            include_usage: true,
+            continuous_usage: false,
+        },
+    );
+    let out = run(
+        &mut b,
+        vec![
+            entry("1-0", delta(0, "Hi", Some(FinishReason::Length), 1)),
+            entry("2-0", final_event(&["Hi"])),
+        ],
+    );
+    assert!(out[0].1["usage"].is_null() && out[0].1.get("usage").is_some());
+    let usage_chunk = &out[out.len() - 2].1;
+    assert_eq!(usage_chunk["choices"], json!([]));
+    assert_eq!(usage_chunk["usage"]["total_tokens"], 7);
+    assert_eq!(
+        usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"],
+        1
+    );
+    assert_eq!(out[2].1["choices"][0]["finish_reason"], "length");
+}
+
+#[test]
+fn continuous_usage_puts_usage_on_every_chunk() {
+    let mut b = builder(
+        1,
+        Delivery {
+            stream: true,
+            include_usage: false,
+            continuous_usage: true,
+        },
+    );
+    let out = run(&mut b, vec![entry("1-0", delta(0, "Hi", None, 1))]);
+    assert_eq!(out[1].1["usage"]["completion_tokens"], 1);
+}
+
+#[test]
+fn every_choice_gets_its_own_role_chunk_and_final_fills_unstreamed_text() {
+    let mut b = builder(
+        2,
+        Delivery {
+            stream: true,
+            ..Default::default()
+        },
+    );
+    let out = run(
+        &mut b,
+        vec![
+            entry("1-0", delta(0, "a", None, 1)),
+            entry("2-0", final_event(&["ab", "xy"])),
+        ],
+    );
+    let role_indices: Vec<Value> = out[..2]
+        .iter()
+        .map(|(_, v)| v["choices"][0]["index"].clone())
+        .collect();
+    assert_eq!(role_indices, [json!(0), json!(1)]);
+    let contents: Vec<(Value, Value)> = out
+        .iter()
+        .filter(|(_, v)| v["choices"][0]["delta"].get("content").is_some())
+        .map(|(_, v)| {
+            (
+                v["choices"][0]["index"].clone(),
+                v["choices"][0]["delta"]["content"].clone(),
+            )
+        })
+        .collect();
+    assert!(contents.contains(&(json!(0), json!("b"))));
+    assert!(contents.contains(&(json!(1), json!("xy"))));
+}
+
+#[test]
+fn an_error_event_ends_the_stream_with_an_error_then_done() {
+    let mut b = builder(
+        1,
+        Delivery {
+            stream: true,
+            ..Default::default()
+        },
+    );
+    let out = run(
+        &mut b,
+        vec![
+            entry("1-0", delta(0, "a", None, 1)),
+            entry(
+                "2-0",
+                JobEvent::Error {
+                    code: "context_length_exceeded".into(),
+                    message: "too long".into(),
+                },
+            ),
+            entry("3-0", delta(0, "late", None, 2)),
+        ],
+    );
+    let n = out.len();
+    assert_eq!(out[n - 2].1["error"]["code"], "context_length_exceeded");
+    assert_eq!(out[n - 2].1["error"]["message"], "too long");
+    assert_eq!(out[n - 1].1, json!("[DONE]"));
+    assert!(b.ended_normally());
+}
+
+#[test]
+fn a_new_attempt_after_tokens_were_sent_is_an_error_not_a_splice() {
+    let mut b = builder(
+        1,
+        Delivery {
+            stream: true,
+            ..Default::default()
+        },
+    );
+    let out = run(
+        &mut b,
+        vec![
+            entry("1-0", JobEvent::Started { attempt: 1 }),
+            entry("2-0", delta(0, "a", None, 1)),
+            entry("3-0", JobEvent::Started { attempt: 2 }),
+            entry("4-0", delta(0, "b", None, 1)),
+        ],
+    );
+    assert!(out.iter().any(|(_, v)| v["error"]["code"] == "runner_lost"));
+    assert!(!out
+        .iter()
+        .any(|(_, v)| v["choices"][0]["delta"]["content"] == "b"));
+    assert!(!b.ended_normally());
+}
+
+#[test]
+fn a_resumed_stream_sends_no_role_chunk_and_no_duplicate_text() {
+    let mut b = ChunkBuilder::new(
+        "c".into(),
+        1,
+        "m".into(),
+        1,
+        Delivery {
+            stream: true,
+            ..Default::default()
+        },
+        true,
+    );
+    let out = run(&mut b, vec![entry("5-0", final_event(&["whole text"]))]);
+    assert_eq!(out.len(), 2);
+    assert_eq!(out[0].1["choices"][0]["delta"], json!({}));
+    assert_eq!(out[0].1["choices"][0]["finish_reason"], "stop");
+}
+
+#[test]
+fn an_api_side_failure_ends_the_stream_but_not_normally() {
+    let mut b = builder(
+        1,
+        Delivery {
+            stream: true,
+            ..Default::default()
+        },
+    );
+    let out = render(b.on_error(ApiError::Timeout(std::time::Duration::from_secs(1))));
+    assert_eq!(out[0].1["error"]["code"], "timeout");
+    assert!(b.is_done() && !b.ended_normally());
+}

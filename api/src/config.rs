@@ -1,0 +1,38 @@
+//! The api tier's knobs. The CLI fills them from its layered configuration; tests build
+//! them directly.
+
+use std::time::Duration;
+
+/// Limits and switches of the HTTP tier.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// Require `Authorization: Bearer <key>` on `/v1/*`. Off for local development.
+    pub auth: bool,
+    /// How long one chat completion may take end to end before the api gives up (504 or
+    /// an error event) and cancels the job.
+    pub request_timeout: Duration,
+    /// Largest accepted request body; larger bodies get 413.
+    pub max_body_bytes: usize,
+    /// Most messages accepted in one conversation.
+    pub max_messages: usize,
+    /// Most choices (`n`) one request may ask for.
+    pub max_n: u32,
+    /// Queued jobs (all tenants) above which new requests get 429.
+    pub global_queue_limit: i64,
+    /// Attempts a job gets before it fails for good (retries after runner loss).
+    pub max_attempts: i32,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            auth: false,
+            request_timeout: Duration::from_secs(600),
+            max_body_bytes: 8 * 1024 * 1024,
+            max_messages: 2048,
+            max_n: 16,
+            global_queue_limit: 10_000,
+            max_attempts: 3,
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! Fallow's OpenAI-compatible HTTP tier. It holds no model and never waits on an engine: it
+//! validates requests, puts jobs in the Postgres queue and relays their token streams from
+//! Redis back to clients.
+//!
+//! - [`config`]: the tier's limits and switches ([`ApiConfig`]).
+//! - [`openai`]: OpenAI's wire format (lenient requests, exact responses).
+//! - [`validate`]: wire request → the scheduler's validated `GenerateRequest`.
+//! - [`error`]: the one error type and its one table to status codes and OpenAI envelopes.
+//! - [`extract`]: a JSON body extractor that answers in that envelope (never 422).
+//! - [`auth`]: Bearer key → tenant.
+//! - [`catalog`]: the live models, briefly cached.
+//! - [`follow`]: following a job's Redis stream, with a deadline and a Postgres fallback.
+//! - [`chunks`]: stream entries → `chat.completion.chunk`s, in OpenAI's order.
+//! - [`sse`]: chunks → server-sent events; the job's body stream.
+//! - [`cancel`]: cancel a job when its client goes away (a drop guard).
+//! - [`metrics`]: Prometheus metrics with vLLM-style names.
+//! - [`routes`]: the HTTP endpoints and the router.
+//! - [`server`]: binding the router to a listener with graceful shutdown.
+
+pub mod auth;
+pub mod cancel;
+pub mod catalog;
+pub mod chunks;
+pub mod config;
+pub mod error;
+pub mod extract;
+pub mod follow;
+pub mod metrics;
+pub mod openai;
+pub mod routes;
+pub mod server;
+pub mod sse;
+pub mod state;
+pub mod validate;
+
+pub use config::ApiConfig;
+pub use error::ApiError;
+pub use routes::router;
+pub use server::serve;
+pub use state::AppState;

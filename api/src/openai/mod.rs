@@ -1,0 +1,8 @@
+//! OpenAI's wire format, and nothing else: request types are lenient (aliases, string or
+//! array content, unknown fields kept for a debug log) so that any OpenAI-style client is
+//! understood; response types serialise exactly the shapes OpenAI's SDKs parse.
+//! Conversion into the scheduler's validated types happens in [`crate::validate`].
+
+pub mod models;
+pub mod request;
+pub mod response;

@@ -1,0 +1,39 @@
+//! `GET /v1/models` response shapes (vLLM's, which add `max_model_len`).
+
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<ModelCard>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: &'static str,
+    pub created: i64,
+    pub owned_by: String,
+    pub max_model_len: u32,
+}
+
+impl From<&fallow_scheduler::runners::ModelEntry> for ModelCard {
+    fn from(entry: &fallow_scheduler::runners::ModelEntry) -> Self {
+        ModelCard {
+            id: entry.id.clone(),
+            object: "model",
+            created: entry.created,
+            owned_by: entry.owned_by.clone(),
+            max_model_len: entry.context_length,
+        }
+    }
+}
+
+impl ModelList {
+    pub fn new(data: Vec<ModelCard>) -> Self {
+        ModelList {
+            object: "list",
+            data,
+        }
+    }
+}

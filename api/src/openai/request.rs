@@ -1,0 +1,109 @@
+//! The body of `POST /v1/chat/completions` as clients send it. Every field is optional at
+//! this layer (a missing `model` is a validation error naming `model`, not a serde error),
+//! numbers are read wide (`i64`/`f64`) so that range checks can name the parameter and its
+//! limit, and unknown fields land in `extra` to be logged at debug.
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ChatCompletionRequest {
+    pub model: Option<String>,
+    pub messages: Option<Vec<WireMessage>>,
+    pub max_tokens: Option<i64>,
+    /// OpenAI's newer name for `max_tokens`; wins when both are sent.
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub n: Option<i64>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopSpec>,
+    pub stop_token_ids: Option<Vec<i64>>,
+    pub frequency_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    /// Token id (as a string, JSON keys are strings) → bias.
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub min_tokens: Option<i64>,
+    pub ignore_eos: Option<bool>,
+    pub skip_special_tokens: Option<bool>,
+    pub continue_final_message: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// Passed to the chat template as a variable (GLM-style templates read it).
+    pub reasoning_effort: Option<String>,
+    /// Lower is served first; default 0.
+    pub priority: Option<i64>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub functions: Option<Vec<Value>>,
+    pub function_call: Option<Value>,
+    pub response_format: Option<Value>,
+    /// Accepted for compatibility; not used.
+    pub user: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(default)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+    pub continuous_usage_stats: Option<bool>,
+}
+
+/// `stop` may be one string or a list of them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSpec {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopSpec::One(s) => vec![s],
+            StopSpec::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct WireMessage {
+    pub role: Option<String>,
+    pub content: Option<MessageContent>,
+    pub name: Option<String>,
+    pub tool_call_id: Option<String>,
+    pub tool_calls: Option<Vec<Value>>,
+    pub function_call: Option<Value>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// A message's content: a plain string or a list of typed parts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of an array content. Only `text` parts are understood; the others are
+/// rejected by validation with a clear message.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub text: Option<String>,
+}

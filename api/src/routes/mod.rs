@@ -1,0 +1,63 @@
+//! The HTTP surface: which path goes to which handler, and the layers every request passes
+//! (request id, tracing span, body size limit). Unknown paths and methods answer in the
+//! OpenAI error envelope too.
+
+mod chat;
+mod completions;
+mod models;
+mod ops;
+
+use crate::state::AppState;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::routing::{get, post};
+use axum::Router;
+use tower::ServiceBuilder;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+/// The request id header: echoed when the client sent one, generated otherwise.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// The api's router with its state applied.
+pub fn router(state: AppState) -> Router {
+    let body_limit = state.config().max_body_bytes;
+    let layers = ServiceBuilder::new()
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(TraceLayer::new_for_http().make_span_with(request_span))
+        .layer(PropagateRequestIdLayer::x_request_id());
+    Router::new()
+        .route("/v1/chat/completions", post(chat::create_chat_completion))
+        .route(
+            "/v1/chat/completions/{id}",
+            get(completions::get_chat_completion),
+        )
+        .route(
+            "/v1/chat/completions/{id}/stream",
+            get(completions::resume_chat_stream),
+        )
+        .route("/v1/models", get(models::list_models))
+        .route("/v1/models/{*id}", get(models::get_model))
+        .route("/health", get(ops::health))
+        .route("/ready", get(ops::ready))
+        .route("/metrics", get(ops::metrics))
+        .fallback(ops::unknown_route)
+        .method_not_allowed_fallback(ops::method_not_allowed)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(layers)
+        .with_state(state)
+}
+
+/// Every request's span carries its request id, so job logs can be tied to it.
+fn request_span(request: &Request) -> tracing::Span {
+    let request_id = request
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    tracing::info_span!(
+        "http",
+        method = %request.method(),
+        path = %request.uri().path(),
+        request_id,
+    )
+}

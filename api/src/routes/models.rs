@@ -1,0 +1,29 @@
+//! `GET /v1/models` and `GET /v1/models/{id}`: the models live runners serve.
+
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::openai::models::{ModelCard, ModelList};
+use crate::state::AppState;
+use axum::extract::{Path, State};
+use axum::Json;
+
+pub async fn list_models(
+    State(state): State<AppState>,
+    _caller: Caller,
+) -> Result<Json<ModelList>, ApiError> {
+    let models = state.catalog().list().await?;
+    Ok(Json(ModelList::new(
+        models.iter().map(ModelCard::from).collect(),
+    )))
+}
+
+/// Model ids may contain slashes (`org/name`), hence the wildcard path.
+pub async fn get_model(
+    State(state): State<AppState>,
+    _caller: Caller,
+    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<ModelCard>, ApiError> {
+    let Path(id) = id.map_err(|err| ApiError::NotFound(format!("Invalid model path: {err}")))?;
+    let model = state.catalog().find(&id).await?;
+    Ok(Json(ModelCard::from(&model)))
+}

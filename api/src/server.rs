@@ -1,0 +1,38 @@
+//! Running the api on a listener until a shutdown future resolves. The listener is passed
+//! in (tests bind `127.0.0.1:0`), and so is the shutdown signal: no globals, no ports
+//! chosen here.
+
+use crate::routes::router;
+use crate::state::AppState;
+use std::future::Future;
+use std::time::Duration;
+
+/// How often histogram samples are folded into the Prometheus buckets when nobody scrapes.
+const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
+/// Serves the api until `shutdown` resolves, then lets in-flight requests finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let upkeep = state.metrics().cloned().map(|handle| {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(METRICS_UPKEEP);
+            loop {
+                tick.tick().await;
+                handle.run_upkeep();
+            }
+        })
+    });
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "api listening");
+    }
+    let result = axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await;
+    if let Some(task) = upkeep {
+        task.abort();
+    }
+    result
+}

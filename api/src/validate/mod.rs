@@ -1,0 +1,199 @@
+//! The boundary between OpenAI's lenient wire format and the scheduler's validated
+//! [`GenerateRequest`]. Every rule names the parameter it checks and the limit it enforces,
+//! so a client can fix its request from the error alone.
+
+mod messages;
+mod sampling;
+
+use crate::error::ApiError;
+use crate::openai::request::ChatCompletionRequest;
+use fallow_scheduler::job::GenerateRequest;
+use serde_json::Value;
+
+/// Request `priority` is accepted in this range (lower = served first, default 0). It maps
+/// one to one onto the job priority of an interactive job; batch jobs are enqueued at
+/// [`BATCH_PRIORITY_BASE`] and above, so interactive work always runs first.
+pub const PRIORITY_RANGE: std::ops::RangeInclusive<i64> = -1000..=1000;
+
+/// The lowest job priority a batch job gets (its own priority is added to it).
+pub const BATCH_PRIORITY_BASE: i32 = 100_000;
+
+/// Limits that depend on the server's configuration and on the model asked for.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_messages: usize,
+    pub max_n: u32,
+    /// The model's context length in tokens.
+    pub context_length: u32,
+}
+
+/// How the client wants the answer delivered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Delivery {
+    pub stream: bool,
+    /// A last chunk with `choices: []` and the usage (and `usage: null` elsewhere).
+    pub include_usage: bool,
+    /// Usage on every chunk.
+    pub continuous_usage: bool,
+}
+
+/// A request that passed validation.
+#[derive(Debug, Clone)]
+pub struct ValidChat {
+    pub request: GenerateRequest,
+    pub delivery: Delivery,
+    /// The job priority (interactive band).
+    pub priority: i32,
+}
+
+/// The model asked for; checked first because the other limits depend on it.
+pub fn requested_model(wire: &ChatCompletionRequest) -> Result<&str, ApiError> {
+    match wire.model.as_deref().map(str::trim) {
+        Some(model) if !model.is_empty() => Ok(model),
+        _ => Err(ApiError::invalid("model", "`model` is required.")),
+    }
+}
+
+/// Converts a wire request into the scheduler's validated request.
+pub fn validate_chat(wire: ChatCompletionRequest, limits: &Limits) -> Result<ValidChat, ApiError> {
+    let model = requested_model(&wire)?.to_owned();
+    if !wire.extra.is_empty() {
+        let names: Vec<&str> = wire.extra.keys().map(String::as_str).collect();
+        tracing::debug!(fields = ?names, "ignoring unknown request fields");
+    }
+    reject_unsupported(&wire)?;
+    let priority = validate_priority(wire.priority)?;
+    let delivery = delivery(&wire);
+    let sampling = sampling::validate_sampling(&wire, limits)?;
+    let n = sampling::validate_n(wire.n, limits.max_n)?;
+    let continue_final_message = wire.continue_final_message.unwrap_or(false);
+    let add_generation_prompt = match (wire.add_generation_prompt, continue_final_message) {
+        (Some(true), true) => {
+            return Err(ApiError::invalid(
+                "continue_final_message",
+                "`continue_final_message` and `add_generation_prompt` cannot both be true.",
+            ))
+        }
+        (Some(explicit), _) => explicit,
+        (None, cont) => !cont,
+    };
+    let messages = messages::validate_messages(wire.messages, limits.max_messages)?;
+    if continue_final_message
+        && messages.last().map(|m| m.role) != Some(fallow_scheduler::job::Role::Assistant)
+    {
+        return Err(ApiError::invalid(
+            "continue_final_message",
+            "`continue_final_message` requires the last message to have role `assistant`.",
+        ));
+    }
+    let mut chat_template_kwargs = wire.chat_template_kwargs.unwrap_or_default();
+    if let Some(effort) = wire.reasoning_effort {
+        chat_template_kwargs
+            .entry("reasoning_effort")
+            .or_insert(Value::String(effort));
+    }
+    let request = GenerateRequest {
+        model,
+        messages,
+        sampling,
+        n,
+        add_generation_prompt,
+        continue_final_message,
+        stream: delivery.stream,
+        chat_template_kwargs,
+    };
+    Ok(ValidChat {
+        request,
+        delivery,
+        priority,
+    })
+}
+
+fn delivery(wire: &ChatCompletionRequest) -> Delivery {
+    let stream = wire.stream.unwrap_or(false);
+    // `stream_options` only means something for streams; OpenAI rejects it otherwise, we
+    // are lenient and ignore it.
+    let options = wire.stream_options.unwrap_or_default();
+    Delivery {
+        stream,
+        include_usage: stream && options.include_usage.unwrap_or(false),
+        continuous_usage: stream && options.continuous_usage_stats.unwrap_or(false),
+    }
+}
+
+fn validate_priority(priority: Option<i64>) -> Result<i32, ApiError> {
+    let priority = priority.unwrap_or(0);
+    if !PRIORITY_RANGE.contains(&priority) {
+        return Err(ApiError::invalid(
+            "priority",
+            format!(
+                "`priority` must be between {} and {} (lower is served first), got {priority}.",
+                PRIORITY_RANGE.start(),
+                PRIORITY_RANGE.end()
+            ),
+        ));
+    }
+    // In range by the check above, so the conversion cannot fail.
+    Ok(i32::try_from(priority).unwrap_or(0))
+}
+
+/// Structured-output extensions of vLLM and SGLang. They arrive as unknown fields; ignoring
+/// them would silently return unconstrained text, so they are refused.
+const CONSTRAINT_FIELDS: [&str; 8] = [
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "stop_regex",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+];
+
+/// Features the engine does not offer yet are refused loudly rather than ignored, so a
+/// client never silently gets unconstrained text where it asked for JSON or a tool call.
+fn reject_unsupported(wire: &ChatCompletionRequest) -> Result<(), ApiError> {
+    for field in CONSTRAINT_FIELDS {
+        if wire.extra.get(field).is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::invalid(
+                field,
+                format!("`{field}` (constrained generation) is not supported by this server yet."),
+            ));
+        }
+    }
+    if wire.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::invalid(
+            "tools",
+            "Tool calling is not supported by this server yet; send the request without `tools`.",
+        ));
+    }
+    if wire.functions.as_ref().is_some_and(|f| !f.is_empty()) {
+        return Err(ApiError::invalid(
+            "functions",
+            "Function calling is not supported by this server yet; send the request without `functions`.",
+        ));
+    }
+    if let Some(format) = wire.response_format.as_ref().filter(|f| !f.is_null()) {
+        match format.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some(kind) => {
+                return Err(ApiError::invalid(
+                    "response_format.type",
+                    format!(
+                        "`response_format.type` `{kind}` is not supported yet; only `text` is."
+                    ),
+                ))
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    "`response_format` must be an object with a string `type`.",
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,11 @@
+//! End-to-end tests of the api tier against real Postgres and Redis (a fresh schema per
+//! test, the server on a random port), with a scripted fake runner standing in for the
+//! engine so that only the control plane is under test.
+
+mod support;
+
+mod auth;
+mod chat;
+mod errors;
+mod ops;
+mod streams;

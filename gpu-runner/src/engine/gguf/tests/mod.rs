@@ -1,0 +1,4 @@
+//! Tests of the GGUF reader.
+
+mod hand_built;
+mod real_models;

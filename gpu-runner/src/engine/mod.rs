@@ -1,0 +1,24 @@
+//! The inference engine. One step is schedule → run → postprocess (see [`llm`]).
+//!
+//! - [`gguf`]: GGUF v2/v3 reader (mmap, metadata, tensor infos).
+//! - [`quant`]: block formats (Q4_0 … Q6_K, F16, BF16), dequantisation and dot products.
+//! - [`model`]: model config, weights (GGUF / safetensors) and architectures.
+//! - [`backend`]: the `Backend` trait a model runs behind, and the CPU backend.
+//! - [`tokenizer`]: tokenizers from `tokenizer.json` or GGUF vocabularies, the incremental
+//!   detokenizer, chat templates.
+//! - [`kv`]: the paged KV block manager with prefix caching (pure bookkeeping).
+//! - [`batcher`]: continuous batching under one token budget per step (pure).
+//! - [`sampler`]: logits → token, penalties, logprobs; [`stop`]: stop-string matching.
+//! - [`llm`]: the engine loop tying them together.
+
+pub mod backend;
+pub mod batcher;
+pub mod gguf;
+pub mod kv;
+pub mod llm;
+pub mod model;
+pub mod quant;
+pub mod runtime;
+pub mod sampler;
+pub mod stop;
+pub mod tokenizer;

@@ -1,0 +1,421 @@
+//! The shape and numerics of a model, read either from GGUF metadata or from a Hugging Face
+//! `config.json`. Everything the forward pass needs to know that is not a tensor lives here,
+//! already resolved per layer (sliding window, RoPE base), so the backend has no
+//! architecture-specific `if`s beyond the few switches below.
+
+use serde_json::Value;
+
+use super::ModelError;
+
+/// The architectures Fallow runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama 2/3.x, SmolLM2, Mistral (GGUF `llama`, HF `llama` / `mistral`).
+    Llama,
+    /// Qwen2 / Qwen2.5: biases on the Q, K and V projections.
+    Qwen2,
+    /// Qwen3: RMSNorm over each Q and K head before RoPE.
+    Qwen3,
+    /// Gemma 3 (text): GELU, sandwich norms, scaled embeddings, local/global attention.
+    Gemma3,
+}
+
+/// How RoPE pairs up the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs `(x[2i], x[2i+1])`: llama.cpp's "normal" RoPE. llama.cpp's converter permutes
+    /// the Q/K rows of `llama`-arch GGUF files so that this is right for them.
+    Interleaved,
+    /// Pairs `(x[i], x[i + d/2])` (HF `rotate_half`): HF checkpoints, and Qwen/Gemma GGUFs.
+    Neox,
+}
+
+/// Stretching of RoPE frequencies for long contexts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        factor: f32,
+    },
+    /// Llama 3.1's smooth per-frequency scaling.
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_context: usize,
+    },
+}
+
+/// The feed-forward gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU: `silu(gate) * up`.
+    Silu,
+    /// GeGLU with the tanh approximation (Gemma).
+    GeluTanh,
+}
+
+/// The resolved shape and numerics of a decoder-only transformer.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub n_layers: usize,
+    pub hidden: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Feed-forward inner width.
+    pub ffn: usize,
+    pub vocab_size: usize,
+    pub context_length: usize,
+    pub rms_eps: f32,
+    /// RoPE base of global layers (all layers for non-Gemma models).
+    pub rope_theta: f32,
+    /// RoPE base of sliding-window layers (Gemma 3: 10 000).
+    pub rope_theta_local: f32,
+    /// Scaling applied to global layers only (Gemma 3 does not scale its local layers).
+    pub rope_scaling: RopeScaling,
+    pub rope_style: RopeStyle,
+    pub qkv_bias: bool,
+    pub qk_norm: bool,
+    /// The output projection is the token embedding matrix.
+    pub tie_embeddings: bool,
+    pub activation: Activation,
+    /// Multiplier on embeddings (Gemma: `sqrt(hidden)`).
+    pub embedding_scale: Option<f32>,
+    /// Gemma's extra norms after attention and after the feed-forward block.
+    pub post_norms: bool,
+    /// Added to every stored RMSNorm weight at load time: 1.0 for HF Gemma checkpoints
+    /// (which compute `x * (1 + w)`), 0.0 for GGUF files (the converter already added it).
+    pub norm_weight_offset: f32,
+    /// Sliding attention window in tokens, for the layers marked local.
+    pub sliding_window: Option<usize>,
+    /// Per layer: does it use the sliding window (and the local RoPE base)?
+    pub local_layers: Vec<bool>,
+    /// Softmax scale of attention scores (`1/sqrt(head_dim)`, or Gemma's
+    /// `query_pre_attn_scalar^-0.5`).
+    pub attn_scale: f32,
+    pub attn_logit_softcap: Option<f32>,
+    pub final_logit_softcap: Option<f32>,
+}
+
+impl ModelConfig {
+    /// Width of all query heads together.
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Width of all key (or value) heads together.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Whether layer `layer` attends through the sliding window.
+    pub fn is_local_layer(&self, layer: usize) -> bool {
+        self.sliding_window.is_some() && self.local_layers.get(layer).copied().unwrap_or(false)
+    }
+
+    /// The attention window of `layer` (None: full causal attention).
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        if self.is_local_layer(layer) {
+            self.sliding_window
+        } else {
+            None
+        }
+    }
+
+    /// Whether `layer` rotates with the local RoPE base: Gemma 3's sliding layers only
+    /// (Mistral's window keeps the one global base).
+    pub fn uses_local_rope(&self, layer: usize) -> bool {
+        self.arch == Arch::Gemma3 && self.is_local_layer(layer)
+    }
+
+    /// Checks the invariants the backend relies on (divisibility, non-zero sizes).
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let bad = |why: String| Err(ModelError::Config(why));
+        if self.n_layers == 0 || self.hidden == 0 || self.head_dim == 0 || self.ffn == 0 {
+            return bad(format!(
+                "zero size: n_layers={} hidden={} head_dim={} ffn={}",
+                self.n_layers, self.hidden, self.head_dim, self.ffn
+            ));
+        }
+        if self.n_heads == 0
+            || self.n_kv_heads == 0
+            || !self.n_heads.is_multiple_of(self.n_kv_heads)
+        {
+            return bad(format!(
+                "attention.head_count {} must be a positive multiple of head_count_kv {}",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return bad(format!("head_dim {} must be even for RoPE", self.head_dim));
+        }
+        if self.vocab_size == 0 || self.context_length == 0 {
+            return bad(format!(
+                "vocab_size {} and context_length {} must be positive",
+                self.vocab_size, self.context_length
+            ));
+        }
+        if self.local_layers.len() != self.n_layers {
+            return bad(format!(
+                "{} local-layer flags for {} layers",
+                self.local_layers.len(),
+                self.n_layers
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Typed access to GGUF metadata, so parsing the config does not depend on the reader's
+/// value representation.
+pub trait MetadataSource {
+    fn get_u64(&self, key: &str) -> Option<u64>;
+    fn get_f64(&self, key: &str) -> Option<f64>;
+    fn get_str(&self, key: &str) -> Option<String>;
+}
+
+/// Gemma 3 makes every sixth layer global (1-based: layers 6, 12, …).
+const GEMMA3_GLOBAL_EVERY: usize = 6;
+
+fn gemma_local_layers(n_layers: usize, every: usize) -> Vec<bool> {
+    (0..n_layers)
+        .map(|l| every == 0 || (l + 1) % every != 0)
+        .collect()
+}
+
+/// Reads the config from GGUF metadata (`general.architecture` and `{arch}.*` keys).
+/// `vocab_fallback` is used when `{arch}.vocab_size` is absent (the token list length).
+pub fn from_gguf(
+    meta: &dyn MetadataSource,
+    vocab_fallback: usize,
+) -> Result<ModelConfig, ModelError> {
+    let arch_name = meta
+        .get_str("general.architecture")
+        .ok_or_else(|| ModelError::MissingKey("general.architecture".into()))?;
+    let arch = match arch_name.as_str() {
+        "llama" | "mistral" => Arch::Llama,
+        "qwen2" => Arch::Qwen2,
+        "qwen3" => Arch::Qwen3,
+        "gemma3" => Arch::Gemma3,
+        other => return Err(ModelError::UnsupportedArch(other.to_string())),
+    };
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let req_u = |k: &str| -> Result<usize, ModelError> {
+        let full = key(k);
+        meta.get_u64(&full)
+            .map(|v| v as usize)
+            .ok_or(ModelError::MissingKey(full))
+    };
+    let opt_u = |k: &str| meta.get_u64(&key(k)).map(|v| v as usize);
+    let opt_f = |k: &str| meta.get_f64(&key(k)).map(|v| v as f32);
+
+    let n_layers = req_u("block_count")?;
+    let hidden = req_u("embedding_length")?;
+    let n_heads = req_u("attention.head_count")?;
+    let n_kv_heads = opt_u("attention.head_count_kv").unwrap_or(n_heads);
+    let head_dim = opt_u("attention.key_length").unwrap_or(hidden / n_heads.max(1));
+    let rope_scaling = match meta.get_str(&key("rope.scaling.type")).as_deref() {
+        None | Some("none") => RopeScaling::None,
+        Some("linear") => match opt_f("rope.scaling.factor") {
+            Some(f) if f > 0.0 && f != 1.0 => RopeScaling::Linear { factor: f },
+            _ => RopeScaling::None,
+        },
+        Some(other) => {
+            return Err(ModelError::Unsupported(format!(
+                "{}: rope scaling type {other:?}",
+                key("rope.scaling.type")
+            )))
+        }
+    };
+    let is_gemma = arch == Arch::Gemma3;
+    let sliding_window = if is_gemma {
+        opt_u("attention.sliding_window")
+    } else {
+        None
+    };
+    // llama.cpp scales Gemma 3 27B queries by hidden/heads, every other size by head_dim;
+    // GGUF files carry no query_pre_attn_scalar key.
+    let query_pre_attn_scalar = if is_gemma && n_layers == 62 {
+        (hidden / n_heads.max(1)) as f32
+    } else {
+        head_dim as f32
+    };
+    let config = ModelConfig {
+        arch,
+        n_layers,
+        hidden,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        ffn: req_u("feed_forward_length")?,
+        vocab_size: opt_u("vocab_size").unwrap_or(vocab_fallback),
+        context_length: opt_u("context_length").unwrap_or(2048),
+        rms_eps: opt_f("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+        rope_theta: opt_f("rope.freq_base").unwrap_or(10_000.0),
+        rope_theta_local: 10_000.0,
+        rope_scaling,
+        rope_style: if arch == Arch::Llama {
+            RopeStyle::Interleaved
+        } else {
+            RopeStyle::Neox
+        },
+        qkv_bias: arch == Arch::Qwen2,
+        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+        tie_embeddings: false, // decided by the loader from the presence of `output.weight`
+        activation: if is_gemma {
+            Activation::GeluTanh
+        } else {
+            Activation::Silu
+        },
+        embedding_scale: is_gemma.then(|| (hidden as f32).sqrt()),
+        post_norms: is_gemma,
+        norm_weight_offset: 0.0,
+        sliding_window,
+        local_layers: if sliding_window.is_some() {
+            gemma_local_layers(n_layers, GEMMA3_GLOBAL_EVERY)
+        } else {
+            vec![false; n_layers]
+        },
+        attn_scale: 1.0 / query_pre_attn_scalar.sqrt(),
+        attn_logit_softcap: opt_f("attn_logit_softcapping").filter(|v| *v > 0.0),
+        final_logit_softcap: opt_f("final_logit_softcapping").filter(|v| *v > 0.0),
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// Reads the config from an HF `config.json` value. Multimodal Gemma 3 checkpoints nest the
+/// language model's settings under `text_config`.
+pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
+    let cfg = root
+        .get("text_config")
+        .filter(|v| v.is_object())
+        .unwrap_or(root);
+    let model_type = cfg
+        .get("model_type")
+        .or_else(|| root.get("model_type"))
+        .and_then(Value::as_str)
+        .ok_or_else(|| ModelError::MissingKey("config.json: model_type".into()))?;
+    let arch = match model_type {
+        "llama" | "mistral" => Arch::Llama,
+        "qwen2" => Arch::Qwen2,
+        "qwen3" => Arch::Qwen3,
+        "gemma3" | "gemma3_text" => Arch::Gemma3,
+        other => return Err(ModelError::UnsupportedArch(other.to_string())),
+    };
+    let req_u = |k: &str| -> Result<usize, ModelError> {
+        cfg.get(k)
+            .and_then(Value::as_u64)
+            .map(|v| v as usize)
+            .ok_or_else(|| ModelError::MissingKey(format!("config.json: {k}")))
+    };
+    let opt_u = |k: &str| cfg.get(k).and_then(Value::as_u64).map(|v| v as usize);
+    let opt_f = |k: &str| cfg.get(k).and_then(Value::as_f64).map(|v| v as f32);
+    let opt_b = |k: &str| cfg.get(k).and_then(Value::as_bool);
+
+    let is_gemma = arch == Arch::Gemma3;
+    let n_layers = req_u("num_hidden_layers")?;
+    let hidden = req_u("hidden_size")?;
+    let n_heads = req_u("num_attention_heads")?;
+    let head_dim = opt_u("head_dim").unwrap_or(hidden / n_heads.max(1));
+    let sliding_window = match arch {
+        Arch::Gemma3 => opt_u("sliding_window"),
+        Arch::Llama if model_type == "mistral" => opt_u("sliding_window"),
+        _ => None,
+    };
+    let local_layers = hf_local_layers(cfg, arch, n_layers, sliding_window.is_some());
+    let query_pre_attn_scalar = opt_f("query_pre_attn_scalar").unwrap_or(head_dim as f32);
+    let config = ModelConfig {
+        arch,
+        n_layers,
+        hidden,
+        n_heads,
+        n_kv_heads: opt_u("num_key_value_heads").unwrap_or(n_heads),
+        head_dim,
+        ffn: req_u("intermediate_size")?,
+        vocab_size: req_u("vocab_size")?,
+        context_length: opt_u("max_position_embeddings").unwrap_or(2048),
+        rms_eps: opt_f("rms_norm_eps").unwrap_or(1e-6),
+        rope_theta: opt_f("rope_theta").unwrap_or(10_000.0),
+        rope_theta_local: opt_f("rope_local_base_freq").unwrap_or(10_000.0),
+        rope_scaling: hf_rope_scaling(cfg.get("rope_scaling"))?,
+        rope_style: RopeStyle::Neox,
+        qkv_bias: arch == Arch::Qwen2 || opt_b("attention_bias").unwrap_or(false),
+        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+        tie_embeddings: opt_b("tie_word_embeddings")
+            .or_else(|| root.get("tie_word_embeddings").and_then(Value::as_bool))
+            .unwrap_or(is_gemma),
+        activation: if is_gemma {
+            Activation::GeluTanh
+        } else {
+            Activation::Silu
+        },
+        embedding_scale: is_gemma.then(|| (hidden as f32).sqrt()),
+        post_norms: is_gemma,
+        norm_weight_offset: if is_gemma { 1.0 } else { 0.0 },
+        sliding_window,
+        local_layers,
+        attn_scale: 1.0 / query_pre_attn_scalar.sqrt(),
+        attn_logit_softcap: opt_f("attn_logit_softcapping").filter(|v| *v > 0.0),
+        final_logit_softcap: opt_f("final_logit_softcapping").filter(|v| *v > 0.0),
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// Which layers slide: `layer_types` when given (newer transformers), else Gemma's
+/// `sliding_window_pattern` (default 6), else every layer when a window is set (Mistral).
+fn hf_local_layers(cfg: &Value, arch: Arch, n_layers: usize, has_window: bool) -> Vec<bool> {
+    if !has_window {
+        return vec![false; n_layers];
+    }
+    if let Some(types) = cfg.get("layer_types").and_then(Value::as_array) {
+        if types.len() == n_layers {
+            return types
+                .iter()
+                .map(|t| t.as_str() == Some("sliding_attention"))
+                .collect();
+        }
+    }
+    if arch == Arch::Gemma3 {
+        let every = cfg
+            .get("sliding_window_pattern")
+            .and_then(Value::as_u64)
+            .map(|v| v as usize)
+            .unwrap_or(GEMMA3_GLOBAL_EVERY);
+        return gemma_local_layers(n_layers, every);
+    }
+    vec![true; n_layers]
+}
+
+fn hf_rope_scaling(v: Option<&Value>) -> Result<RopeScaling, ModelError> {
+    let Some(obj) = v.filter(|v| v.is_object()) else {
+        return Ok(RopeScaling::None);
+    };
+    let f = |k: &str| obj.get(k).and_then(Value::as_f64).map(|x| x as f32);
+    let kind = obj
+        .get("rope_type")
+        .or_else(|| obj.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let factor = f("factor").unwrap_or(1.0);
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear { factor }),
+        "llama3" => Ok(RopeScaling::Llama3 {
+            factor,
+            low_freq_factor: f("low_freq_factor").unwrap_or(1.0),
+            high_freq_factor: f("high_freq_factor").unwrap_or(4.0),
+            original_context: obj
+                .get("original_max_position_embeddings")
+                .and_then(Value::as_u64)
+                .unwrap_or(8192) as usize,
+        }),
+        other => Err(ModelError::Unsupported(format!(
+            "config.json: rope_scaling.rope_type {other:?}"
+        ))),
+    }
+}

@@ -1,0 +1,103 @@
+//! The quantized weight formats as types: each names its activation block type and its
+//! per-block integer dot product, and picks the fastest row kernel this CPU can run.
+
+use super::act::{ActBlock, BlockQ8K, BlockQ8_0, BlockQ8_1};
+use super::{kquants, legacy};
+
+/// Computes, for one weight row and a tile of `tn` tokens whose activation blocks are laid
+/// out block-major (`acts[b * tn + t]`), `out[t] = Σ_b dot(row block b, acts[b * tn + t])`.
+/// Block-major order lets a kernel unpack each weight block once and reuse it for every
+/// token of the tile while it is in registers.
+pub(crate) type RowKernel<A> = fn(wrow: &[u8], acts: &[A], tn: usize, out: &mut [f32]);
+
+/// A quantized weight block format.
+pub(crate) trait WeightFormat {
+    type Act: ActBlock;
+    const BLOCK_BYTES: usize;
+    /// Dot product of one weight block with one activation block.
+    fn dot(block: &[u8], a: &Self::Act) -> f32;
+    /// The row kernel to use on this CPU (portable unless a SIMD one is available).
+    fn row_kernel() -> RowKernel<Self::Act> {
+        scalar_row::<Self>
+    }
+}
+
+/// The portable row kernel, written in terms of [`WeightFormat::dot`].
+pub(crate) fn scalar_row<W: WeightFormat + ?Sized>(
+    wrow: &[u8],
+    acts: &[W::Act],
+    tn: usize,
+    out: &mut [f32],
+) {
+    let out = &mut out[..tn];
+    out.fill(0.0);
+    for (b, block) in wrow.chunks_exact(W::BLOCK_BYTES).enumerate() {
+        for (o, a) in out.iter_mut().zip(&acts[b * tn..(b + 1) * tn]) {
+            *o += W::dot(block, a);
+        }
+    }
+}
+
+macro_rules! weight_format {
+    ($name:ident, $act:ty, $bytes:expr, $dot:path, $simd:expr) => {
+        pub(crate) struct $name;
+        impl WeightFormat for $name {
+            type Act = $act;
+            const BLOCK_BYTES: usize = $bytes;
+            #[inline(always)]
+            fn dot(block: &[u8], a: &$act) -> f32 {
+                $dot(block, a)
+            }
+            fn row_kernel() -> RowKernel<$act> {
+                let simd: Option<RowKernel<$act>> = $simd;
+                simd.unwrap_or(scalar_row::<Self>)
+            }
+        }
+    };
+}
+
+weight_format!(Q4_0, BlockQ8_0, 18, legacy::dot_q4_0, simd::q4_0());
+weight_format!(Q4_1, BlockQ8_1, 20, legacy::dot_q4_1, simd::q4_1());
+weight_format!(Q5_0, BlockQ8_0, 22, legacy::dot_q5_0, simd::q5_0());
+weight_format!(Q5_1, BlockQ8_1, 24, legacy::dot_q5_1, simd::q5_1());
+weight_format!(Q8_0, BlockQ8_0, 34, legacy::dot_q8_0, simd::q8_0());
+weight_format!(Q4K, BlockQ8K, 144, kquants::dot_q4_k, simd::q4_k());
+weight_format!(Q5K, BlockQ8K, 176, kquants::dot_q5_k, simd::q5_k());
+weight_format!(Q6K, BlockQ8K, 210, kquants::dot_q6_k, simd::q6_k());
+
+/// Whether this CPU can run the AVX2 kernels (which also use FMA and F16C).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// Runtime selection of SIMD row kernels; `None` where the CPU lacks the features.
+mod simd {
+    use super::*;
+
+    #[cfg(target_arch = "x86_64")]
+    use super::has_avx2;
+
+    macro_rules! avx2_kernel {
+        ($fn_name:ident, $act:ty, $kernel:ident) => {
+            pub(super) fn $fn_name() -> Option<RowKernel<$act>> {
+                #[cfg(target_arch = "x86_64")]
+                if has_avx2() {
+                    return Some(crate::engine::quant::avx2::$kernel);
+                }
+                None
+            }
+        };
+    }
+
+    avx2_kernel!(q4_0, BlockQ8_0, row_q4_0);
+    avx2_kernel!(q4_1, BlockQ8_1, row_q4_1);
+    avx2_kernel!(q5_0, BlockQ8_0, row_q5_0);
+    avx2_kernel!(q5_1, BlockQ8_1, row_q5_1);
+    avx2_kernel!(q8_0, BlockQ8_0, row_q8_0);
+    avx2_kernel!(q4_k, BlockQ8K, row_q4_k);
+    avx2_kernel!(q5_k, BlockQ8K, row_q5_k);
+    avx2_kernel!(q6_k, BlockQ8K, row_q6_k);
+}

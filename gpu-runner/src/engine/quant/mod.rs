@@ -1,0 +1,233 @@
+//! ggml's tensor block formats, kept quantized in memory: dequantisation, and matrix
+//! products of quantized weights with f32 activations.
+//!
+//! - [`ggml_type`]: the types, their ids and block geometry.
+//! - `float`, `legacy`, `kquants`: per-format layouts, dequantisation, scalar dot products.
+//! - `act`: quantisation of activations into the dot-product block types (Q8_0, Q8_1, Q8_K).
+//! - `formats` + `matmul`: the row kernels and the parallel, tiled driver;
+//!   `avx2`: x86_64 SIMD kernels for every format, picked at runtime (portable code
+//!   elsewhere).
+//!
+//! **Invariant:** a [`QMatrix`] built by [`QMatrix::new`] has `cols` a whole number of blocks
+//! and exactly `rows × row_bytes` bytes, so kernels index its rows without further checks.
+
+mod act;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod float;
+mod formats;
+pub mod ggml_type;
+mod kquants;
+mod legacy;
+mod matmul;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+pub use ggml_type::GgmlType;
+
+/// Why a quantized matrix could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum QuantError {
+    #[error("{dtype:?} rows must be a multiple of {block} elements, got {cols} columns")]
+    PartialBlock {
+        dtype: GgmlType,
+        cols: usize,
+        block: usize,
+    },
+    #[error("{dtype:?} matrix {rows}×{cols} needs {expected} bytes, got {got}")]
+    WrongSize {
+        dtype: GgmlType,
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        got: usize,
+    },
+}
+
+/// A 2-D weight `[rows, cols]` (ggml's ne = [cols, rows]) whose rows are stored in `dtype`.
+/// `data` borrows the mmapped file (or owned bytes for converted tensors).
+pub struct QMatrix {
+    pub dtype: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: TensorBytes,
+}
+
+/// Bytes of a tensor: a range of a shared mmap, or owned.
+pub enum TensorBytes {
+    Mapped {
+        map: Arc<memmap2::Mmap>,
+        offset: usize,
+        len: usize,
+    },
+    Owned(Vec<u8>),
+}
+
+impl TensorBytes {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            // An out-of-range view (a caller bug) reads as empty, which `QMatrix::new` then
+            // reports as a size mismatch instead of panicking.
+            TensorBytes::Mapped { map, offset, len } => offset
+                .checked_add(*len)
+                .and_then(|end| map.get(*offset..end))
+                .unwrap_or(&[]),
+            TensorBytes::Owned(v) => v,
+        }
+    }
+}
+
+impl std::fmt::Debug for QMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QMatrix({:?}, {}×{})", self.dtype, self.rows, self.cols)
+    }
+}
+
+impl QMatrix {
+    /// A matrix over `data`, checked to hold exactly `rows` whole-block rows of `cols`.
+    pub fn new(
+        dtype: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: TensorBytes,
+    ) -> Result<Self, QuantError> {
+        let block = dtype.block_elems();
+        let row_bytes =
+            dtype
+                .row_bytes(cols)
+                .ok_or(QuantError::PartialBlock { dtype, cols, block })?;
+        let expected = row_bytes.checked_mul(rows);
+        let got = data.as_slice().len();
+        if expected != Some(got) {
+            let expected = expected.unwrap_or(usize::MAX);
+            return Err(QuantError::WrongSize {
+                dtype,
+                rows,
+                cols,
+                expected,
+                got,
+            });
+        }
+        Ok(QMatrix {
+            dtype,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    /// An owned f32 matrix (e.g. a tensor converted at load time).
+    pub fn from_f32(rows: usize, cols: usize, values: &[f32]) -> Result<Self, QuantError> {
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        QMatrix::new(GgmlType::F32, rows, cols, TensorBytes::Owned(bytes))
+    }
+
+    /// All the matrix bytes, row after row.
+    pub fn bytes(&self) -> &[u8] {
+        self.data.as_slice()
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.dtype.block_elems() * self.dtype.block_bytes()
+    }
+
+    /// The stored bytes of row `r`.
+    pub fn row(&self, r: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.bytes()[r * rb..(r + 1) * rb]
+    }
+
+    /// `out[t * rows + r] = Σ_c W[r, c] · x[t * cols + c]` for `n_tokens` activation rows.
+    /// Activations are quantized once per call to the dot type matching `dtype`; work is split
+    /// over the engine's thread pool.
+    ///
+    /// # Panics
+    /// If `x` is not `n_tokens × cols` or `out` not `n_tokens × rows` (a caller bug).
+    pub fn matmul(&self, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+        assert_eq!(
+            x.len(),
+            n_tokens * self.cols,
+            "matmul: x must be n_tokens × cols"
+        );
+        assert_eq!(
+            out.len(),
+            n_tokens * self.rows,
+            "matmul: out must be n_tokens × rows"
+        );
+        assert_eq!(
+            self.bytes().len(),
+            self.rows * self.row_bytes(),
+            "matmul: malformed QMatrix"
+        );
+        if n_tokens == 0 || self.rows == 0 {
+            return;
+        }
+        use formats as f;
+        match self.dtype {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+                matmul::matmul_float(self, x, n_tokens, out)
+            }
+            GgmlType::Q4_0 => matmul::matmul_quantized::<f::Q4_0>(self, x, n_tokens, out),
+            GgmlType::Q4_1 => matmul::matmul_quantized::<f::Q4_1>(self, x, n_tokens, out),
+            GgmlType::Q5_0 => matmul::matmul_quantized::<f::Q5_0>(self, x, n_tokens, out),
+            GgmlType::Q5_1 => matmul::matmul_quantized::<f::Q5_1>(self, x, n_tokens, out),
+            GgmlType::Q8_0 => matmul::matmul_quantized::<f::Q8_0>(self, x, n_tokens, out),
+            GgmlType::Q4K => matmul::matmul_quantized::<f::Q4K>(self, x, n_tokens, out),
+            GgmlType::Q5K => matmul::matmul_quantized::<f::Q5K>(self, x, n_tokens, out),
+            GgmlType::Q6K => matmul::matmul_quantized::<f::Q6K>(self, x, n_tokens, out),
+        }
+    }
+
+    /// Dequantises row `r` into `out` (len `cols`), e.g. for embedding lookups.
+    ///
+    /// # Panics
+    /// If `r >= rows` or `out.len() != cols` (a caller bug: validate token ids first).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert!(
+            r < self.rows,
+            "dequantize_row: row {r} out of {} rows",
+            self.rows
+        );
+        assert_eq!(
+            out.len(),
+            self.cols,
+            "dequantize_row: out must be cols long"
+        );
+        dequantize(self.dtype, self.row(r), out);
+    }
+
+    /// The whole matrix as f32, row-major.
+    pub fn dequantize_all(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        dequantize(self.dtype, self.bytes(), &mut out);
+        out
+    }
+}
+
+/// Dequantises whole blocks of `dtype` from `bytes` into `out`, stopping at whichever runs
+/// out first (callers size both to match).
+pub fn dequantize(dtype: GgmlType, bytes: &[u8], out: &mut [f32]) {
+    let block_fn: fn(&[u8], &mut [f32]) = match dtype {
+        GgmlType::F32 => return float::dequantize_f32(bytes, out),
+        GgmlType::F16 => return float::dequantize_f16(bytes, out),
+        GgmlType::BF16 => return float::dequantize_bf16(bytes, out),
+        GgmlType::Q4_0 => legacy::dequantize_q4_0,
+        GgmlType::Q4_1 => legacy::dequantize_q4_1,
+        GgmlType::Q5_0 => legacy::dequantize_q5_0,
+        GgmlType::Q5_1 => legacy::dequantize_q5_1,
+        GgmlType::Q8_0 => legacy::dequantize_q8_0,
+        GgmlType::Q4K => kquants::dequantize_q4_k,
+        GgmlType::Q5K => kquants::dequantize_q5_k,
+        GgmlType::Q6K => kquants::dequantize_q6_k,
+    };
+    let elems = dtype.block_elems();
+    for (block, o) in bytes
+        .chunks_exact(dtype.block_bytes())
+        .zip(out.chunks_exact_mut(elems))
+    {
+        block_fn(block, o);
+    }
+}

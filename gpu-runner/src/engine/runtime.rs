@@ -1,0 +1,135 @@
+//! A model made ready to serve: weights opened, tokenizer and chat template built, KV pool
+//! sized from a byte budget, engine loop constructed. This is the one place that wires the
+//! engine's parts together, for the worker and for the engine-only CLI commands alike.
+
+use crate::engine::backend::cpu::{kv_bytes_per_block, CpuBackend};
+use crate::engine::llm::{EngineConfig, LlmEngine};
+use crate::engine::model::{self, ModelArtifacts, VocabSource};
+use crate::engine::tokenizer::{ChatTemplate, Tokenizer, GEMMA_CHAT_TEMPLATE};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// How to load a model and size its engine.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Bytes of memory given to the KV cache.
+    pub kv_cache_bytes: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Most sequences decoding at once.
+    pub max_num_seqs: usize,
+    /// Token budget of one engine step (decodes + prefill chunks).
+    pub max_batched_tokens: usize,
+    pub enable_prefix_cache: bool,
+    /// A chat template file that overrides the model's own.
+    pub chat_template_file: Option<PathBuf>,
+    /// Caps the model's context length (0 = the model's own).
+    pub max_model_len: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            kv_cache_bytes: 512 << 20,
+            block_size: 16,
+            max_num_seqs: 32,
+            max_batched_tokens: 512,
+            enable_prefix_cache: true,
+            chat_template_file: None,
+            max_model_len: 0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{0}")]
+    Model(#[from] model::ModelError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("backend: {0}")]
+    Backend(String),
+    #[error("reading {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Everything needed to turn chat messages into tokens and tokens into text.
+pub struct ModelFrontend {
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    pub context_length: usize,
+}
+
+/// A loaded model: its engine and its frontend.
+pub struct LoadedModel {
+    pub engine: LlmEngine,
+    pub frontend: ModelFrontend,
+}
+
+/// The model id a path is served under: the file or directory stem.
+pub fn model_id_for(path: &Path) -> String {
+    let name = path
+        .file_stem()
+        .or_else(|| path.file_name())
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".to_string());
+    name
+}
+
+pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError> {
+    let artifacts = model::open(path)?;
+    let frontend = build_frontend(&artifacts, options)?;
+    let block_size = options.block_size.max(1);
+    let per_block = kv_bytes_per_block(&artifacts.config, block_size).max(1);
+    let num_blocks = (options.kv_cache_bytes / per_block).max(1);
+    let backend = CpuBackend::new(&artifacts, num_blocks, block_size)
+        .map_err(|e| LoadError::Backend(e.to_string()))?;
+    let config = EngineConfig {
+        max_num_seqs: options.max_num_seqs.max(1),
+        max_batched_tokens: options.max_batched_tokens.max(block_size),
+        enable_prefix_cache: options.enable_prefix_cache,
+    };
+    let engine = LlmEngine::new(Box::new(backend), frontend.tokenizer.clone(), config);
+    Ok(LoadedModel { engine, frontend })
+}
+
+fn build_frontend(
+    artifacts: &ModelArtifacts,
+    options: &LoadOptions,
+) -> Result<ModelFrontend, LoadError> {
+    let tokenizer = match &artifacts.vocab {
+        VocabSource::Gguf(vocab) => Tokenizer::from_gguf_vocab(vocab),
+        VocabSource::TokenizerJson {
+            tokenizer_json,
+            tokenizer_config,
+        } => Tokenizer::from_files(tokenizer_json, tokenizer_config.as_deref()),
+    }
+    .map_err(|e| LoadError::Tokenizer(e.to_string()))?;
+    let source = match &options.chat_template_file {
+        Some(file) => std::fs::read_to_string(file).map_err(|source| LoadError::Io {
+            path: file.clone(),
+            source,
+        })?,
+        // A base model without a template of its own (Gemma 3 270M) still gets a usable one.
+        None => artifacts
+            .chat_template
+            .clone()
+            .unwrap_or_else(|| GEMMA_CHAT_TEMPLATE.to_string()),
+    };
+    let template = ChatTemplate::new(&source, &tokenizer.bos_text(), &tokenizer.eos_text())
+        .map_err(|e| LoadError::Template(e.to_string()))?;
+    let mut context_length = artifacts.config.context_length;
+    if options.max_model_len > 0 {
+        context_length = context_length.min(options.max_model_len);
+    }
+    Ok(ModelFrontend {
+        tokenizer: Arc::new(tokenizer),
+        template,
+        context_length,
+    })
+}

@@ -1,0 +1,164 @@
+//! Logits → next token, per sequence.
+//!
+//! Each sequence owns a [`SeqSampler`]: its validated [`Sampling`] parameters, its own RNG
+//! (seeded from `seed + choice index`, or from entropy when unseeded) and the counts its
+//! penalties need. Because no RNG is shared, a seeded sequence draws the same tokens
+//! whatever else is in the batch. The [`Sampler`] holds only scratch buffers, reused for
+//! every token so the hot path allocates nothing.
+//!
+//! Processing order for one row of logits:
+//! 1. `logit_bias` is added; NaN logits become −∞.
+//! 2. Until `min_tokens` tokens exist, EOS (unless `ignore_eos`) and `stop_token_ids` are
+//!    masked to −∞.
+//! 3. Penalties: repetition (prompt and generated tokens, divide positive / multiply
+//!    negative logits), then frequency and presence (generated tokens only), as vLLM does.
+//! 4. **Logprobs** are the log-softmax of these processed logits, *before* temperature and
+//!    top-k/top-p/min-p truncation: the model's distribution as the request shaped it, not
+//!    an artefact of the sampling knobs (OpenAI's convention). −∞ is reported as −9999.0,
+//!    as OpenAI does, so the value stays valid JSON.
+//! 5. Selection: temperature < 1e-5 is greedy (arg max, ties to the lowest id); otherwise
+//!    logits are divided by the temperature, then min-p, top-k and top-p cut the candidate
+//!    set, and one uniform draw from the sequence's RNG picks a token.
+
+mod logprobs;
+mod penalties;
+mod select;
+
+use std::collections::{HashMap, HashSet};
+
+use fallow_scheduler::job::Sampling;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+/// Below this temperature sampling is greedy (dividing by it would overflow).
+pub const GREEDY_TEMPERATURE: f32 = 1e-5;
+
+/// Most alternatives reported per position (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// The logprob reported for a token the processing made impossible.
+pub const MIN_LOGPROB: f32 = -9999.0;
+
+/// One chosen token, with its logprob and the best alternatives when the request asked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    pub logprob: Option<f32>,
+    /// `(token, logprob)`, best first; at most `top_logprobs` entries.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One sequence's sampling parameters, RNG and token history.
+#[derive(Debug)]
+pub struct SeqSampler {
+    params: Sampling,
+    rng: StdRng,
+    /// Masked while fewer than `min_tokens` tokens were generated.
+    suppressed_early: Vec<u32>,
+    /// Generated token → how often (frequency and presence penalties).
+    output_counts: HashMap<u32, u32>,
+    /// Distinct prompt tokens; filled only when a repetition penalty is set.
+    prompt_tokens: HashSet<u32>,
+    num_generated: usize,
+}
+
+impl SeqSampler {
+    /// `choice_index` offsets the seed so the `n` choices of one request differ.
+    pub fn new(params: &Sampling, choice_index: u32, prompt: &[u32], eos_ids: &[u32]) -> Self {
+        let rng = match params.seed {
+            Some(seed) => StdRng::seed_from_u64(seed.wrapping_add(u64::from(choice_index))),
+            None => StdRng::from_entropy(),
+        };
+        let mut suppressed_early = params.stop_token_ids.clone();
+        if !params.ignore_eos {
+            suppressed_early.extend_from_slice(eos_ids);
+        }
+        let prompt_tokens = if params.repetition_penalty != 1.0 {
+            prompt.iter().copied().collect()
+        } else {
+            HashSet::new()
+        };
+        SeqSampler {
+            params: params.clone(),
+            rng,
+            suppressed_early,
+            output_counts: HashMap::new(),
+            prompt_tokens,
+            num_generated: 0,
+        }
+    }
+
+    pub fn params(&self) -> &Sampling {
+        &self.params
+    }
+
+    /// Tokens generated so far.
+    pub fn num_generated(&self) -> usize {
+        self.num_generated
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature < GREEDY_TEMPERATURE
+    }
+
+    fn record(&mut self, token: u32) {
+        *self.output_counts.entry(token).or_insert(0) += 1;
+        self.num_generated += 1;
+    }
+}
+
+/// Scratch space shared by all sequences of an engine; one sample at a time.
+#[derive(Debug, Default)]
+pub struct Sampler {
+    logits: Vec<f32>,
+    candidates: Vec<u32>,
+    weights: Vec<f32>,
+}
+
+impl Sampler {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Picks the next token of `seq` from one row of raw model logits and records it in the
+    /// sequence's history. An empty row yields token 0 rather than a panic.
+    pub fn sample(&mut self, raw_logits: &[f32], seq: &mut SeqSampler) -> Sampled {
+        self.logits.clear();
+        self.logits.extend(
+            raw_logits
+                .iter()
+                .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l }),
+        );
+        penalties::apply(&mut self.logits, seq);
+        let want_logprobs = seq.params.logprobs;
+        let normaliser = want_logprobs.then(|| logprobs::log_normaliser(&self.logits));
+        let token = if seq.is_greedy() {
+            select::argmax(&self.logits)
+        } else {
+            select::draw(
+                &self.logits,
+                &seq.params,
+                &mut seq.rng,
+                &mut self.candidates,
+                &mut self.weights,
+            )
+        };
+        let (logprob, top) = match normaliser {
+            Some(norm) => {
+                let n = (seq.params.top_logprobs as usize).min(MAX_TOP_LOGPROBS);
+                let top = logprobs::top_n(&self.logits, norm, n, &mut self.candidates);
+                (Some(logprobs::logprob_of(&self.logits, norm, token)), top)
+            }
+            None => (None, Vec::new()),
+        };
+        seq.record(token);
+        Sampled {
+            token,
+            logprob,
+            top,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

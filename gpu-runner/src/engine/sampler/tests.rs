@@ -1,0 +1,259 @@
+use super::*;
+
+const EOS: u32 = 9;
+
+fn params() -> Sampling {
+    Sampling {
+        temperature: 0.0,
+        ..Sampling::default()
+    }
+}
+
+fn seq(params: &Sampling) -> SeqSampler {
+    SeqSampler::new(params, 0, &[1, 2, 3], &[EOS])
+}
+
+/// A peaked row: token `best` has the largest logit, the others decline by id distance.
+fn row(best: u32) -> Vec<f32> {
+    (0..10u32).map(|t| -(t.abs_diff(best) as f32)).collect()
+}
+
+fn draw_many(params: &Sampling, index: u32, logits: &[f32], count: usize) -> Vec<u32> {
+    let mut sampler = Sampler::new();
+    let mut s = SeqSampler::new(params, index, &[], &[EOS]);
+    (0..count)
+        .map(|_| sampler.sample(logits, &mut s).token)
+        .collect()
+}
+
+#[test]
+fn greedy_picks_the_arg_max() {
+    let mut sampler = Sampler::new();
+    let mut s = seq(&params());
+    assert_eq!(sampler.sample(&row(4), &mut s).token, 4);
+    assert_eq!(s.num_generated(), 1);
+}
+
+#[test]
+fn a_tiny_temperature_is_greedy() {
+    let p = Sampling {
+        temperature: 1e-6,
+        seed: Some(1),
+        ..Sampling::default()
+    };
+    assert!(draw_many(&p, 0, &row(6), 50).iter().all(|&t| t == 6));
+}
+
+#[test]
+fn top_k_of_one_is_greedy() {
+    let p = Sampling {
+        temperature: 5.0,
+        top_k: 1,
+        seed: Some(3),
+        ..Sampling::default()
+    };
+    assert!(draw_many(&p, 0, &row(2), 100).iter().all(|&t| t == 2));
+}
+
+#[test]
+fn a_tight_top_p_keeps_only_the_head() {
+    let p = Sampling {
+        temperature: 1.0,
+        top_p: 0.01,
+        seed: Some(3),
+        ..Sampling::default()
+    };
+    assert!(draw_many(&p, 0, &row(7), 100).iter().all(|&t| t == 7));
+}
+
+#[test]
+fn min_p_drops_unlikely_tokens() {
+    let p = Sampling {
+        temperature: 1.0,
+        min_p: 0.3, // e^-1 ≈ 0.37 survives, e^-2 ≈ 0.14 does not
+        seed: Some(5),
+        ..Sampling::default()
+    };
+    let tokens = draw_many(&p, 0, &row(5), 300);
+    assert!(tokens.iter().all(|&t| (4..=6).contains(&t)));
+    assert!(tokens.contains(&4) && tokens.contains(&6));
+}
+
+#[test]
+fn seeded_sampling_repeats_and_choices_differ() {
+    let p = Sampling {
+        temperature: 1.0,
+        seed: Some(42),
+        ..Sampling::default()
+    };
+    let flat = vec![0.0f32; 10];
+    let first = draw_many(&p, 0, &flat, 64);
+    assert_eq!(first, draw_many(&p, 0, &flat, 64));
+    assert_ne!(
+        first,
+        draw_many(&p, 1, &flat, 64),
+        "choice index offsets the seed"
+    );
+}
+
+#[test]
+fn seeded_sampling_does_not_depend_on_other_sequences_in_the_batch() {
+    let p = Sampling {
+        temperature: 0.8,
+        seed: Some(7),
+        ..Sampling::default()
+    };
+    let flat = vec![0.5f32; 10];
+    let alone = draw_many(&p, 0, &flat, 32);
+    // Interleave with another sequence sharing the same Sampler, as a batch would.
+    let mut sampler = Sampler::new();
+    let mut ours = SeqSampler::new(&p, 0, &[], &[EOS]);
+    let other_params = Sampling {
+        temperature: 1.3,
+        top_k: 3,
+        ..Sampling::default()
+    };
+    let mut other = SeqSampler::new(&other_params, 0, &[], &[EOS]);
+    let mixed: Vec<u32> = (0..32)
+        .map(|_| {
+            sampler.sample(&row(3), &mut other);
+            sampler.sample(&flat, &mut ours).token
+        })
+        .collect();
+    assert_eq!(alone, mixed);
+}
+
+#[test]
+fn logit_bias_forces_a_token() {
+    let mut p = params();
+    p.logit_bias.insert(0, 100.0);
+    let mut sampler = Sampler::new();
+    assert_eq!(sampler.sample(&row(5), &mut seq(&p)).token, 0);
+}
+
+#[test]
+fn min_tokens_suppresses_eos_and_stop_ids_until_reached() {
+    let mut p = params();
+    p.min_tokens = 2;
+    p.stop_token_ids = vec![8];
+    let mut sampler = Sampler::new();
+    let mut s = seq(&p);
+    let eos_row = row(EOS);
+    assert_ne!(sampler.sample(&eos_row, &mut s).token, EOS);
+    let stop_row = row(8);
+    assert_ne!(sampler.sample(&stop_row, &mut s).token, 8);
+    assert_eq!(
+        sampler.sample(&eos_row, &mut s).token,
+        EOS,
+        "allowed from the third token"
+    );
+}
+
+#[test]
+fn ignore_eos_leaves_eos_alone_under_min_tokens() {
+    let mut p = params();
+    p.min_tokens = 5;
+    p.ignore_eos = true;
+    let mut sampler = Sampler::new();
+    assert_eq!(sampler.sample(&row(EOS), &mut seq(&p)).token, EOS);
+}
+
+#[test]
+fn frequency_and_presence_penalties_push_repeated_tokens_down() {
+    let mut p = params();
+    p.frequency_penalty = 0.6;
+    let mut sampler = Sampler::new();
+    let mut s = seq(&p);
+    // 4 leads 5 by 0.5: after one use the frequency penalty (0.6) flips them.
+    let mut logits = vec![0.0f32; 10];
+    logits[4] = 2.0;
+    logits[5] = 1.5;
+    assert_eq!(sampler.sample(&logits, &mut s).token, 4);
+    assert_eq!(sampler.sample(&logits, &mut s).token, 5);
+    let mut p = params();
+    p.presence_penalty = 0.6;
+    let mut s = seq(&p);
+    assert_eq!(sampler.sample(&logits, &mut s).token, 4);
+    assert_eq!(sampler.sample(&logits, &mut s).token, 5);
+}
+
+#[test]
+fn repetition_penalty_covers_prompt_tokens() {
+    let mut p = params();
+    p.repetition_penalty = 2.0;
+    let mut sampler = Sampler::new();
+    let mut s = SeqSampler::new(&p, 0, &[4], &[EOS]); // 4 is in the prompt
+    let mut logits = vec![0.0f32; 10];
+    logits[4] = 2.0; // → 1.0
+    logits[5] = 1.5;
+    assert_eq!(sampler.sample(&logits, &mut s).token, 5);
+}
+
+#[test]
+fn logprobs_report_the_processed_distribution_with_top_alternatives() {
+    let mut p = params();
+    p.logprobs = true;
+    p.top_logprobs = 3;
+    let mut sampler = Sampler::new();
+    let logits = row(2);
+    let out = sampler.sample(&logits, &mut seq(&p));
+    let norm: f32 = logits.iter().map(|l| l.exp()).sum::<f32>().ln();
+    let lp = out.logprob.unwrap();
+    assert!((lp - (0.0 - norm)).abs() < 1e-5);
+    let ids: Vec<u32> = out.top.iter().map(|&(t, _)| t).collect();
+    assert_eq!(ids, vec![2, 1, 3], "best first, ties to the lower id");
+    assert!(out.top.windows(2).all(|w| w[0].1 >= w[1].1));
+}
+
+#[test]
+fn impossible_tokens_report_a_finite_logprob() {
+    let mut p = params();
+    p.logprobs = true;
+    p.top_logprobs = 20;
+    let mut logits = vec![f32::NEG_INFINITY; 4];
+    logits[1] = 0.0;
+    let out = Sampler::new().sample(&logits, &mut seq(&p));
+    assert_eq!(out.token, 1);
+    assert_eq!(out.top.len(), 4);
+    assert_eq!(out.top[3].1, MIN_LOGPROB);
+}
+
+#[test]
+fn nan_logits_never_win() {
+    let mut logits = row(3);
+    logits[0] = f32::NAN;
+    assert_eq!(Sampler::new().sample(&logits, &mut seq(&params())).token, 3);
+}
+
+#[test]
+fn top_p_over_a_large_vocabulary_keeps_exactly_the_nucleus() {
+    // 5000 tokens: two share most of the mass, the long tail must never be drawn.
+    let mut logits = vec![0.0f32; 5000];
+    logits[1234] = 12.0;
+    logits[4321] = 12.0;
+    let p = Sampling {
+        temperature: 1.0,
+        top_p: 0.9,
+        seed: Some(9),
+        ..Sampling::default()
+    };
+    let tokens = draw_many(&p, 0, &logits, 200);
+    assert!(tokens.iter().all(|&t| t == 1234 || t == 4321));
+    assert!(tokens.contains(&1234) && tokens.contains(&4321));
+}
+
+#[test]
+fn an_unrestricted_draw_follows_the_distribution() {
+    // Token 1 has weight e^ln3 = 3 against token 0's 1: about 75 % of draws.
+    let logits = [0.0f32, 3.0f32.ln()];
+    let p = Sampling {
+        temperature: 1.0,
+        seed: Some(17),
+        ..Sampling::default()
+    };
+    let ones = draw_many(&p, 0, &logits, 4000)
+        .iter()
+        .filter(|&&t| t == 1)
+        .count();
+    assert!((2800..3200).contains(&ones), "{ones} of 4000");
+}

@@ -1,0 +1,67 @@
+//! The claim loop: takes jobs from the queue only for free slots. A slot is a semaphore
+//! permit that travels with the claimed job and is returned when the job is dropped, so the
+//! runner can never hold more jobs than it has slots.
+
+use fallow_scheduler::queue::{ClaimedJob, Queue};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use uuid::Uuid;
+
+pub struct Claimed {
+    pub job: ClaimedJob,
+    pub slot: OwnedSemaphorePermit,
+}
+
+pub struct ClaimLoop {
+    pub queue: Queue,
+    pub runner_id: Uuid,
+    pub models: Vec<String>,
+    pub slots: Arc<Semaphore>,
+    pub lease: Duration,
+    pub poll_every: Duration,
+}
+
+impl ClaimLoop {
+    /// Runs until the receiver of `claimed` is dropped.
+    pub async fn run(self, claimed: mpsc::Sender<Claimed>) {
+        loop {
+            let Ok(first) = self.slots.clone().acquire_owned().await else {
+                return;
+            };
+            let limit = 1 + self.slots.available_permits() as i64;
+            let jobs = match self
+                .queue
+                .claim(self.runner_id, &self.models, limit, self.lease)
+                .await
+            {
+                Ok(jobs) => jobs,
+                Err(e) => {
+                    tracing::warn!(error = %e, "claiming jobs failed; retrying");
+                    drop(first);
+                    tokio::time::sleep(self.poll_every).await;
+                    continue;
+                }
+            };
+            if jobs.is_empty() {
+                drop(first);
+                self.queue.wait_for_work(self.poll_every).await;
+                continue;
+            }
+            let mut first = Some(first);
+            for job in jobs {
+                // The claim was bounded by free permits, so one is always there.
+                let slot = match first.take() {
+                    Some(p) => p,
+                    None => match self.slots.clone().acquire_owned().await {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    },
+                };
+                if claimed.send(Claimed { job, slot }).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}

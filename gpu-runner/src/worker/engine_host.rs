@@ -1,0 +1,134 @@
+//! The engine runs on its own OS thread: a step is CPU-bound work that must never block the
+//! async runtime that talks to Postgres and Redis. The host owns the engine and the model's
+//! frontend; it takes commands over a channel and sends every step's outputs back as one
+//! message, so the relay can append them to Redis in one round trip.
+
+use crate::engine::llm::{EngineRequest, LlmEngine, SeqOutput};
+use crate::engine::runtime::ModelFrontend;
+use fallow_scheduler::job::GenerateRequest;
+use std::sync::mpsc as std_mpsc;
+use tokio::sync::mpsc;
+
+/// What the worker asks of the engine thread.
+pub enum HostCommand {
+    /// Render, tokenize and admit a request under the engine-local id.
+    Add { id: u64, request: GenerateRequest },
+    /// Drop a request and free its KV blocks.
+    Abort { id: u64 },
+}
+
+/// What the engine thread reports.
+#[derive(Debug)]
+pub enum HostEvent {
+    /// A request was admitted; its prompt has this many tokens.
+    Admitted { id: u64, prompt_tokens: u32 },
+    /// A request could not be admitted (bad template input, prompt too long, …).
+    Rejected { id: u64, code: String, message: String },
+    /// The outputs of one engine step.
+    Step(Vec<SeqOutput>),
+    /// The engine failed in a way that ends every request in it.
+    Failed { message: String },
+}
+
+pub struct EngineHost {
+    commands: std_mpsc::Sender<HostCommand>,
+}
+
+impl EngineHost {
+    /// Starts the engine thread. Events arrive on the returned receiver.
+    pub fn spawn(
+        engine: LlmEngine,
+        frontend: ModelFrontend,
+        name: &str,
+    ) -> std::io::Result<(EngineHost, mpsc::UnboundedReceiver<HostEvent>)> {
+        let (cmd_tx, cmd_rx) = std_mpsc::channel();
+        let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name(format!("engine-{name}"))
+            .spawn(move || host_loop(engine, frontend, cmd_rx, ev_tx))?;
+        Ok((EngineHost { commands: cmd_tx }, ev_rx))
+    }
+
+    /// Sends a command; false if the engine thread is gone.
+    pub fn send(&self, command: HostCommand) -> bool {
+        self.commands.send(command).is_ok()
+    }
+}
+
+fn host_loop(
+    mut engine: LlmEngine,
+    frontend: ModelFrontend,
+    commands: std_mpsc::Receiver<HostCommand>,
+    events: mpsc::UnboundedSender<HostEvent>,
+) {
+    loop {
+        // Idle: block for the next command. Busy: take whatever arrived, then step.
+        if !engine.has_work() {
+            match commands.recv() {
+                Ok(cmd) => apply(&mut engine, &frontend, cmd, &events),
+                Err(_) => return,
+            }
+        }
+        loop {
+            match commands.try_recv() {
+                Ok(cmd) => apply(&mut engine, &frontend, cmd, &events),
+                Err(std_mpsc::TryRecvError::Empty) => break,
+                Err(std_mpsc::TryRecvError::Disconnected) => return,
+            }
+        }
+        if engine.has_work() {
+            match engine.step() {
+                Ok(outputs) if outputs.is_empty() => {}
+                Ok(outputs) => {
+                    if events.send(HostEvent::Step(outputs)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = events.send(HostEvent::Failed {
+                        message: e.to_string(),
+                    });
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn apply(
+    engine: &mut LlmEngine,
+    frontend: &ModelFrontend,
+    command: HostCommand,
+    events: &mpsc::UnboundedSender<HostEvent>,
+) {
+    match command {
+        HostCommand::Abort { id } => engine.abort(id),
+        HostCommand::Add { id, request } => {
+            let event = match admit(engine, frontend, id, request) {
+                Ok(prompt_tokens) => HostEvent::Admitted { id, prompt_tokens },
+                Err((code, message)) => HostEvent::Rejected { id, code, message },
+            };
+            let _ = events.send(event);
+        }
+    }
+}
+
+fn admit(
+    engine: &mut LlmEngine,
+    frontend: &ModelFrontend,
+    id: u64,
+    request: GenerateRequest,
+) -> Result<u32, (String, String)> {
+    let prompt = super::prompt::encode_chat(frontend, &request)?;
+    let prompt_tokens = prompt.len() as u32;
+    engine
+        .add_request(EngineRequest {
+            id,
+            prompt,
+            sampling: request.sampling,
+            n: request.n,
+            priority: 0,
+        })
+        .map_err(|e| (e.code().to_string(), e.to_string()))?;
+    Ok(prompt_tokens)
+}

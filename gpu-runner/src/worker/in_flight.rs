@@ -1,0 +1,153 @@
+//! Jobs a runner holds, and how engine outputs become job events. Each job keeps the text of
+//! its choices so the final `Completion` can be stored without re-reading the stream.
+
+use crate::engine::llm::SeqOutput;
+use fallow_scheduler::job::{ChoiceResult, Completion, FinishReason, JobEvent, TokenLogprob, Usage};
+use fallow_scheduler::queue::{ClaimedJob, JobKind};
+use std::collections::HashMap;
+use uuid::Uuid;
+
+/// One held job.
+pub struct InFlight {
+    pub job_id: Uuid,
+    pub attempt: i32,
+    pub kind: JobKind,
+    /// Which engine serves it (index into the worker's engines).
+    pub engine: usize,
+    choices: Vec<ChoiceState>,
+    usage: Usage,
+    /// Whether the client reads tokens as they come (then a job that sent any is not retried).
+    pub client_streams: bool,
+    /// Whether any text reached the stream.
+    pub streamed: bool,
+    /// The runner slot this job occupies; dropping the job frees the slot.
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+#[derive(Default)]
+struct ChoiceState {
+    text: String,
+    logprobs: Option<Vec<TokenLogprob>>,
+    finish: Option<FinishReason>,
+    matched_stop: Option<serde_json::Value>,
+}
+
+impl InFlight {
+    pub fn new(
+        job: &ClaimedJob,
+        engine: usize,
+        slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Self {
+        let n = job.request.n.max(1) as usize;
+        let wants_logprobs = job.request.sampling.logprobs;
+        let choices = (0..n)
+            .map(|_| ChoiceState {
+                logprobs: wants_logprobs.then(Vec::new),
+                ..Default::default()
+            })
+            .collect();
+        InFlight {
+            job_id: job.id,
+            attempt: job.attempt,
+            kind: job.kind,
+            engine,
+            choices,
+            usage: Usage::default(),
+            client_streams: job.request.stream,
+            streamed: false,
+            _slot: slot,
+        }
+    }
+
+    /// Folds one engine output into the job and returns the event to stream.
+    pub fn absorb(&mut self, out: SeqOutput) -> JobEvent {
+        self.usage = out.usage;
+        let slot = (out.index as usize).min(self.choices.len() - 1);
+        let choice = &mut self.choices[slot];
+        choice.text.push_str(&out.text);
+        if let (Some(all), Some(new)) = (choice.logprobs.as_mut(), out.logprobs.as_ref()) {
+            all.extend(new.iter().cloned());
+        }
+        if out.finish.is_some() {
+            choice.finish = out.finish;
+            choice.matched_stop = out.matched_stop.clone();
+        }
+        if !out.text.is_empty() {
+            self.streamed = true;
+        }
+        JobEvent::Delta {
+            index: out.index,
+            text: out.text,
+            logprobs: out.logprobs,
+            finish_reason: out.finish,
+            usage: out.usage,
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.choices.iter().all(|c| c.finish.is_some())
+    }
+
+    pub fn completion(&self) -> Completion {
+        let choices = self
+            .choices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ChoiceResult {
+                index: i as u32,
+                text: c.text.clone(),
+                finish_reason: c.finish.unwrap_or(FinishReason::Abort),
+                matched_stop: c.matched_stop.clone(),
+                logprobs: c.logprobs.clone(),
+            })
+            .collect();
+        Completion {
+            choices,
+            usage: self.usage,
+        }
+    }
+}
+
+/// All jobs a runner holds, by engine-local request id.
+#[derive(Default)]
+pub struct InFlightTable {
+    next_id: u64,
+    by_request: HashMap<u64, InFlight>,
+    by_job: HashMap<Uuid, u64>,
+}
+
+impl InFlightTable {
+    pub fn insert(&mut self, job: InFlight) -> u64 {
+        self.next_id += 1;
+        self.by_job.insert(job.job_id, self.next_id);
+        self.by_request.insert(self.next_id, job);
+        self.next_id
+    }
+    pub fn get_mut(&mut self, request: u64) -> Option<&mut InFlight> {
+        self.by_request.get_mut(&request)
+    }
+    pub fn request_for(&self, job: Uuid) -> Option<u64> {
+        self.by_job.get(&job).copied()
+    }
+    pub fn remove(&mut self, request: u64) -> Option<InFlight> {
+        let job = self.by_request.remove(&request)?;
+        self.by_job.remove(&job.job_id);
+        Some(job)
+    }
+    pub fn len(&self) -> usize {
+        self.by_request.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.by_request.is_empty()
+    }
+    /// `(id, attempt)` of every held job, for lease renewal.
+    pub fn leases(&self) -> Vec<(Uuid, i32)> {
+        self.by_request
+            .values()
+            .map(|j| (j.job_id, j.attempt))
+            .collect()
+    }
+    pub fn requests(&self) -> Vec<u64> {
+        self.by_request.keys().copied().collect()
+    }
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: starts what the tests need (PostgreSQL, Redis), fetches the
+# test models, installs the OpenAI Python SDK into a venv, then runs the Rust tests and the
+# end-to-end tests against a real `fallow` stack.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+infra/services.sh
+scripts/fetch-models.sh
+if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
+.venv/bin/pip install -q --disable-pip-version-check -r tests/e2e/requirements.txt
+cargo build --bin fallow
+cargo test --workspace --no-fail-fast
+FALLOW_BIN="$PWD/target/debug/fallow" .venv/bin/python -m pytest -q tests/e2e

@@ -1,0 +1,195 @@
+//! The internal, validated vocabulary shared by the api tier and the runners: what a job asks
+//! for (`GenerateRequest`), what a runner streams back (`JobEvent`), and how it ended
+//! (`Completion`). Nothing here knows about HTTP or OpenAI's wire format; `api` converts at
+//! its boundary, and the runner converts to the engine's own types at its boundary.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Who speaks a chat message. `developer` is folded into `system` by the api, because
+/// chat templates know only the four classic roles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: Role,
+    /// Text parts already joined; `None` only for an assistant turn that carried tool calls.
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+/// Sampling controls, validated (ranges checked, defaults filled).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// Upper bound on generated tokens per choice; `None` = up to the context length.
+    pub max_tokens: Option<u32>,
+    pub min_tokens: u32,
+    /// 0 = greedy.
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0 = off (the wire's −1 is mapped to 0).
+    pub top_k: u32,
+    pub min_p: f32,
+    pub seed: Option<u64>,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub repetition_penalty: f32,
+    /// token id → additive bias.
+    pub logit_bias: BTreeMap<u32, f32>,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub skip_special_tokens: bool,
+    pub logprobs: bool,
+    /// 0..=20
+    pub top_logprobs: u32,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            max_tokens: None,
+            min_tokens: 0,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            seed: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logit_bias: BTreeMap::new(),
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            skip_special_tokens: true,
+            logprobs: false,
+            top_logprobs: 0,
+        }
+    }
+}
+
+/// Everything a runner needs to generate one chat completion (all `n` choices).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerateRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    pub sampling: Sampling,
+    /// Number of choices, ≥ 1.
+    pub n: u32,
+    pub add_generation_prompt: bool,
+    pub continue_final_message: bool,
+    /// Whether the client reads tokens as they come. Only then does a token reach the client
+    /// before the job ends, which rules out retrying the job from scratch.
+    #[serde(default)]
+    pub stream: bool,
+    /// Extra variables for the chat template (`chat_template_kwargs`).
+    #[serde(default)]
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Why a choice stopped, in OpenAI's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    Stop,
+    Length,
+    /// The job was cancelled (client gone or explicit cancel).
+    Abort,
+}
+
+/// One alternative at a sampled position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+/// Log-probability information for one generated token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u32,
+}
+
+impl Usage {
+    pub fn total_tokens(&self) -> u32 {
+        self.prompt_tokens + self.completion_tokens
+    }
+}
+
+/// One choice's final state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChoiceResult {
+    pub index: u32,
+    pub text: String,
+    pub finish_reason: FinishReason,
+    /// The stop string or token id that ended the choice, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched_stop: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<TokenLogprob>>,
+}
+
+/// The stored result of a finished job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Completion {
+    pub choices: Vec<ChoiceResult>,
+    pub usage: Usage,
+}
+
+/// What a runner appends to a job's Redis stream. The last event of a stream is always
+/// `Final` or `Error`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum JobEvent {
+    /// The runner started this attempt (prompt processed or about to be).
+    Started { attempt: i32 },
+    /// New text for one choice. `finish_reason` is set on the choice's last delta.
+    Delta {
+        index: u32,
+        text: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        logprobs: Option<Vec<TokenLogprob>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        finish_reason: Option<FinishReason>,
+        /// Usage so far (for `continuous_usage_stats`).
+        usage: Usage,
+    },
+    /// The job finished; carries the whole result.
+    Final { completion: Completion },
+    /// The job failed or was given up on; nothing more follows.
+    Error { code: String, message: String },
+}

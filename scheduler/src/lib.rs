@@ -1,0 +1,24 @@
+//! Fallow's control plane below the api tier.
+//!
+//! - [`job`]: the validated request/event/result types shared by api and runners.
+//! - [`db`]: connecting to Postgres, running migrations, fresh schemas for tests.
+//! - [`queue`]: the job queue in Postgres — enqueue, claim (`SKIP LOCKED`), heartbeat,
+//!   fenced completion, retries, cancellation, reaping and pruning.
+//! - [`stream`]: the Redis Streams token relay between runners and the api, plus the
+//!   cancel signal channel.
+//! - [`tenants`]: tenants and API keys (only hashes are stored).
+//! - [`runners`]: the runner registry.
+//! - [`maintenance`]: the loops that reap expired leases and prune finished jobs.
+//! - [`clock`]: an injectable `now` so tests control time.
+
+pub mod clock;
+pub mod db;
+pub mod error;
+pub mod job;
+pub mod maintenance;
+pub mod queue;
+pub mod runners;
+pub mod stream;
+pub mod tenants;
+
+pub use error::SchedulerError;

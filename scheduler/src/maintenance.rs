@@ -1,0 +1,60 @@
+//! The maintenance loop: reap expired leases (jobs whose runner died) and prune old
+//! finished jobs, each on its own cadence, until shutdown. Any number of scheduler processes
+//! may run it at once: both statements use `SKIP LOCKED` and are idempotent.
+
+use crate::queue::Queue;
+use std::time::Duration;
+use tokio::time::MissedTickBehavior;
+
+pub struct MaintenanceConfig {
+    pub reap_every: Duration,
+    pub prune_every: Duration,
+    pub retention: Duration,
+}
+
+impl Default for MaintenanceConfig {
+    fn default() -> Self {
+        MaintenanceConfig {
+            reap_every: Duration::from_secs(5),
+            prune_every: Duration::from_secs(300),
+            retention: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// Runs until `shutdown` resolves.
+pub async fn run(
+    queue: Queue,
+    config: MaintenanceConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let mut reap = tokio::time::interval(config.reap_every.max(Duration::from_millis(10)));
+    let mut prune = tokio::time::interval(config.prune_every.max(Duration::from_millis(10)));
+    // After a stall (e.g. Postgres down), run once rather than in a burst.
+    reap.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    prune.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = reap.tick() => reap_once(&queue).await,
+            _ = prune.tick() => prune_once(&queue, config.retention).await,
+        }
+    }
+}
+
+async fn reap_once(queue: &Queue) {
+    match queue.reap_expired().await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(jobs = n, "reaped expired leases"),
+        Err(e) => tracing::warn!(error = %e, "reaping expired leases failed"),
+    }
+}
+
+async fn prune_once(queue: &Queue, retention: Duration) {
+    match queue.prune_finished(retention).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(jobs = n, "pruned finished jobs"),
+        Err(e) => tracing::warn!(error = %e, "pruning finished jobs failed"),
+    }
+}

@@ -1,0 +1,107 @@
+//! Claiming jobs and keeping their leases alive.
+//!
+//! A runner claims at most its free slots in one statement, then renews the leases of what
+//! it holds on every heartbeat. A lease that is not renewed expires and the reaper takes the
+//! job back (see `housekeeping.rs`).
+
+use super::rows::ClaimedRow;
+use super::{ClaimedJob, Queue};
+use crate::SchedulerError;
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use std::collections::HashSet;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// What a heartbeat learned about the jobs a runner holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseRenewal {
+    /// Held jobs whose cancellation was requested: stop them and `mark_cancelled`.
+    pub cancel_requested: Vec<Uuid>,
+    /// Listed jobs this runner no longer holds (reaped, finished, re-claimed elsewhere):
+    /// stop working on them; any completion would be stale anyway.
+    pub lost: Vec<Uuid>,
+}
+
+impl Queue {
+    /// Claims up to `limit` runnable jobs for one of `models`, in priority then age order,
+    /// in one statement (`FOR UPDATE SKIP LOCKED`), setting the lease.
+    pub async fn claim(
+        &self,
+        runner_id: Uuid,
+        models: &[String],
+        limit: i64,
+        lease: Duration,
+    ) -> Result<Vec<ClaimedJob>, SchedulerError> {
+        if limit <= 0 || models.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The query scans once per model, so a repeated model would only waste the limit.
+        let mut distinct: Vec<&str> = models.iter().map(String::as_str).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let now = self.clock.now();
+        let mut rows: Vec<ClaimedRow> = sqlx::query_as(include_str!("queries/claim.sql"))
+            .bind(&distinct)
+            .bind(now)
+            .bind(limit)
+            .bind(runner_id)
+            .bind(lease_end(now, lease))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.sort_by(|a, b| {
+            (a.priority, a.created_at, a.id).cmp(&(b.priority, b.created_at, b.id))
+        });
+        rows.into_iter().map(ClaimedJob::try_from).collect()
+    }
+
+    /// Renews the leases of the listed `(id, attempt)` jobs held by this runner; returns the
+    /// ids among them whose cancellation was requested.
+    pub async fn renew_leases(
+        &self,
+        runner_id: Uuid,
+        jobs: &[(Uuid, i32)],
+        lease: Duration,
+    ) -> Result<Vec<Uuid>, SchedulerError> {
+        Ok(self
+            .renew_leases_detailed(runner_id, jobs, lease)
+            .await?
+            .cancel_requested)
+    }
+
+    /// [`renew_leases`](Self::renew_leases), also reporting the listed jobs this runner no
+    /// longer holds.
+    pub async fn renew_leases_detailed(
+        &self,
+        runner_id: Uuid,
+        jobs: &[(Uuid, i32)],
+        lease: Duration,
+    ) -> Result<LeaseRenewal, SchedulerError> {
+        if jobs.is_empty() {
+            return Ok(LeaseRenewal::default());
+        }
+        let ids: Vec<Uuid> = jobs.iter().map(|(id, _)| *id).collect();
+        let attempts: Vec<i32> = jobs.iter().map(|(_, attempt)| *attempt).collect();
+        let renewed: Vec<(Uuid, bool)> = sqlx::query_as(include_str!("queries/renew_leases.sql"))
+            .bind(runner_id)
+            .bind(&ids)
+            .bind(&attempts)
+            .bind(lease_end(self.clock.now(), lease))
+            .fetch_all(&self.pool)
+            .await?;
+        let held: HashSet<Uuid> = renewed.iter().map(|(id, _)| *id).collect();
+        Ok(LeaseRenewal {
+            cancel_requested: renewed
+                .iter()
+                .filter(|(_, cancel)| *cancel)
+                .map(|(id, _)| *id)
+                .collect(),
+            lost: ids.into_iter().filter(|id| !held.contains(id)).collect(),
+        })
+    }
+}
+
+/// `now + lease`, saturating: an absurd lease must not overflow into an error.
+fn lease_end(now: DateTime<Utc>, lease: Duration) -> DateTime<Utc> {
+    let lease = ChronoDuration::from_std(lease).unwrap_or(ChronoDuration::days(365));
+    now.checked_add_signed(lease).unwrap_or(now)
+}

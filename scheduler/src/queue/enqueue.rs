@@ -1,0 +1,65 @@
+//! Putting jobs on the queue: one transaction per call, however many jobs, then a `NOTIFY`
+//! per model (delivered at commit, so a woken runner always finds the rows).
+
+use super::{NewJob, Queue, NOTIFY_CHANNEL};
+use crate::SchedulerError;
+use std::collections::BTreeSet;
+use uuid::Uuid;
+
+impl Queue {
+    /// Inserts the job (state `queued`) in one transaction and sends the `NOTIFY` hint.
+    pub async fn enqueue(&self, job: NewJob) -> Result<Uuid, SchedulerError> {
+        let ids = self.enqueue_many(std::slice::from_ref(&job)).await?;
+        ids.into_iter()
+            .next()
+            .ok_or_else(|| SchedulerError::Corrupt("insert returned no job id".into()))
+    }
+
+    /// Inserts many jobs with one statement (`unnest` over parallel arrays) in one
+    /// transaction; returns their ids in input order. Batches and tests use it.
+    pub async fn enqueue_many(&self, jobs: &[NewJob]) -> Result<Vec<Uuid>, SchedulerError> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<Uuid> = jobs.iter().map(|_| Uuid::new_v4()).collect();
+        let mut requests = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            requests.push(
+                serde_json::to_value(&job.request).map_err(|e| {
+                    SchedulerError::Corrupt(format!("request not serialisable: {e}"))
+                })?,
+            );
+        }
+        let tenants: Vec<Option<Uuid>> = jobs.iter().map(|j| j.tenant_id).collect();
+        let models: Vec<&str> = jobs.iter().map(|j| j.request.model.as_str()).collect();
+        let kinds: Vec<&str> = jobs.iter().map(|j| j.kind.as_str()).collect();
+        let priorities: Vec<i32> = jobs.iter().map(|j| j.priority).collect();
+        // A job must be allowed at least one attempt, whatever the caller asked for.
+        let max_attempts: Vec<i32> = jobs.iter().map(|j| j.max_attempts.max(1)).collect();
+        let request_ids: Vec<Option<&str>> = jobs.iter().map(|j| j.request_id.as_deref()).collect();
+
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(include_str!("queries/enqueue.sql"))
+            .bind(&ids)
+            .bind(&tenants)
+            .bind(&models)
+            .bind(&kinds)
+            .bind(&priorities)
+            .bind(&max_attempts)
+            .bind(&requests)
+            .bind(&request_ids)
+            .bind(self.clock.now())
+            .execute(&mut *tx)
+            .await?;
+        let distinct: BTreeSet<&str> = models.iter().copied().collect();
+        for model in distinct {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(NOTIFY_CHANNEL)
+                .bind(model)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(ids)
+    }
+}

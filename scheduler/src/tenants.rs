@@ -1,0 +1,150 @@
+//! Tenants and API keys. A key is `sk-fallow-` plus 32 random alphanumerics, shown once;
+//! only its SHA-256 (hex) is stored, so a leaked database leaks no usable key.
+
+use crate::SchedulerError;
+use rand::distributions::Alphanumeric;
+use rand::Rng;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// Every key starts with this, so leaked keys are easy to recognise and scan for.
+pub const KEY_PREFIX: &str = "sk-fallow-";
+const KEY_RANDOM_CHARS: usize = 32;
+/// Characters of the key kept in clear (`prefix` column) to tell keys apart.
+const SHOWN_CHARS: usize = KEY_PREFIX.len() + 4;
+
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub id: Uuid,
+    pub name: String,
+    /// Max queued+running jobs for this tenant.
+    pub max_active_jobs: i64,
+}
+
+/// Creates the tenant if needed and a new key for it; returns the plaintext key (once).
+pub async fn create_key(pool: &PgPool, tenant: &str) -> Result<String, SchedulerError> {
+    let key = generate_key();
+    let mut tx = pool.begin().await?;
+    let tenant_id = upsert_tenant(&mut tx, tenant).await?;
+    sqlx::query("INSERT INTO api_keys (id, tenant_id, key_hash, prefix) VALUES ($1, $2, $3, $4)")
+        .bind(Uuid::new_v4())
+        .bind(tenant_id)
+        .bind(hash_key(&key))
+        .bind(&key[..SHOWN_CHARS])
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(key)
+}
+
+/// The tenant owning this key, if the key exists and is not revoked.
+pub async fn tenant_for_key(pool: &PgPool, key: &str) -> Result<Option<Tenant>, SchedulerError> {
+    let row: Option<(Uuid, String, i64)> = sqlx::query_as(
+        "SELECT t.id, t.name, t.max_active_jobs \
+         FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
+         WHERE k.key_hash = $1 AND k.revoked_at IS NULL",
+    )
+    .bind(hash_key(key))
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|(id, name, max_active_jobs)| Tenant {
+        id,
+        name,
+        max_active_jobs,
+    }))
+}
+
+/// Revokes a key; returns false if it was unknown or already revoked.
+pub async fn revoke_key(pool: &PgPool, key: &str) -> Result<bool, SchedulerError> {
+    let done = sqlx::query(
+        "UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1 AND revoked_at IS NULL",
+    )
+    .bind(hash_key(key))
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Sets a tenant's limit on queued+running jobs; returns false if the tenant is unknown.
+pub async fn set_max_active_jobs(
+    pool: &PgPool,
+    tenant: &str,
+    max_active_jobs: i64,
+) -> Result<bool, SchedulerError> {
+    let done = sqlx::query("UPDATE tenants SET max_active_jobs = $2 WHERE name = $1")
+        .bind(tenant)
+        .bind(max_active_jobs.max(0))
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// All tenants, by name.
+pub async fn list(pool: &PgPool) -> Result<Vec<Tenant>, SchedulerError> {
+    let rows: Vec<(Uuid, String, i64)> =
+        sqlx::query_as("SELECT id, name, max_active_jobs FROM tenants ORDER BY name")
+            .fetch_all(pool)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, name, max_active_jobs)| Tenant {
+            id,
+            name,
+            max_active_jobs,
+        })
+        .collect())
+}
+
+/// SHA-256 of the key, lowercase hex: what `api_keys.key_hash` holds.
+pub fn hash_key(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+fn generate_key() -> String {
+    // thread_rng is a CSPRNG (ChaCha, reseeded from the OS).
+    let random: String = rand::thread_rng()
+        .sample_iter(&Alphanumeric)
+        .take(KEY_RANDOM_CHARS)
+        .map(char::from)
+        .collect();
+    format!("{KEY_PREFIX}{random}")
+}
+
+async fn upsert_tenant(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    name: &str,
+) -> Result<Uuid, SchedulerError> {
+    // DO UPDATE (a no-op write) rather than DO NOTHING so RETURNING yields the existing row.
+    let id: Uuid = sqlx::query_scalar(
+        "INSERT INTO tenants (id, name) VALUES ($1, $2) \
+         ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id",
+    )
+    .bind(Uuid::new_v4())
+    .bind(name)
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_keys_have_the_prefix_and_32_alphanumerics() {
+        let key = generate_key();
+        assert!(key.starts_with(KEY_PREFIX));
+        let random = &key[KEY_PREFIX.len()..];
+        assert_eq!(random.len(), 32);
+        assert!(random.chars().all(|c| c.is_ascii_alphanumeric()));
+    }
+
+    #[test]
+    fn key_hashes_are_sha256_hex() {
+        assert_eq!(
+            hash_key("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}

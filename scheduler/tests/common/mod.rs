@@ -1,0 +1,93 @@
+//! Shared arrangements for the integration tests: a fresh Postgres schema per test (dropped
+//! again at the end), a queue on a fixed clock, and small job builders.
+#![allow(dead_code)]
+
+use chrono::Utc;
+use fallow_scheduler::clock::Clock;
+use fallow_scheduler::db;
+use fallow_scheduler::job::{ChatMessage, Completion, GenerateRequest, Role, Sampling, Usage};
+use fallow_scheduler::queue::{JobKind, NewJob, Queue};
+use sqlx::PgPool;
+
+pub struct TestDb {
+    pub pool: PgPool,
+    pub schema: String,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        let (pool, schema) = db::fresh_schema(&db::test_database_url())
+            .await
+            .expect("a test Postgres (FALLOW_TEST_DATABASE_URL or 127.0.0.1:5432)");
+        TestDb { pool, schema }
+    }
+
+    /// A queue on a clock frozen at the current time; advance it with `queue.clock()`.
+    pub fn queue(&self) -> Queue {
+        Queue::new(self.pool.clone(), Clock::fixed(Utc::now()))
+    }
+
+    pub async fn drop(self) {
+        db::drop_schema(&self.pool, &self.schema)
+            .await
+            .expect("drop test schema");
+        self.pool.close().await;
+    }
+}
+
+pub fn request(model: &str) -> GenerateRequest {
+    GenerateRequest {
+        model: model.to_string(),
+        messages: vec![ChatMessage {
+            role: Role::User,
+            content: Some("Say hello.".to_string()),
+            name: None,
+            tool_call_id: None,
+        }],
+        sampling: Sampling::default(),
+        n: 1,
+        add_generation_prompt: true,
+        continue_final_message: false,
+        chat_template_kwargs: Default::default(),
+    }
+}
+
+pub fn job(model: &str, kind: JobKind, priority: i32) -> NewJob {
+    NewJob {
+        tenant_id: None,
+        kind,
+        priority,
+        request: request(model),
+        max_attempts: 3,
+        request_id: None,
+    }
+}
+
+pub fn batch_job(model: &str) -> NewJob {
+    job(model, JobKind::Batch, 10)
+}
+
+pub fn interactive_job(model: &str) -> NewJob {
+    job(model, JobKind::Interactive, 0)
+}
+
+pub fn completion(text: &str) -> Completion {
+    Completion {
+        choices: vec![fallow_scheduler::job::ChoiceResult {
+            index: 0,
+            text: text.to_string(),
+            finish_reason: fallow_scheduler::job::FinishReason::Stop,
+            matched_stop: None,
+            logprobs: None,
+        }],
+        usage: Usage {
+            prompt_tokens: 5,
+            completion_tokens: 2,
+            cached_tokens: 0,
+        },
+    }
+}
+
+pub fn models(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}

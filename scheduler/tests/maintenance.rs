@@ -1,0 +1,48 @@
+//! The maintenance loop reaps and prunes on its cadence and stops on shutdown.
+
+mod common;
+
+use common::*;
+use fallow_scheduler::maintenance::{self, MaintenanceConfig};
+use fallow_scheduler::queue::JobState;
+use std::time::Duration;
+use uuid::Uuid;
+
+#[tokio::test]
+async fn the_maintenance_loop_reaps_expired_leases_until_shut_down() {
+    let db = TestDb::new().await;
+    let queue = db.queue();
+    let id = queue.enqueue(batch_job("m")).await.unwrap();
+    queue
+        .claim(Uuid::new_v4(), &models(&["m"]), 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    queue.clock().advance(Duration::from_secs(11));
+
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let config = MaintenanceConfig {
+        reap_every: Duration::from_millis(50),
+        prune_every: Duration::from_secs(60),
+        retention: Duration::from_secs(3600),
+    };
+    let running = tokio::spawn(maintenance::run(queue.clone(), config, async {
+        let _ = stopped.await;
+    }));
+
+    let mut state = JobState::Running;
+    for _ in 0..100 {
+        state = queue.get(id).await.unwrap().unwrap().state;
+        if state == JobState::Queued {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(state, JobState::Queued);
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(2), running)
+        .await
+        .unwrap()
+        .unwrap();
+    db.drop().await;
+}

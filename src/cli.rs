@@ -1,0 +1,182 @@
+//! The command line. Service flags fall back to `FALLOW_*` environment variables, then to
+//! `fallow.toml`, then to defaults (see `config.rs`).
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "fallow", version, about = "OpenAI-compatible chat completions on idle GPUs")]
+pub struct Cli {
+    /// More logging (debug for Fallow's crates).
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// api + scheduler maintenance + one runner, in one process.
+    Dev(ServiceArgs),
+    /// The HTTP tier only.
+    Api(ServiceArgs),
+    /// Maintenance loops only (lease reaper, pruning).
+    Scheduler(ServiceArgs),
+    /// A runner only: claims jobs for its models and runs them.
+    Runner(ServiceArgs),
+    /// Applies database migrations.
+    Migrate(ServiceArgs),
+    /// Administration.
+    Admin {
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
+    /// Generates from a prompt with the engine alone (no services), streaming to stdout.
+    Generate(GenerateArgs),
+    /// Interactive multi-turn chat in the terminal with the engine alone.
+    Chat(ChatArgs),
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct ServiceArgs {
+    /// Config file (default: ./fallow.toml when present).
+    #[arg(long, env = "FALLOW_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to serve HTTP on.
+    #[arg(long, env = "FALLOW_LISTEN")]
+    pub listen: Option<String>,
+    #[arg(long, env = "FALLOW_DATABASE_URL")]
+    pub database_url: Option<String>,
+    #[arg(long, env = "FALLOW_REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// A model to serve: a GGUF file or an HF directory, optionally `id=PATH`. Repeatable.
+    #[arg(long = "model", env = "FALLOW_MODELS", value_delimiter = ',')]
+    pub models: Vec<String>,
+    /// Require API keys.
+    #[arg(long, overrides_with = "no_auth")]
+    pub auth: bool,
+    /// Accept requests without API keys.
+    #[arg(long)]
+    pub no_auth: bool,
+    /// Jobs a runner holds at once.
+    #[arg(long, env = "FALLOW_SLOTS")]
+    pub slots: Option<usize>,
+    /// KV cache budget per model, in MiB.
+    #[arg(long, env = "FALLOW_KV_CACHE_MB")]
+    pub kv_cache_mb: Option<usize>,
+    /// Caps every model's context length.
+    #[arg(long, env = "FALLOW_MAX_MODEL_LEN")]
+    pub max_model_len: Option<usize>,
+    /// A chat template file overriding the models' own.
+    #[arg(long, env = "FALLOW_CHAT_TEMPLATE")]
+    pub chat_template: Option<PathBuf>,
+    /// Seconds a runner's claim on a job lasts without a heartbeat (heartbeats come at a third
+    /// of it).
+    #[arg(long, env = "FALLOW_LEASE_SECONDS")]
+    pub lease_seconds: Option<u64>,
+    /// Seconds the api waits for a completion before giving up.
+    #[arg(long, env = "FALLOW_REQUEST_TIMEOUT")]
+    pub request_timeout: Option<u64>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AdminCommand {
+    /// API keys.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum KeysCommand {
+    /// Creates a key for a tenant (creating the tenant if needed) and prints it once.
+    Create {
+        #[arg(long)]
+        tenant: String,
+        #[command(flatten)]
+        service: ServiceArgs,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: u32,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct GenerateArgs {
+    #[arg(long)]
+    pub model: PathBuf,
+    #[arg(long)]
+    pub prompt: String,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ChatArgs {
+    #[arg(long)]
+    pub model: PathBuf,
+    #[arg(long)]
+    pub system: Option<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// The engine alone: prefill, decode and aggregate tokens/s, peak RSS.
+    Engine(BenchEngineArgs),
+    /// The full stack against the engine in-process: tokens/s, TTFT and their ratio.
+    E2e(BenchE2eArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchE2eArgs {
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub model: PathBuf,
+    #[arg(long, env = "FALLOW_DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    pub database_url: String,
+    #[arg(long, env = "FALLOW_REDIS_URL", default_value = "redis://127.0.0.1:6379/")]
+    pub redis_url: String,
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    pub concurrency: Vec<usize>,
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: u32,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchEngineArgs {
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Concurrent sequences to measure, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    pub concurrency: Vec<usize>,
+    /// Prompt tokens per sequence.
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    /// Generated tokens per sequence.
+    #[arg(long, default_value_t = 128)]
+    pub gen_tokens: u32,
+}

@@ -1,0 +1,92 @@
+//! `fallow bench engine`: prefill tokens/s, decode tokens/s and aggregate tokens/s of the
+//! engine alone at several concurrencies, and the process's peak RSS.
+
+use crate::cli::BenchEngineArgs;
+use anyhow::Context;
+use fallow_runner::engine::llm::EngineRequest;
+use fallow_runner::engine::runtime::{self, LoadOptions};
+use fallow_scheduler::job::Sampling;
+use std::time::Instant;
+
+pub fn engine(args: BenchEngineArgs) -> anyhow::Result<()> {
+    let max_conc = args.concurrency.iter().copied().max().unwrap_or(1);
+    let options = LoadOptions {
+        max_num_seqs: max_conc,
+        max_batched_tokens: 2048,
+        enable_prefix_cache: false,
+        kv_cache_bytes: 1 << 30,
+        ..LoadOptions::default()
+    };
+    let mut model = runtime::load(&args.model, &options)
+        .with_context(|| format!("loading {}", args.model.display()))?;
+    let vocab = model.frontend.tokenizer.vocab_size() as u32;
+    println!(
+        "{:>11} {:>14} {:>14} {:>16} {:>10}",
+        "concurrency", "prefill tok/s", "decode tok/s", "aggregate tok/s", "TTFT ms"
+    );
+    let mut next_id = 0u64;
+    for &conc in &args.concurrency {
+        let started = Instant::now();
+        for i in 0..conc {
+            next_id += 1;
+            // Distinct prompts so nothing is served from the prefix cache.
+            let prompt: Vec<u32> = (0..args.prompt_tokens)
+                .map(|t| ((t * 7919 + i * 104_729 + 13) as u32) % vocab.max(1))
+                .collect();
+            let sampling = Sampling {
+                max_tokens: Some(args.gen_tokens),
+                temperature: 0.0,
+                ignore_eos: true,
+                ..Sampling::default()
+            };
+            model
+                .engine
+                .add_request(EngineRequest {
+                    id: next_id,
+                    prompt,
+                    sampling,
+                    n: 1,
+                    priority: 0,
+                })
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        let mut first_token_at = None;
+        let mut prefill_done_at = None;
+        let mut generated = 0usize;
+        while model.engine.has_work() {
+            let outputs = model.engine.step().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let new: usize = outputs.iter().map(|o| o.token_ids.len()).sum();
+            if new > 0 && first_token_at.is_none() {
+                first_token_at = Some(started.elapsed());
+            }
+            generated += new;
+            if prefill_done_at.is_none() && generated >= conc {
+                prefill_done_at = Some(started.elapsed());
+            }
+        }
+        let total = started.elapsed().as_secs_f64();
+        let prefill = prefill_done_at.map(|d| d.as_secs_f64()).unwrap_or(total);
+        let decode_time = (total - prefill).max(1e-9);
+        let decode_tokens = generated.saturating_sub(conc);
+        println!(
+            "{:>11} {:>14.1} {:>14.1} {:>16.1} {:>10.1}",
+            conc,
+            (conc * args.prompt_tokens) as f64 / prefill.max(1e-9),
+            decode_tokens as f64 / decode_time,
+            generated as f64 / total,
+            first_token_at.map(|d| d.as_secs_f64() * 1e3).unwrap_or(0.0)
+        );
+    }
+    println!("peak RSS: {:.1} MiB", peak_rss_mib());
+    Ok(())
+}
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}

@@ -1,0 +1,212 @@
+//! `fallow bench e2e`: the same workload through the full stack (HTTP → Postgres → runner →
+//! Redis → SSE) and through the engine in-process, side by side. The ratio is the price of
+//! the queue; a fresh schema keeps the run apart from real data.
+
+use crate::cli::BenchE2eArgs;
+use anyhow::Context;
+use fallow_api::{ApiConfig, AppState};
+use fallow_runner::engine::llm::EngineRequest;
+use fallow_runner::engine::runtime::{self, LoadOptions, LoadedModel};
+use fallow_runner::worker::{self, encode_chat, RunnerConfig, ServedModel};
+use fallow_scheduler::clock::Clock;
+use fallow_scheduler::job::{ChatMessage, GenerateRequest, Role, Sampling};
+use fallow_scheduler::queue::Queue;
+use fallow_scheduler::stream::TokenRelay;
+use futures::StreamExt;
+use std::time::{Duration, Instant};
+
+/// One run's figures.
+struct Figures {
+    tokens_per_s: f64,
+    ttft_p50_ms: f64,
+}
+
+pub async fn e2e(args: BenchE2eArgs) -> anyhow::Result<()> {
+    let max_conc = args.concurrency.iter().copied().max().unwrap_or(1);
+    let options = LoadOptions {
+        max_num_seqs: max_conc,
+        ..LoadOptions::default()
+    };
+    let load = || runtime::load(&args.model, &options);
+    let mut in_process = tokio::task::block_in_place(load).context("loading the model")?;
+    let served = tokio::task::block_in_place(load).context("loading the model")?;
+    let model_id = runtime::model_id_for(&args.model);
+
+    let (pool, schema) = fallow_scheduler::db::fresh_schema(&args.database_url).await?;
+    let queue = Queue::new(pool, Clock::system());
+    let relay = TokenRelay::connect(&args.redis_url).await?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let runner = tokio::spawn(worker::run(
+        queue.clone(),
+        relay.clone(),
+        vec![ServedModel { id: model_id.clone(), loaded: served }],
+        RunnerConfig {
+            slots: max_conc,
+            ..RunnerConfig::default()
+        },
+        stopped(stop_rx.clone()),
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let state = AppState::new(queue, relay, ApiConfig { auth: false, ..ApiConfig::default() });
+    let api = tokio::spawn(fallow_api::serve(listener, state, stopped(stop_rx)));
+    wait_for_model(&base, &model_id).await?;
+
+    println!("schema {schema}; {} generated tokens per request", args.max_tokens);
+    println!(
+        "{:>11} {:>18} {:>15} {:>7} {:>22} {:>19}",
+        "concurrency", "in-process tok/s", "stack tok/s", "ratio", "TTFT p50 in-process ms", "TTFT p50 stack ms"
+    );
+    for &conc in &args.concurrency {
+        let engine = tokio::task::block_in_place(|| run_in_process(&mut in_process, conc, args.max_tokens))?;
+        let stack = run_through_stack(&base, &model_id, conc, args.max_tokens).await?;
+        println!(
+            "{:>11} {:>18.1} {:>15.1} {:>6.2}x {:>22.1} {:>19.1}",
+            conc,
+            engine.tokens_per_s,
+            stack.tokens_per_s,
+            stack.tokens_per_s / engine.tokens_per_s.max(1e-9),
+            engine.ttft_p50_ms,
+            stack.ttft_p50_ms
+        );
+    }
+    let _ = stop_tx.send(true);
+    let _ = api.await;
+    let _ = runner.await;
+    Ok(())
+}
+
+fn prompt_for(i: usize) -> String {
+    format!("Request {i}: write a short poem about the sea.")
+}
+
+fn run_in_process(model: &mut LoadedModel, conc: usize, max_tokens: u32) -> anyhow::Result<Figures> {
+    let started = Instant::now();
+    for i in 0..conc {
+        let request = GenerateRequest {
+            model: String::new(),
+            messages: vec![ChatMessage {
+                role: Role::User,
+                content: Some(prompt_for(i)),
+                name: None,
+                tool_call_id: None,
+            }],
+            sampling: sampling(max_tokens),
+            n: 1,
+            add_generation_prompt: true,
+            continue_final_message: false,
+            stream: false,
+            chat_template_kwargs: Default::default(),
+        };
+        let prompt = encode_chat(&model.frontend, &request).map_err(|(_, m)| anyhow::anyhow!(m))?;
+        model
+            .engine
+            .add_request(EngineRequest { id: i as u64, prompt, sampling: request.sampling, n: 1, priority: 0 })
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    let mut first = vec![None; conc];
+    let mut tokens = 0usize;
+    while model.engine.has_work() {
+        for out in model.engine.step().map_err(|e| anyhow::anyhow!("{e}"))? {
+            tokens += out.token_ids.len();
+            let slot = &mut first[out.request_id as usize];
+            if slot.is_none() && !out.token_ids.is_empty() {
+                *slot = Some(started.elapsed());
+            }
+        }
+    }
+    Ok(figures(tokens, started.elapsed(), first.into_iter().flatten().collect()))
+}
+
+fn sampling(max_tokens: u32) -> Sampling {
+    Sampling {
+        max_tokens: Some(max_tokens),
+        temperature: 0.0,
+        ignore_eos: true,
+        ..Sampling::default()
+    }
+}
+
+async fn run_through_stack(base: &str, model: &str, conc: usize, max_tokens: u32) -> anyhow::Result<Figures> {
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..conc)
+        .map(|i| {
+            let client = client.clone();
+            let body = serde_json::json!({
+                "model": model, "stream": true, "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": true, "stream_options": {"include_usage": true},
+                "messages": [{"role": "user", "content": prompt_for(i)}],
+            });
+            let url = format!("{base}/v1/chat/completions");
+            tokio::spawn(async move { stream_one(client, url, body, started).await })
+        })
+        .collect();
+    let mut tokens = 0usize;
+    let mut ttfts = Vec::new();
+    for t in tasks {
+        let (n, ttft) = t.await??;
+        tokens += n;
+        ttfts.extend(ttft);
+    }
+    Ok(figures(tokens, started.elapsed(), ttfts))
+}
+
+/// Streams one completion; returns (completion tokens, time to first content).
+async fn stream_one(
+    client: reqwest::Client,
+    url: String,
+    body: serde_json::Value,
+    started: Instant,
+) -> anyhow::Result<(usize, Option<Duration>)> {
+    let response = client.post(url).json(&body).send().await?.error_for_status()?;
+    let mut bytes = response.bytes_stream();
+    let mut buffer = String::new();
+    let mut first = None;
+    let mut tokens = 0usize;
+    while let Some(chunk) = bytes.next().await {
+        buffer.push_str(&String::from_utf8_lossy(&chunk?));
+        while let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            for data in event.lines().filter_map(|l| l.strip_prefix("data: ")) {
+                if data == "[DONE]" {
+                    continue;
+                }
+                let v: serde_json::Value = serde_json::from_str(data)?;
+                let has_text = v["choices"][0]["delta"]["content"].as_str().is_some_and(|s| !s.is_empty());
+                if has_text && first.is_none() {
+                    first = Some(started.elapsed());
+                }
+                if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                    tokens = n as usize;
+                }
+            }
+        }
+    }
+    Ok((tokens, first))
+}
+
+fn figures(tokens: usize, elapsed: Duration, mut ttfts: Vec<Duration>) -> Figures {
+    ttfts.sort();
+    let p50 = ttfts.get(ttfts.len() / 2).map(|d| d.as_secs_f64() * 1e3).unwrap_or(0.0);
+    Figures {
+        tokens_per_s: tokens as f64 / elapsed.as_secs_f64().max(1e-9),
+        ttft_p50_ms: p50,
+    }
+}
+
+async fn wait_for_model(base: &str, model: &str) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
+    for _ in 0..300 {
+        if let Ok(r) = client.get(format!("{base}/v1/models")).send().await {
+            if r.text().await.unwrap_or_default().contains(model) {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("the stack did not list {model} in time")
+}

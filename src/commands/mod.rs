@@ -1,0 +1,51 @@
+//! One module per subcommand. Service commands share the connection and start-up helpers in
+//! `services.rs`.
+
+mod admin;
+mod bench;
+mod bench_e2e;
+mod generate;
+mod services;
+
+use crate::cli::{AdminCommand, BenchCommand, Cli, Command, KeysCommand};
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Generate(args) => generate::generate(args),
+        Command::Chat(args) => generate::chat(args),
+        Command::Bench {
+            command: BenchCommand::Engine(args),
+        } => bench::engine(args),
+        other => runtime()?.block_on(run_async(other)),
+    }
+}
+
+async fn run_async(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Dev(args) => services::dev(args).await,
+        Command::Api(args) => services::api(args).await,
+        Command::Scheduler(args) => services::scheduler(args).await,
+        Command::Runner(args) => services::runner(args).await,
+        Command::Migrate(args) => services::migrate(args).await,
+        Command::Bench {
+            command: BenchCommand::E2e(args),
+        } => bench_e2e::e2e(args).await,
+        Command::Admin {
+            command:
+                AdminCommand::Keys {
+                    command: KeysCommand::Create { tenant, service },
+                },
+        } => admin::create_key(&tenant, service).await,
+        Command::Generate(_)
+        | Command::Chat(_)
+        | Command::Bench {
+            command: BenchCommand::Engine(_),
+        } => unreachable!("engine-only commands run without a runtime"),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}

@@ -1,0 +1,186 @@
+//! The long-running service commands: `dev`, `api`, `scheduler`, `runner`, `migrate`.
+
+use crate::cli::ServiceArgs;
+use crate::config::Settings;
+use anyhow::Context;
+use fallow_api::{ApiConfig, AppState};
+use fallow_runner::engine::runtime::{self, LoadOptions};
+use fallow_runner::worker::{self, RunnerConfig, ServedModel};
+use fallow_scheduler::clock::Clock;
+use fallow_scheduler::maintenance::{self, MaintenanceConfig};
+use fallow_scheduler::queue::Queue;
+use fallow_scheduler::stream::TokenRelay;
+use std::time::Duration;
+use tokio::sync::watch;
+
+struct Connections {
+    queue: Queue,
+    relay: TokenRelay,
+}
+
+async fn connect(settings: &Settings) -> anyhow::Result<Connections> {
+    let pool = fallow_scheduler::db::connect(&settings.database_url, None)
+        .await
+        .context("connecting to Postgres (--database-url)")?;
+    fallow_scheduler::db::migrate(&pool).await?;
+    let relay = TokenRelay::connect(&settings.redis_url)
+        .await
+        .context("connecting to Redis (--redis-url)")?;
+    Ok(Connections {
+        queue: Queue::new(pool, Clock::system()),
+        relay,
+    })
+}
+
+/// A shutdown signal every task can wait on: Ctrl-C or SIGTERM.
+fn shutdown_signal() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(_) => {
+                        let _ = ctrl_c.await;
+                        let _ = tx.send(true);
+                        return;
+                    }
+                };
+            tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+        }
+        #[cfg(not(unix))]
+        let _ = ctrl_c.await;
+        tracing::info!("shutting down");
+        let _ = tx.send(true);
+    });
+    rx
+}
+
+async fn wait(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stopped| *stopped).await;
+}
+
+fn api_config(settings: &Settings, auth: bool) -> ApiConfig {
+    ApiConfig {
+        auth,
+        request_timeout: Duration::from_secs(settings.request_timeout),
+        ..ApiConfig::default()
+    }
+}
+
+fn maintenance_config() -> MaintenanceConfig {
+    MaintenanceConfig {
+        reap_every: Duration::from_secs(2),
+        prune_every: Duration::from_secs(600),
+        retention: Duration::from_secs(7 * 24 * 3600),
+    }
+}
+
+fn load_models(settings: &Settings) -> anyhow::Result<Vec<ServedModel>> {
+    let mut served = Vec::new();
+    for spec in settings.models_or_default() {
+        let options = LoadOptions {
+            kv_cache_bytes: settings.kv_cache_mb << 20,
+            max_num_seqs: settings.slots.max(1),
+            chat_template_file: settings.chat_template.clone(),
+            max_model_len: settings.max_model_len,
+            ..LoadOptions::default()
+        };
+        let started = std::time::Instant::now();
+        let loaded = runtime::load(&spec.path, &options)
+            .with_context(|| format!("loading model {}", spec.path.display()))?;
+        tracing::info!(model = %spec.id, seconds = started.elapsed().as_secs_f32(), "model loaded");
+        served.push(ServedModel {
+            id: spec.id,
+            loaded,
+        });
+    }
+    Ok(served)
+}
+
+fn runner_config(settings: &Settings) -> RunnerConfig {
+    let lease = Duration::from_secs(settings.lease_seconds);
+    RunnerConfig {
+        slots: settings.slots.max(1),
+        lease,
+        heartbeat_every: lease / 3,
+        ..RunnerConfig::default()
+    }
+}
+
+pub async fn dev(args: ServiceArgs) -> anyhow::Result<()> {
+    let settings = Settings::resolve(&args)?;
+    let auth = settings.auth.unwrap_or(false);
+    if !auth {
+        tracing::warn!("authentication is off (dev default); use --auth to require API keys");
+    }
+    let models = tokio::task::block_in_place(|| load_models(&settings))?;
+    let conns = connect(&settings).await?;
+    let stop = shutdown_signal();
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("binding {}", settings.listen))?;
+    let runner = tokio::spawn(worker::run(
+        conns.queue.clone(),
+        conns.relay.clone(),
+        models,
+        runner_config(&settings),
+        wait(stop.clone()),
+    ));
+    let maint = tokio::spawn(maintenance::run(
+        conns.queue.clone(),
+        maintenance_config(),
+        wait(stop.clone()),
+    ));
+    let state = AppState::new(conns.queue, conns.relay, api_config(&settings, auth));
+    tracing::info!(listen = %settings.listen, "fallow dev serving");
+    println!("Fallow is serving on http://{}", settings.listen);
+    fallow_api::serve(listener, state, wait(stop)).await?;
+    runner.await??;
+    maint.await?;
+    Ok(())
+}
+
+pub async fn api(args: ServiceArgs) -> anyhow::Result<()> {
+    let settings = Settings::resolve(&args)?;
+    let auth = settings.auth.unwrap_or(true);
+    let conns = connect(&settings).await?;
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("binding {}", settings.listen))?;
+    let state = AppState::new(conns.queue, conns.relay, api_config(&settings, auth));
+    tracing::info!(listen = %settings.listen, auth, "fallow api serving");
+    fallow_api::serve(listener, state, wait(shutdown_signal())).await?;
+    Ok(())
+}
+
+pub async fn scheduler(args: ServiceArgs) -> anyhow::Result<()> {
+    let settings = Settings::resolve(&args)?;
+    let conns = connect(&settings).await?;
+    maintenance::run(conns.queue, maintenance_config(), wait(shutdown_signal())).await;
+    Ok(())
+}
+
+pub async fn runner(args: ServiceArgs) -> anyhow::Result<()> {
+    let settings = Settings::resolve(&args)?;
+    let models = tokio::task::block_in_place(|| load_models(&settings))?;
+    let conns = connect(&settings).await?;
+    worker::run(
+        conns.queue,
+        conns.relay,
+        models,
+        runner_config(&settings),
+        wait(shutdown_signal()),
+    )
+    .await
+}
+
+pub async fn migrate(args: ServiceArgs) -> anyhow::Result<()> {
+    let settings = Settings::resolve(&args)?;
+    let pool = fallow_scheduler::db::connect(&settings.database_url, None).await?;
+    fallow_scheduler::db::migrate(&pool).await?;
+    println!("migrations applied");
+    Ok(())
+}

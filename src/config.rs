@@ -1,0 +1,182 @@
+//! Layered configuration: defaults → `fallow.toml` → `FALLOW_*` environment variables →
+//! flags. Clap already merges flags over environment variables; this module puts the file
+//! and the defaults beneath them. Secrets (database passwords) are never printed.
+
+use crate::cli::ServiceArgs;
+use anyhow::Context;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// `fallow.toml`: every key optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<String>,
+    pub database_url: Option<String>,
+    pub redis_url: Option<String>,
+    pub models: Option<Vec<String>>,
+    pub auth: Option<bool>,
+    pub slots: Option<usize>,
+    pub kv_cache_mb: Option<usize>,
+    pub max_model_len: Option<usize>,
+    pub chat_template: Option<PathBuf>,
+    pub request_timeout: Option<u64>,
+    pub lease_seconds: Option<u64>,
+}
+
+/// A model to serve and the id it is served under.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSpec {
+    pub id: String,
+    pub path: PathBuf,
+}
+
+impl ModelSpec {
+    /// `PATH` (id = the file or directory stem) or `ID=PATH`.
+    pub fn parse(spec: &str) -> ModelSpec {
+        match spec.split_once('=') {
+            Some((id, path)) if !id.is_empty() && !id.contains('/') => ModelSpec {
+                id: id.to_string(),
+                path: PathBuf::from(path),
+            },
+            _ => {
+                let path = PathBuf::from(spec);
+                ModelSpec {
+                    id: fallow_runner::engine::runtime::model_id_for(&path),
+                    path,
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub database_url: String,
+    pub redis_url: String,
+    pub models: Vec<ModelSpec>,
+    /// `None` = the command's own default (dev: off, api: on).
+    pub auth: Option<bool>,
+    pub slots: usize,
+    pub kv_cache_mb: usize,
+    pub max_model_len: usize,
+    pub chat_template: Option<PathBuf>,
+    pub request_timeout: u64,
+    pub lease_seconds: u64,
+}
+
+pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+impl Settings {
+    pub fn resolve(args: &ServiceArgs) -> anyhow::Result<Settings> {
+        let file = load_file(args.config.as_deref())?;
+        let listen = args
+            .listen
+            .clone()
+            .or(file.listen)
+            .unwrap_or_else(|| "127.0.0.1:8000".to_string());
+        let models = if !args.models.is_empty() {
+            args.models.clone()
+        } else {
+            file.models.unwrap_or_default()
+        };
+        let auth = if args.auth {
+            Some(true)
+        } else if args.no_auth {
+            Some(false)
+        } else {
+            env_bool("FALLOW_AUTH")?.or(file.auth)
+        };
+        Ok(Settings {
+            listen: listen
+                .parse()
+                .with_context(|| format!("--listen {listen:?} is not ADDR:PORT"))?,
+            database_url: args
+                .database_url
+                .clone()
+                .or(file.database_url)
+                .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".to_string()),
+            redis_url: args
+                .redis_url
+                .clone()
+                .or(file.redis_url)
+                .unwrap_or_else(|| "redis://127.0.0.1:6379/".to_string()),
+            models: models.iter().map(|m| ModelSpec::parse(m)).collect(),
+            auth,
+            slots: args.slots.or(file.slots).unwrap_or(16),
+            kv_cache_mb: args.kv_cache_mb.or(file.kv_cache_mb).unwrap_or(512),
+            max_model_len: args.max_model_len.or(file.max_model_len).unwrap_or(0),
+            chat_template: args.chat_template.clone().or(file.chat_template),
+            request_timeout: args.request_timeout.or(file.request_timeout).unwrap_or(600),
+            lease_seconds: args.lease_seconds.or(file.lease_seconds).unwrap_or(30).max(1),
+        })
+    }
+
+    /// The models to serve, falling back to the default model when none was named.
+    pub fn models_or_default(&self) -> Vec<ModelSpec> {
+        if self.models.is_empty() {
+            vec![ModelSpec::parse(DEFAULT_MODEL)]
+        } else {
+            self.models.clone()
+        }
+    }
+}
+
+fn load_file(path: Option<&Path>) -> anyhow::Result<FileConfig> {
+    let (path, required) = match path {
+        Some(p) => (p.to_path_buf(), true),
+        None => (PathBuf::from("fallow.toml"), false),
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => toml::from_str(&text).with_context(|| format!("parsing {}", path.display())),
+        Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(FileConfig::default()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+fn env_bool(name: &str) -> anyhow::Result<Option<bool>> {
+    match std::env::var(name) {
+        Ok(v) => match v.to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(Some(true)),
+            "0" | "false" | "no" | "off" => Ok(Some(false)),
+            _ => anyhow::bail!("{name}={v:?} is not a boolean"),
+        },
+        Err(_) => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_model_spec_takes_its_id_from_the_file_stem() {
+        let spec = ModelSpec::parse("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert_eq!(spec.id, "SmolLM2-135M-Instruct.Q4_1");
+    }
+
+    #[test]
+    fn a_model_spec_can_name_its_id() {
+        let spec = ModelSpec::parse("smol=models/a.gguf");
+        assert_eq!(spec.id, "smol");
+        assert_eq!(spec.path, PathBuf::from("models/a.gguf"));
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_the_file_over_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("fallow.toml");
+        std::fs::write(&file, "listen = \"127.0.0.1:9000\"\nslots = 3\n").unwrap();
+        let args = ServiceArgs {
+            config: Some(file),
+            slots: Some(5),
+            ..Default::default()
+        };
+        let s = Settings::resolve(&args).unwrap();
+        assert_eq!(s.listen.port(), 9000);
+        assert_eq!(s.slots, 5);
+        assert_eq!(s.kv_cache_mb, 512);
+    }
+}
