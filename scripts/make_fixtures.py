@@ -11,12 +11,14 @@ How to run (from any cwd):
     scripts/fetch-models.sh --gemma
 
     # 2. a reference venv with llama-cpp-python built from source (CPU only;
-    #    ~15-20 min on 2 cores). jinja2 and numpy come with it.
+    #    ~6 min on 2 busy cores; needs a C/C++ compiler, pip fetches cmake).
+    #    jinja2 and numpy come with it.
     python3 -m venv /work/refvenv
     CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="-DGGML_NATIVE=ON" \
         /work/refvenv/bin/pip install llama-cpp-python==0.3.36
 
-    # 3. the fixtures (smollm2 ~2 min, gemma3 longer, on 2 cores)
+    # 3. the fixtures (minutes per model on 2 cores; --only quantized|f32
+    #    regenerates just one variant)
     /work/refvenv/bin/python scripts/make_fixtures.py --model smollm2
     /work/refvenv/bin/python scripts/make_fixtures.py --model gemma3
 
@@ -30,8 +32,8 @@ Output per model `<m>` (schema documented in gpu-runner/tests/fixtures/README.md
                           (see VARIANTS below for why both exist)
 
 Reference settings: n_ctx=2048, n_threads=2, f16 KV cache (f32 for the _f32
-variant), flash attention off, CPU backend, logits_all=True. Everything that could influence the numbers
-is written into each file's "generator" object.
+variant), flash attention off, CPU backend, logits_all=True. Everything that
+could influence the numbers is written into each file's "generator" object.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from pathlib import Path
 try:
     import llama_cpp
     import numpy as np
+    from llama_cpp._utils import suppress_stdout_stderr
 except ImportError as err:  # pragma: no cover - tool guidance only
     sys.exit(f"error: {err}; run this with the reference venv's python (see the docstring)")
 
@@ -78,7 +81,7 @@ SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained b
 # same weights. So besides "what llama.cpp computes" we also record "what the
 # quantized weights compute exactly": the same GGUF dequantized to F32 by
 # llama_model_quantize (lossless: every weight keeps its dequantized value),
-# run with an f32 KV cache; its batched and single-token paths agree to ~0.03.
+# run with an f32 KV cache; its batched and single-token paths agree to ~3e-5.
 VARIANTS = {
     "quantized": {"suffix": "", "weights": "as stored in the GGUF", "kv": "f16"},
     "f32": {
@@ -165,6 +168,14 @@ PIECE_CASES = [
     "def f():\n\treturn 1\n",
     "<|im_start|>user\nhi<|im_end|>",
     "<start_of_turn>model\nok<end_of_turn>",
+]
+
+# Plain completions without a chat template: the Gemma 3 270M GGUF is the
+# base (pretrained) model with no chat template, so only these give it text
+# it continues sensibly. Tokenized with add_bos=True (the model's BOS policy).
+RAW_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n",
 ]
 
 CHATS = [
@@ -400,7 +411,17 @@ def step_record(row: np.ndarray, tok: int) -> dict:
 
 def chat_case(name: str, llm: "llama_cpp.Llama", messages: list) -> dict:
     prompt, source = render_prompt(name, llm, messages)
+    # The rendered prompt already carries any BOS as text (Gemma's "<bos>").
     prompt_ids = llm.tokenize(prompt.encode(), add_bos=False, special=True)
+    return prompt_case(llm, messages, prompt, source, prompt_ids)
+
+
+def raw_case(llm: "llama_cpp.Llama", text: str) -> dict:
+    prompt_ids = llm.tokenize(text.encode(), add_bos=True, special=True)
+    return prompt_case(llm, None, text, "raw_add_bos", prompt_ids)
+
+
+def prompt_case(llm: "llama_cpp.Llama", messages: list | None, prompt: str, source: str, prompt_ids: list) -> dict:
     path = greedy_batched(llm, prompt_ids)
     inc = incremental_rows(llm, prompt_ids, path)
 
@@ -440,7 +461,7 @@ def logits_fixture(name: str, llm: "llama_cpp.Llama", variant: str) -> dict:
         "variant": variant,
         "generator": generator_info(llm, variant),
         "greedy_steps": GREEDY_STEPS,
-        "cases": [chat_case(name, llm, msgs) for msgs in CHATS],
+        "cases": [chat_case(name, llm, msgs) for msgs in CHATS] + [raw_case(llm, t) for t in RAW_PROMPTS],
     }
 
 
@@ -453,7 +474,9 @@ def dequantize_to_f32(src: Path, dst: Path) -> None:
     params.quantize_output_tensor = True
     params.output_tensor_type = llama_cpp.GGML_TYPE_F32
     params.token_embedding_type = llama_cpp.GGML_TYPE_F32
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
+    # llama_model_quantize logs every tensor to stderr; keep the tool's output readable.
+    with suppress_stdout_stderr():
+        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
     if rc != 0:
         raise RuntimeError(f"llama_model_quantize to F32 failed with {rc}")
 
@@ -465,6 +488,10 @@ def write_json(path: Path, data: dict) -> None:
     print(f"wrote {path} ({size} bytes)")
     if size > 1_000_000:
         sys.exit(f"error: {path} is {size} bytes; fixtures must stay under 1 MB")
+
+
+def logits_path(args: argparse.Namespace, variant: str) -> Path:
+    return args.out / f"{args.model}_logits{VARIANTS[variant]['suffix']}.json"
 
 
 def main() -> None:
@@ -491,7 +518,7 @@ def main() -> None:
     if args.only != "f32":
         llm = load(path)
         write_json(args.out / f"{args.model}_tokenize.json", tokenize_fixture(args.model, llm))
-        write_json(args.out / f"{args.model}_logits.json", logits_fixture(args.model, llm, "quantized"))
+        write_json(logits_path(args, "quantized"), logits_fixture(args.model, llm, "quantized"))
         llm.close()
     if args.only == "quantized":
         return
@@ -499,7 +526,7 @@ def main() -> None:
         f32_path = Path(tmp) / f"{args.model}-f32.gguf"
         dequantize_to_f32(path, f32_path)
         llm = load(f32_path, kv_f32=True)
-        write_json(args.out / f"{args.model}_logits_f32.json", logits_fixture(args.model, llm, "f32"))
+        write_json(logits_path(args, "f32"), logits_fixture(args.model, llm, "f32"))
         llm.close()
 
 

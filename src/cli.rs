@@ -5,7 +5,11 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(name = "fallow", version, about = "OpenAI-compatible chat completions on idle GPUs")]
+#[command(
+    name = "fallow",
+    version,
+    about = "OpenAI-compatible chat completions on idle GPUs"
+)]
 pub struct Cli {
     /// More logging (debug for Fallow's crates).
     #[arg(short, long, global = true)]
@@ -20,7 +24,7 @@ pub enum Command {
     Dev(ServiceArgs),
     /// The HTTP tier only.
     Api(ServiceArgs),
-    /// Maintenance loops only (lease reaper, pruning).
+    /// Maintenance loops only (lease reaper, pruning, the batch worker).
     Scheduler(ServiceArgs),
     /// A runner only: claims jobs for its models and runs them.
     Runner(ServiceArgs),
@@ -35,6 +39,11 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Interactive multi-turn chat in the terminal with the engine alone.
     Chat(ChatArgs),
+    /// OpenAI-style batches over the HTTP API.
+    Batch {
+        #[command(subcommand)]
+        command: BatchCommand,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -82,6 +91,59 @@ pub struct ServiceArgs {
     /// Seconds the api waits for a completion before giving up.
     #[arg(long, env = "FALLOW_REQUEST_TIMEOUT")]
     pub request_timeout: Option<u64>,
+    /// Directory of the local object store (batch files), when no S3 bucket is set.
+    #[arg(long, env = "FALLOW_STORE_DIR")]
+    pub store_dir: Option<PathBuf>,
+    /// Store batch files in this S3 bucket (credentials from the usual AWS environment).
+    #[arg(long, env = "FALLOW_S3_BUCKET")]
+    pub s3_bucket: Option<String>,
+    /// Key prefix inside the bucket.
+    #[arg(long, env = "FALLOW_S3_PREFIX")]
+    pub s3_prefix: Option<String>,
+    /// An S3-compatible endpoint (MinIO, Ceph …), e.g. http://127.0.0.1:9000.
+    #[arg(long, env = "FALLOW_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
+    #[arg(long, env = "FALLOW_S3_REGION")]
+    pub s3_region: Option<String>,
+    /// Path-style addressing (http://host/bucket/key), needed by most S3-compatible servers.
+    #[arg(long, env = "FALLOW_S3_PATH_STYLE")]
+    pub s3_path_style: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BatchCommand {
+    /// Uploads a JSONL file and creates a batch; with --wait, follows it to the end.
+    Submit {
+        file: PathBuf,
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Prints a batch object.
+    Status {
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Downloads a batch's results: the output file's lines, then the error file's.
+    Results {
+        id: String,
+        /// Write here instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// How a client command reaches the HTTP API.
+#[derive(Args, Debug, Clone)]
+pub struct ClientArgs {
+    #[arg(long, env = "FALLOW_URL", default_value = "http://127.0.0.1:8000")]
+    pub url: String,
+    #[arg(long, env = "FALLOW_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -156,9 +218,17 @@ pub enum BenchCommand {
 pub struct BenchE2eArgs {
     #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
     pub model: PathBuf,
-    #[arg(long, env = "FALLOW_DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    #[arg(
+        long,
+        env = "FALLOW_DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
     pub database_url: String,
-    #[arg(long, env = "FALLOW_REDIS_URL", default_value = "redis://127.0.0.1:6379/")]
+    #[arg(
+        long,
+        env = "FALLOW_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379/"
+    )]
     pub redis_url: String,
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     pub concurrency: Vec<usize>,

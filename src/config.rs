@@ -23,6 +23,19 @@ pub struct FileConfig {
     pub chat_template: Option<PathBuf>,
     pub request_timeout: Option<u64>,
     pub lease_seconds: Option<u64>,
+    pub store_dir: Option<PathBuf>,
+    pub s3_bucket: Option<String>,
+    pub s3_prefix: Option<String>,
+    pub s3_endpoint: Option<String>,
+    pub s3_region: Option<String>,
+    pub s3_path_style: Option<bool>,
+}
+
+/// Where batch files live: a local directory, or an S3 bucket.
+#[derive(Debug, Clone)]
+pub enum StoreSettings {
+    Local(PathBuf),
+    S3(fallow_scheduler::store::S3Config),
 }
 
 /// A model to serve and the id it is served under.
@@ -65,13 +78,18 @@ pub struct Settings {
     pub chat_template: Option<PathBuf>,
     pub request_timeout: u64,
     pub lease_seconds: u64,
+    pub store: StoreSettings,
 }
+
+/// The local object store's directory when none is configured (git-ignored).
+pub const DEFAULT_STORE_DIR: &str = "fallow-data/files";
 
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 impl Settings {
     pub fn resolve(args: &ServiceArgs) -> anyhow::Result<Settings> {
         let file = load_file(args.config.as_deref())?;
+        let store = store_settings(args, &file);
         let listen = args
             .listen
             .clone()
@@ -110,7 +128,12 @@ impl Settings {
             max_model_len: args.max_model_len.or(file.max_model_len).unwrap_or(0),
             chat_template: args.chat_template.clone().or(file.chat_template),
             request_timeout: args.request_timeout.or(file.request_timeout).unwrap_or(600),
-            lease_seconds: args.lease_seconds.or(file.lease_seconds).unwrap_or(30).max(1),
+            lease_seconds: args
+                .lease_seconds
+                .or(file.lease_seconds)
+                .unwrap_or(30)
+                .max(1),
+            store,
         })
     }
 
@@ -124,6 +147,28 @@ impl Settings {
     }
 }
 
+fn store_settings(args: &ServiceArgs, file: &FileConfig) -> StoreSettings {
+    match args.s3_bucket.clone().or(file.s3_bucket.clone()) {
+        Some(bucket) => StoreSettings::S3(fallow_scheduler::store::S3Config {
+            bucket,
+            prefix: args
+                .s3_prefix
+                .clone()
+                .or(file.s3_prefix.clone())
+                .unwrap_or_default(),
+            endpoint: args.s3_endpoint.clone().or(file.s3_endpoint.clone()),
+            region: args.s3_region.clone().or(file.s3_region.clone()),
+            force_path_style: args.s3_path_style || file.s3_path_style.unwrap_or(false),
+        }),
+        None => StoreSettings::Local(
+            args.store_dir
+                .clone()
+                .or(file.store_dir.clone())
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_STORE_DIR)),
+        ),
+    }
+}
+
 fn load_file(path: Option<&Path>) -> anyhow::Result<FileConfig> {
     let (path, required) = match path {
         Some(p) => (p.to_path_buf(), true),
@@ -131,7 +176,9 @@ fn load_file(path: Option<&Path>) -> anyhow::Result<FileConfig> {
     };
     match std::fs::read_to_string(&path) {
         Ok(text) => toml::from_str(&text).with_context(|| format!("parsing {}", path.display())),
-        Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(FileConfig::default()),
+        Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => {
+            Ok(FileConfig::default())
+        }
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
     }
 }

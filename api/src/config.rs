@@ -21,6 +21,10 @@ pub struct ApiConfig {
     pub global_queue_limit: i64,
     /// Attempts a job gets before it fails for good (retries after runner loss).
     pub max_attempts: i32,
+    /// Largest accepted `POST /v1/files` upload, in bytes.
+    pub max_file_bytes: u64,
+    /// Most lines an uploaded batch input file may have.
+    pub max_file_lines: u64,
 }
 
 impl Default for ApiConfig {
@@ -33,6 +37,8 @@ impl Default for ApiConfig {
             max_n: 16,
             global_queue_limit: 10_000,
             max_attempts: 3,
+            max_file_bytes: 200 << 20,
+            max_file_lines: 50_000,
         }
     }
 }

@@ -159,7 +159,13 @@ impl From<SchedulerError> for ApiError {
                 ApiError::Unavailable(err.to_string())
             }
             SchedulerError::NotFound(what) => ApiError::NotFound(what),
-            SchedulerError::Migrate(_) | SchedulerError::Corrupt(_) => {
+            SchedulerError::Store(fallow_scheduler::store::StoreError::NotFound(_)) => {
+                ApiError::NotFound("The file's contents are missing from the object store.".into())
+            }
+            SchedulerError::Store(fallow_scheduler::store::StoreError::S3(_)) => {
+                ApiError::Unavailable(err.to_string())
+            }
+            SchedulerError::Migrate(_) | SchedulerError::Corrupt(_) | SchedulerError::Store(_) => {
                 ApiError::Internal(err.to_string())
             }
         }

@@ -4,6 +4,7 @@
 use crate::catalog::ModelCatalog;
 use crate::config::ApiConfig;
 use fallow_scheduler::queue::Queue;
+use fallow_scheduler::store::ObjectStore;
 use fallow_scheduler::stream::TokenRelay;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
@@ -11,6 +12,8 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct AppState {
     inner: Arc<Inner>,
+    /// Where file contents live; `None` turns the Files and Batches endpoints off.
+    store: Option<ObjectStore>,
 }
 
 struct Inner {
@@ -32,7 +35,16 @@ impl AppState {
                 catalog,
                 metrics: crate::metrics::prometheus_handle(),
             }),
+            store: None,
         }
+    }
+    /// Turns on the Files and Batches endpoints, storing file contents in `store`.
+    pub fn with_store(mut self, store: ObjectStore) -> Self {
+        self.store = Some(store);
+        self
+    }
+    pub fn store(&self) -> Option<&ObjectStore> {
+        self.store.as_ref()
     }
     pub fn queue(&self) -> &Queue {
         &self.inner.queue

@@ -15,4 +15,7 @@ pub enum SchedulerError {
     Corrupt(String),
     #[error("{0}")]
     NotFound(String),
+    /// The object store (local directory or S3) failed.
+    #[error("object store: {0}")]
+    Store(#[from] crate::store::StoreError),
 }

@@ -8,9 +8,12 @@
 //!   cancel signal channel.
 //! - [`tenants`]: tenants and API keys (only hashes are stored).
 //! - [`runners`]: the runner registry.
+//! - [`store`]: the object store for file contents (local directory or S3), streaming.
+//! - [`batch`]: OpenAI-style batches — validation, bulk expansion into jobs, finalisation.
 //! - [`maintenance`]: the loops that reap expired leases and prune finished jobs.
 //! - [`clock`]: an injectable `now` so tests control time.
 
+pub mod batch;
 pub mod clock;
 pub mod db;
 pub mod error;
@@ -18,6 +21,7 @@ pub mod job;
 pub mod maintenance;
 pub mod queue;
 pub mod runners;
+pub mod store;
 pub mod stream;
 pub mod tenants;
 

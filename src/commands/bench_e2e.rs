@@ -42,7 +42,10 @@ pub async fn e2e(args: BenchE2eArgs) -> anyhow::Result<()> {
     let runner = tokio::spawn(worker::run(
         queue.clone(),
         relay.clone(),
-        vec![ServedModel { id: model_id.clone(), loaded: served }],
+        vec![ServedModel {
+            id: model_id.clone(),
+            loaded: served,
+        }],
         RunnerConfig {
             slots: max_conc,
             ..RunnerConfig::default()
@@ -51,17 +54,33 @@ pub async fn e2e(args: BenchE2eArgs) -> anyhow::Result<()> {
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
-    let state = AppState::new(queue, relay, ApiConfig { auth: false, ..ApiConfig::default() });
+    let state = AppState::new(
+        queue,
+        relay,
+        ApiConfig {
+            auth: false,
+            ..ApiConfig::default()
+        },
+    );
     let api = tokio::spawn(fallow_api::serve(listener, state, stopped(stop_rx)));
     wait_for_model(&base, &model_id).await?;
 
-    println!("schema {schema}; {} generated tokens per request", args.max_tokens);
+    println!(
+        "schema {schema}; {} generated tokens per request",
+        args.max_tokens
+    );
     println!(
         "{:>11} {:>18} {:>15} {:>7} {:>22} {:>19}",
-        "concurrency", "in-process tok/s", "stack tok/s", "ratio", "TTFT p50 in-process ms", "TTFT p50 stack ms"
+        "concurrency",
+        "in-process tok/s",
+        "stack tok/s",
+        "ratio",
+        "TTFT p50 in-process ms",
+        "TTFT p50 stack ms"
     );
     for &conc in &args.concurrency {
-        let engine = tokio::task::block_in_place(|| run_in_process(&mut in_process, conc, args.max_tokens))?;
+        let engine =
+            tokio::task::block_in_place(|| run_in_process(&mut in_process, conc, args.max_tokens))?;
         let stack = run_through_stack(&base, &model_id, conc, args.max_tokens).await?;
         println!(
             "{:>11} {:>18.1} {:>15.1} {:>6.2}x {:>22.1} {:>19.1}",
@@ -83,7 +102,11 @@ fn prompt_for(i: usize) -> String {
     format!("Request {i}: write a short poem about the sea.")
 }
 
-fn run_in_process(model: &mut LoadedModel, conc: usize, max_tokens: u32) -> anyhow::Result<Figures> {
+fn run_in_process(
+    model: &mut LoadedModel,
+    conc: usize,
+    max_tokens: u32,
+) -> anyhow::Result<Figures> {
     let started = Instant::now();
     for i in 0..conc {
         let request = GenerateRequest {
@@ -104,7 +127,13 @@ fn run_in_process(model: &mut LoadedModel, conc: usize, max_tokens: u32) -> anyh
         let prompt = encode_chat(&model.frontend, &request).map_err(|(_, m)| anyhow::anyhow!(m))?;
         model
             .engine
-            .add_request(EngineRequest { id: i as u64, prompt, sampling: request.sampling, n: 1, priority: 0 })
+            .add_request(EngineRequest {
+                id: i as u64,
+                prompt,
+                sampling: request.sampling,
+                n: 1,
+                priority: 0,
+            })
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     let mut first = vec![None; conc];
@@ -118,7 +147,11 @@ fn run_in_process(model: &mut LoadedModel, conc: usize, max_tokens: u32) -> anyh
             }
         }
     }
-    Ok(figures(tokens, started.elapsed(), first.into_iter().flatten().collect()))
+    Ok(figures(
+        tokens,
+        started.elapsed(),
+        first.into_iter().flatten().collect(),
+    ))
 }
 
 fn sampling(max_tokens: u32) -> Sampling {
@@ -130,7 +163,12 @@ fn sampling(max_tokens: u32) -> Sampling {
     }
 }
 
-async fn run_through_stack(base: &str, model: &str, conc: usize, max_tokens: u32) -> anyhow::Result<Figures> {
+async fn run_through_stack(
+    base: &str,
+    model: &str,
+    conc: usize,
+    max_tokens: u32,
+) -> anyhow::Result<Figures> {
     let client = reqwest::Client::new();
     let started = Instant::now();
     let tasks: Vec<_> = (0..conc)
@@ -162,7 +200,12 @@ async fn stream_one(
     body: serde_json::Value,
     started: Instant,
 ) -> anyhow::Result<(usize, Option<Duration>)> {
-    let response = client.post(url).json(&body).send().await?.error_for_status()?;
+    let response = client
+        .post(url)
+        .json(&body)
+        .send()
+        .await?
+        .error_for_status()?;
     let mut bytes = response.bytes_stream();
     let mut buffer = String::new();
     let mut first = None;
@@ -176,7 +219,9 @@ async fn stream_one(
                     continue;
                 }
                 let v: serde_json::Value = serde_json::from_str(data)?;
-                let has_text = v["choices"][0]["delta"]["content"].as_str().is_some_and(|s| !s.is_empty());
+                let has_text = v["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .is_some_and(|s| !s.is_empty());
                 if has_text && first.is_none() {
                     first = Some(started.elapsed());
                 }
@@ -191,7 +236,10 @@ async fn stream_one(
 
 fn figures(tokens: usize, elapsed: Duration, mut ttfts: Vec<Duration>) -> Figures {
     ttfts.sort();
-    let p50 = ttfts.get(ttfts.len() / 2).map(|d| d.as_secs_f64() * 1e3).unwrap_or(0.0);
+    let p50 = ttfts
+        .get(ttfts.len() / 2)
+        .map(|d| d.as_secs_f64() * 1e3)
+        .unwrap_or(0.0);
     Figures {
         tokens_per_s: tokens as f64 / elapsed.as_secs_f64().max(1e-9),
         ttft_p50_ms: p50,

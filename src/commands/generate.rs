@@ -42,7 +42,11 @@ fn chat_request(messages: Vec<ChatMessage>, sampling: Sampling) -> GenerateReque
 }
 
 /// Runs one request to the end, printing text as it is generated; returns the whole text.
-fn stream_to_stdout(engine: &mut LlmEngine, prompt: Vec<u32>, sampling: Sampling) -> anyhow::Result<String> {
+fn stream_to_stdout(
+    engine: &mut LlmEngine,
+    prompt: Vec<u32>,
+    sampling: Sampling,
+) -> anyhow::Result<String> {
     engine
         .add_request(EngineRequest {
             id: 1,
@@ -74,8 +78,11 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             name: None,
             tool_call_id: None,
         };
-        encode_chat(&model.frontend, &chat_request(vec![message], sampling.clone()))
-            .map_err(|(_, message)| anyhow::anyhow!(message))?
+        encode_chat(
+            &model.frontend,
+            &chat_request(vec![message], sampling.clone()),
+        )
+        .map_err(|(_, message)| anyhow::anyhow!(message))?
     } else {
         let tok = &model.frontend.tokenizer;
         tok.encode(&args.prompt, tok.add_bos_by_default())
@@ -92,7 +99,10 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
     if let Some(system) = &args.system {
         messages.push(message(Role::System, system));
     }
-    eprintln!("Chatting with {} — an empty line or Ctrl-D ends.", args.model.display());
+    eprintln!(
+        "Chatting with {} — an empty line or Ctrl-D ends.",
+        args.model.display()
+    );
     let stdin = std::io::stdin();
     loop {
         eprint!("> ");

@@ -2,12 +2,13 @@
 //! `services.rs`.
 
 mod admin;
+mod batch;
 mod bench;
 mod bench_e2e;
 mod generate;
 mod services;
 
-use crate::cli::{AdminCommand, BenchCommand, Cli, Command, KeysCommand};
+use crate::cli::{AdminCommand, BatchCommand, BenchCommand, Cli, Command, KeysCommand};
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
@@ -30,6 +31,15 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
         Command::Bench {
             command: BenchCommand::E2e(args),
         } => bench_e2e::e2e(args).await,
+        Command::Batch { command } => match command {
+            BatchCommand::Submit { file, wait, client } => {
+                batch::submit(&client, &file, wait).await
+            }
+            BatchCommand::Status { id, client } => batch::status(&client, &id).await,
+            BatchCommand::Results { id, output, client } => {
+                batch::results(&client, &id, output.as_deref()).await
+            }
+        },
         Command::Admin {
             command:
                 AdminCommand::Keys {

@@ -1,15 +1,18 @@
 //! The long-running service commands: `dev`, `api`, `scheduler`, `runner`, `migrate`.
 
 use crate::cli::ServiceArgs;
-use crate::config::Settings;
+use crate::config::{Settings, StoreSettings};
 use anyhow::Context;
 use fallow_api::{ApiConfig, AppState};
 use fallow_runner::engine::runtime::{self, LoadOptions};
 use fallow_runner::worker::{self, RunnerConfig, ServedModel};
+use fallow_scheduler::batch::{worker as batch_worker, BatchConfig, BatchWorker};
 use fallow_scheduler::clock::Clock;
 use fallow_scheduler::maintenance::{self, MaintenanceConfig};
 use fallow_scheduler::queue::Queue;
+use fallow_scheduler::store::{LocalStore, ObjectStore, S3Store};
 use fallow_scheduler::stream::TokenRelay;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -78,6 +81,28 @@ fn maintenance_config() -> MaintenanceConfig {
     }
 }
 
+async fn object_store(settings: &Settings) -> anyhow::Result<ObjectStore> {
+    Ok(match &settings.store {
+        StoreSettings::Local(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("creating the store directory {}", dir.display()))?;
+            ObjectStore::Local(LocalStore::new(dir.clone()))
+        }
+        StoreSettings::S3(config) => ObjectStore::S3(S3Store::connect(config.clone()).await),
+    })
+}
+
+/// The batch worker: validates, expands and finalises batches with the api's codec.
+fn batch_worker(conns: &Connections, store: ObjectStore, api: &ApiConfig) -> BatchWorker {
+    let config = BatchConfig {
+        max_lines: usize::try_from(api.max_file_lines).unwrap_or(usize::MAX),
+        max_attempts: api.max_attempts,
+        ..BatchConfig::default()
+    };
+    let codec = Arc::new(fallow_api::openai::batches::ChatBatchCodec::new(api));
+    BatchWorker::new(conns.queue.clone(), store, codec, config).with_relay(conns.relay.clone())
+}
+
 fn load_models(settings: &Settings) -> anyhow::Result<Vec<ServedModel>> {
     let mut served = Vec::new();
     for spec in settings.models_or_default() {
@@ -134,12 +159,19 @@ pub async fn dev(args: ServiceArgs) -> anyhow::Result<()> {
         maintenance_config(),
         wait(stop.clone()),
     ));
-    let state = AppState::new(conns.queue, conns.relay, api_config(&settings, auth));
+    let store = object_store(&settings).await?;
+    let config = api_config(&settings, auth);
+    let batches = tokio::spawn(batch_worker::run(
+        batch_worker(&conns, store.clone(), &config),
+        wait(stop.clone()),
+    ));
+    let state = AppState::new(conns.queue, conns.relay, config).with_store(store);
     tracing::info!(listen = %settings.listen, "fallow dev serving");
     println!("Fallow is serving on http://{}", settings.listen);
     fallow_api::serve(listener, state, wait(stop)).await?;
     runner.await??;
     maint.await?;
+    batches.await?;
     Ok(())
 }
 
@@ -150,7 +182,9 @@ pub async fn api(args: ServiceArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding {}", settings.listen))?;
-    let state = AppState::new(conns.queue, conns.relay, api_config(&settings, auth));
+    let store = object_store(&settings).await?;
+    let state =
+        AppState::new(conns.queue, conns.relay, api_config(&settings, auth)).with_store(store);
     tracing::info!(listen = %settings.listen, auth, "fallow api serving");
     fallow_api::serve(listener, state, wait(shutdown_signal())).await?;
     Ok(())
@@ -159,7 +193,13 @@ pub async fn api(args: ServiceArgs) -> anyhow::Result<()> {
 pub async fn scheduler(args: ServiceArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&args)?;
     let conns = connect(&settings).await?;
-    maintenance::run(conns.queue, maintenance_config(), wait(shutdown_signal())).await;
+    let store = object_store(&settings).await?;
+    let stop = shutdown_signal();
+    let worker = batch_worker(&conns, store, &api_config(&settings, false));
+    tokio::join!(
+        maintenance::run(conns.queue, maintenance_config(), wait(stop.clone())),
+        batch_worker::run(worker, wait(stop)),
+    );
     Ok(())
 }
 

@@ -3,6 +3,8 @@
 //! understood; response types serialise exactly the shapes OpenAI's SDKs parse.
 //! Conversion into the scheduler's validated types happens in [`crate::validate`].
 
+pub mod batches;
+pub mod files;
 pub mod models;
 pub mod request;
 pub mod response;

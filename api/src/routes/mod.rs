@@ -2,8 +2,10 @@
 //! (request id, tracing span, body size limit). Unknown paths and methods answer in the
 //! OpenAI error envelope too.
 
+mod batches;
 mod chat;
 mod completions;
+mod files;
 mod models;
 mod ops;
 
@@ -21,6 +23,9 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// The api's router with its state applied.
 pub fn router(state: AppState) -> Router {
     let body_limit = state.config().max_body_bytes;
+    let upload_limit = usize::try_from(state.config().max_file_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_add(64 << 10);
     let layers = ServiceBuilder::new()
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
         .layer(TraceLayer::new_for_http().make_span_with(request_span))
@@ -35,6 +40,24 @@ pub fn router(state: AppState) -> Router {
             "/v1/chat/completions/{id}/stream",
             get(completions::resume_chat_stream),
         )
+        .route(
+            "/v1/files",
+            post(files::upload_file)
+                .get(files::list_files)
+                // Uploads may be far larger than a chat request; multipart overhead included.
+                .layer(DefaultBodyLimit::max(upload_limit)),
+        )
+        .route(
+            "/v1/files/{id}",
+            get(files::get_file).delete(files::delete_file),
+        )
+        .route("/v1/files/{id}/content", get(files::get_file_content))
+        .route(
+            "/v1/batches",
+            post(batches::create_batch).get(batches::list_batches),
+        )
+        .route("/v1/batches/{id}", get(batches::get_batch))
+        .route("/v1/batches/{id}/cancel", post(batches::cancel_batch))
         .route("/v1/models", get(models::list_models))
         .route("/v1/models/{*id}", get(models::get_model))
         .route("/health", get(ops::health))

@@ -94,7 +94,8 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError
         max_batched_tokens: options.max_batched_tokens.max(block_size),
         enable_prefix_cache: options.enable_prefix_cache,
     };
-    let engine = LlmEngine::new(Box::new(backend), frontend.tokenizer.clone(), config);
+    let mut engine = LlmEngine::new(Box::new(backend), frontend.tokenizer.clone(), config);
+    engine.add_eos_ids(&artifacts.eos_ids);
     Ok(LoadedModel { engine, frontend })
 }
 

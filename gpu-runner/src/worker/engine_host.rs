@@ -12,7 +12,10 @@ use tokio::sync::mpsc;
 /// What the worker asks of the engine thread.
 pub enum HostCommand {
     /// Render, tokenize and admit a request under the engine-local id.
-    Add { id: u64, request: GenerateRequest },
+    Add {
+        id: u64,
+        request: Box<GenerateRequest>,
+    },
     /// Drop a request and free its KV blocks.
     Abort { id: u64 },
 }
@@ -23,7 +26,11 @@ pub enum HostEvent {
     /// A request was admitted; its prompt has this many tokens.
     Admitted { id: u64, prompt_tokens: u32 },
     /// A request could not be admitted (bad template input, prompt too long, …).
-    Rejected { id: u64, code: String, message: String },
+    Rejected {
+        id: u64,
+        code: String,
+        message: String,
+    },
     /// The outputs of one engine step.
     Step(Vec<SeqOutput>),
     /// The engine failed in a way that ends every request in it.
@@ -117,7 +124,7 @@ fn admit(
     engine: &mut LlmEngine,
     frontend: &ModelFrontend,
     id: u64,
-    request: GenerateRequest,
+    request: Box<GenerateRequest>,
 ) -> Result<u32, (String, String)> {
     let prompt = super::prompt::encode_chat(frontend, &request)?;
     let prompt_tokens = prompt.len() as u32;

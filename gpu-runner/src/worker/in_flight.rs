@@ -2,7 +2,9 @@
 //! its choices so the final `Completion` can be stored without re-reading the stream.
 
 use crate::engine::llm::SeqOutput;
-use fallow_scheduler::job::{ChoiceResult, Completion, FinishReason, JobEvent, TokenLogprob, Usage};
+use fallow_scheduler::job::{
+    ChoiceResult, Completion, FinishReason, JobEvent, TokenLogprob, Usage,
+};
 use fallow_scheduler::queue::{ClaimedJob, JobKind};
 use std::collections::HashMap;
 use uuid::Uuid;
@@ -133,12 +135,6 @@ impl InFlightTable {
         let job = self.by_request.remove(&request)?;
         self.by_job.remove(&job.job_id);
         Some(job)
-    }
-    pub fn len(&self) -> usize {
-        self.by_request.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.by_request.is_empty()
     }
     /// `(id, attempt)` of every held job, for lease renewal.
     pub fn leases(&self) -> Vec<(Uuid, i32)> {

@@ -180,7 +180,7 @@ impl Worker {
             return;
         };
         tracing::debug!(job_id = %job.id, attempt = job.attempt, "job claimed");
-        let request = job.request.clone();
+        let request = Box::new(job.request.clone());
         let id = self.table.insert(InFlight::new(&job, engine, Some(slot)));
         if !self.engines.hosts[engine].send(HostCommand::Add { id, request }) {
             if let Some(job) = self.table.remove(id) {
@@ -192,8 +192,9 @@ impl Worker {
 
     async fn on_engine_event(&mut self, engine: usize, event: HostEvent) {
         match event {
-            HostEvent::Admitted { id, .. } => {
+            HostEvent::Admitted { id, prompt_tokens } => {
                 if let Some(job) = self.table.get_mut(id) {
+                    tracing::debug!(job_id = %job.job_id, prompt_tokens, "job admitted to the engine");
                     let started = JobEvent::Started {
                         attempt: job.attempt,
                     };
@@ -203,9 +204,16 @@ impl Worker {
             }
             HostEvent::Rejected { id, code, message } => {
                 if let Some(job) = self.table.remove(id) {
-                    self.append(&[(job.job_id, JobEvent::Error { code, message: message.clone() })])
+                    self.append(&[(
+                        job.job_id,
+                        JobEvent::Error {
+                            code,
+                            message: message.clone(),
+                        },
+                    )])
+                    .await;
+                    self.fail_job(job.job_id, job.attempt, &message, false)
                         .await;
-                    self.fail_job(job.job_id, job.attempt, &message, false).await;
                 }
             }
             HostEvent::Step(outputs) => self.on_step(outputs).await,
@@ -234,7 +242,11 @@ impl Worker {
             };
             let was_streamed = job.streamed;
             events.push((job.job_id, job.absorb(out)));
-            if !was_streamed && job.streamed && job.client_streams && job.kind == JobKind::Interactive {
+            if !was_streamed
+                && job.streamed
+                && job.client_streams
+                && job.kind == JobKind::Interactive
+            {
                 first_tokens.push((job.job_id, job.attempt));
             }
             if job.is_finished() && !finished.contains(&request) {
@@ -245,7 +257,12 @@ impl Worker {
         for request in finished {
             if let Some(job) = self.table.remove(request) {
                 let completion = job.completion();
-                events.push((job.job_id, JobEvent::Final { completion: completion.clone() }));
+                events.push((
+                    job.job_id,
+                    JobEvent::Final {
+                        completion: completion.clone(),
+                    },
+                ));
                 done.push((job, completion));
             }
         }
@@ -255,7 +272,11 @@ impl Worker {
             let marks = first_tokens
                 .iter()
                 .map(|&(job_id, attempt)| self.queue.mark_streamed(job_id, attempt));
-            for (result, (job_id, _)) in futures::future::join_all(marks).await.into_iter().zip(&first_tokens) {
+            for (result, (job_id, _)) in futures::future::join_all(marks)
+                .await
+                .into_iter()
+                .zip(&first_tokens)
+            {
                 if let Err(e) = result {
                     tracing::warn!(%job_id, error = %e, "marking a job streamed failed");
                 }
@@ -335,8 +356,8 @@ impl Worker {
 
     async fn end_with_error(&mut self, job: InFlight, code: &str, message: &str, retryable: bool) {
         // A stream that already carried tokens cannot be resumed by another attempt.
-        let retry = retryable
-            && !(job.streamed && job.client_streams && job.kind == JobKind::Interactive);
+        let retry =
+            retryable && !(job.streamed && job.client_streams && job.kind == JobKind::Interactive);
         if !retry || job.streamed {
             self.append(&[(
                 job.job_id,

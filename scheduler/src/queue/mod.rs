@@ -208,21 +208,26 @@ impl Queue {
             .await?;
         row.map(JobRecord::try_from).transpose()
     }
-    /// Jobs of this tenant that are queued or running (for per-tenant limits).
+    /// Interactive jobs of this tenant that are queued or running (for per-tenant limits).
+    /// Batch jobs do not count: a tenant's big batch must not lock it out of interactive use.
     pub async fn active_for_tenant(&self, tenant_id: Uuid) -> Result<i64, SchedulerError> {
         let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM jobs WHERE tenant_id = $1 AND state IN ('queued', 'running')",
+            "SELECT count(*) FROM jobs \
+             WHERE tenant_id = $1 AND state IN ('queued', 'running') AND kind = 'interactive'",
         )
         .bind(tenant_id)
         .fetch_one(&self.pool)
         .await?;
         Ok(n)
     }
-    /// All queued jobs (for the global queue limit).
+    /// All queued interactive jobs (for the global queue limit). Batch backlogs do not
+    /// count: they wait behind interactive work by priority and must not cause 429s.
     pub async fn queued_total(&self) -> Result<i64, SchedulerError> {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'queued'")
-            .fetch_one(&self.pool)
-            .await?;
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM jobs WHERE state = 'queued' AND kind = 'interactive'",
+        )
+        .fetch_one(&self.pool)
+        .await?;
         Ok(n)
     }
     /// Queued jobs per model, for operators.

@@ -48,6 +48,7 @@ pub fn request(model: &str) -> GenerateRequest {
         n: 1,
         add_generation_prompt: true,
         continue_final_message: false,
+        stream: false,
         chat_template_kwargs: Default::default(),
     }
 }

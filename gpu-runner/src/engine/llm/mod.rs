@@ -88,6 +88,16 @@ impl LlmEngine {
         self.config
     }
 
+    /// Adds end-of-generation ids the tokenizer does not know about (e.g. from an HF
+    /// `generation_config.json`).
+    pub fn add_eos_ids(&mut self, ids: &[u32]) {
+        for &id in ids {
+            if !self.eos_ids.contains(&id) {
+                self.eos_ids.push(id);
+            }
+        }
+    }
+
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tokenizer
     }

@@ -217,19 +217,13 @@ pub fn from_gguf(
     let n_heads = req_u("attention.head_count")?;
     let n_kv_heads = opt_u("attention.head_count_kv").unwrap_or(n_heads);
     let head_dim = opt_u("attention.key_length").unwrap_or(hidden / n_heads.max(1));
-    let rope_scaling = match meta.get_str(&key("rope.scaling.type")).as_deref() {
-        None | Some("none") => RopeScaling::None,
-        Some("linear") => match opt_f("rope.scaling.factor") {
-            Some(f) if f > 0.0 && f != 1.0 => RopeScaling::Linear { factor: f },
-            _ => RopeScaling::None,
-        },
-        Some(other) => {
-            return Err(ModelError::Unsupported(format!(
-                "{}: rope scaling type {other:?}",
-                key("rope.scaling.type")
-            )))
-        }
-    };
+    let rope_scaling = gguf_rope_scaling(meta, &arch_name)?;
+    if let Some(rope_dims) = opt_u("rope.dimension_count").filter(|&d| d != head_dim) {
+        return Err(ModelError::Unsupported(format!(
+            "{}: partial rotary ({rope_dims} of {head_dim} dims)",
+            key("rope.dimension_count")
+        )));
+    }
     let is_gemma = arch == Arch::Gemma3;
     let sliding_window = if is_gemma {
         opt_u("attention.sliding_window")
@@ -287,15 +281,29 @@ pub fn from_gguf(
     Ok(config)
 }
 
+/// `{arch}.rope.scaling.*`: none or linear. (Llama 3 scaling arrives as the
+/// `rope_freqs.weight` tensor instead, see `Weights::rope_freq_factors`.)
+fn gguf_rope_scaling(meta: &dyn MetadataSource, arch: &str) -> Result<RopeScaling, ModelError> {
+    let type_key = format!("{arch}.rope.scaling.type");
+    let factor = meta
+        .get_f64(&format!("{arch}.rope.scaling.factor"))
+        .map(|f| f as f32);
+    match meta.get_str(&type_key).as_deref() {
+        None | Some("none") => Ok(RopeScaling::None),
+        Some("linear") => Ok(match factor {
+            Some(f) if f > 0.0 && f != 1.0 => RopeScaling::Linear { factor: f },
+            _ => RopeScaling::None,
+        }),
+        Some(other) => Err(ModelError::Unsupported(format!("{type_key}: {other:?}"))),
+    }
+}
+
 /// Reads the config from an HF `config.json` value. Multimodal Gemma 3 checkpoints nest the
 /// language model's settings under `text_config`.
 pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
-    let cfg = root
-        .get("text_config")
-        .filter(|v| v.is_object())
-        .unwrap_or(root);
-    let model_type = cfg
-        .get("model_type")
+    let nested = root.get("text_config").filter(|v| v.is_object());
+    let model_type = nested
+        .and_then(|c| c.get("model_type"))
         .or_else(|| root.get("model_type"))
         .and_then(Value::as_str)
         .ok_or_else(|| ModelError::MissingKey("config.json: model_type".into()))?;
@@ -306,6 +314,8 @@ pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
         "gemma3" | "gemma3_text" => Arch::Gemma3,
         other => return Err(ModelError::UnsupportedArch(other.to_string())),
     };
+    let merged = with_defaults(arch, nested.unwrap_or(root));
+    let cfg = &merged;
     let req_u = |k: &str| -> Result<usize, ModelError> {
         cfg.get(k)
             .and_then(Value::as_u64)
@@ -328,6 +338,12 @@ pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
     };
     let local_layers = hf_local_layers(cfg, arch, n_layers, sliding_window.is_some());
     let query_pre_attn_scalar = opt_f("query_pre_attn_scalar").unwrap_or(head_dim as f32);
+    let (rope_global, rope_local) = hf_rope_parameters(cfg);
+    let theta_of = |p: Option<&Value>| {
+        p.and_then(|p| p.get("rope_theta"))
+            .and_then(Value::as_f64)
+            .map(|v| v as f32)
+    };
     let config = ModelConfig {
         arch,
         n_layers,
@@ -339,9 +355,13 @@ pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
         vocab_size: req_u("vocab_size")?,
         context_length: opt_u("max_position_embeddings").unwrap_or(2048),
         rms_eps: opt_f("rms_norm_eps").unwrap_or(1e-6),
-        rope_theta: opt_f("rope_theta").unwrap_or(10_000.0),
-        rope_theta_local: opt_f("rope_local_base_freq").unwrap_or(10_000.0),
-        rope_scaling: hf_rope_scaling(cfg.get("rope_scaling"))?,
+        rope_theta: theta_of(rope_global)
+            .or_else(|| opt_f("rope_theta"))
+            .unwrap_or(10_000.0),
+        rope_theta_local: theta_of(rope_local)
+            .or_else(|| opt_f("rope_local_base_freq"))
+            .unwrap_or(10_000.0),
+        rope_scaling: hf_rope_scaling(rope_global.or_else(|| cfg.get("rope_scaling")))?,
         rope_style: RopeStyle::Neox,
         qkv_bias: arch == Arch::Qwen2 || opt_b("attention_bias").unwrap_or(false),
         qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
@@ -364,6 +384,27 @@ pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
     };
     config.validate()?;
     Ok(config)
+}
+
+/// Multimodal Gemma 3 checkpoints leave out `text_config` keys that equal transformers'
+/// `Gemma3TextConfig` defaults; fill those in so only genuinely missing keys are errors.
+fn with_defaults(arch: Arch, cfg: &Value) -> Value {
+    let mut merged = cfg.clone();
+    if arch != Arch::Gemma3 {
+        return merged;
+    }
+    let defaults = serde_json::json!({
+        "vocab_size": 262_208, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "head_dim": 256, "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0, "query_pre_attn_scalar": 256,
+        "sliding_window": 4096, "max_position_embeddings": 131_072,
+    });
+    if let (Some(obj), Some(defaults)) = (merged.as_object_mut(), defaults.as_object()) {
+        for (k, v) in defaults {
+            obj.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    merged
 }
 
 /// Which layers slide: `layer_types` when given (newer transformers), else Gemma's
@@ -389,6 +430,22 @@ fn hf_local_layers(cfg: &Value, arch: Arch, n_layers: usize, has_window: bool) -
         return gemma_local_layers(n_layers, every);
     }
     vec![true; n_layers]
+}
+
+/// transformers >= 5 writes `rope_parameters` (`rope_theta` inside, next to the scaling keys)
+/// instead of top-level `rope_theta` / `rope_scaling`; Gemma 3 nests one such object per
+/// attention type. Returns the global layers' and the sliding layers' objects.
+fn hf_rope_parameters(cfg: &Value) -> (Option<&Value>, Option<&Value>) {
+    let Some(params) = cfg.get("rope_parameters").filter(|v| v.is_object()) else {
+        return (None, None);
+    };
+    match params.get("full_attention").filter(|v| v.is_object()) {
+        Some(full) => (
+            Some(full),
+            params.get("sliding_attention").filter(|v| v.is_object()),
+        ),
+        None => (Some(params), None),
+    }
 }
 
 fn hf_rope_scaling(v: Option<&Value>) -> Result<RopeScaling, ModelError> {

@@ -77,6 +77,15 @@ pub fn open_file(path: &Path) -> Result<ModelArtifacts, ModelError> {
     };
     let mut config = config::from_gguf(&gguf, vocab_fallback)?;
     let weights = weights::build(&mut config, &gguf, &GgufNames)?;
+    weights::reject_unused_biases(
+        gguf.tensors.iter().map(|t| t.name.as_str()),
+        &[
+            "attn_output.bias",
+            "ffn_gate.bias",
+            "ffn_up.bias",
+            "ffn_down.bias",
+        ],
+    )?;
     let chat_template = gguf
         .get("tokenizer.chat_template")
         .and_then(|v| v.as_str())

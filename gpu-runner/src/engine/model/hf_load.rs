@@ -84,6 +84,15 @@ pub fn open_dir(dir: &Path) -> Result<ModelArtifacts, ModelError> {
     let tensors = SafetensorsSet::open_dir(dir)?;
     let names = detect_names(&tensors, config.arch == config::Arch::Gemma3);
     let weights = weights::build(&mut config, &tensors, &names)?;
+    weights::reject_unused_biases(
+        tensors.names(),
+        &[
+            "o_proj.bias",
+            "gate_proj.bias",
+            "up_proj.bias",
+            "down_proj.bias",
+        ],
+    )?;
 
     let tokenizer_json = dir.join("tokenizer.json");
     if !tokenizer_json.is_file() {

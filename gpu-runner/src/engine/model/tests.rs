@@ -170,3 +170,44 @@ fn smollm2_gguf_loads_with_its_vocabulary_and_chat_template() {
         .is_some_and(|t| t.contains("<|im_start|>")));
     assert!(a.eos_ids.contains(&2));
 }
+
+#[test]
+fn a_bias_the_forward_pass_does_not_apply_is_rejected_by_name() {
+    let names = [
+        "model.layers.0.self_attn.q_proj.bias",
+        "model.layers.3.self_attn.o_proj.bias",
+    ];
+    let err = super::weights::reject_unused_biases(names.into_iter(), &["o_proj.bias"])
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("model.layers.3.self_attn.o_proj.bias"),
+        "{err}"
+    );
+    assert!(
+        super::weights::reject_unused_biases(names[..1].iter().copied(), &["o_proj.bias"]).is_ok()
+    );
+}
+
+#[test]
+fn multimodal_gemma3_config_reads_text_config_with_transformers_defaults() {
+    let root = serde_json::json!({
+        "model_type": "gemma3",
+        "text_config": {
+            "model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
+            "num_hidden_layers": 34, "sliding_window": 1024,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}
+        }
+    });
+    let c = super::config::from_hf_json(&root).unwrap_or_else(|e| panic!("config: {e}"));
+    assert_eq!(
+        (c.arch, c.n_heads, c.n_kv_heads, c.head_dim),
+        (Arch::Gemma3, 8, 4, 256)
+    );
+    assert_eq!((c.vocab_size, c.sliding_window), (262_208, Some(1024)));
+    assert_eq!((c.rope_theta, c.rope_theta_local), (1_000_000.0, 10_000.0));
+    assert_eq!(c.rope_scaling, super::RopeScaling::Linear { factor: 8.0 });
+    assert!(c.tie_embeddings);
+    assert_eq!(c.local_layers.iter().filter(|&&l| !l).count(), 5);
+}

@@ -87,6 +87,20 @@ pub trait TensorSource {
     fn vector(&self, name: &str) -> Result<Vec<f32>, ModelError>;
 }
 
+/// Rejects checkpoints with bias tensors the forward pass would silently ignore (an output
+/// projection or feed-forward bias): better an error naming the tensor than wrong logits.
+pub fn reject_unused_biases<'a>(
+    mut names: impl Iterator<Item = &'a str>,
+    unused_suffixes: &[&str],
+) -> Result<(), ModelError> {
+    match names.find(|n| unused_suffixes.iter().any(|s| n.ends_with(s))) {
+        Some(name) => Err(ModelError::Unsupported(format!(
+            "tensor `{name}`: this bias is not implemented"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Builds and shape-checks the weights. Sets `config.tie_embeddings` from the presence of
 /// the output matrix.
 pub fn build(

@@ -37,6 +37,17 @@ struct Task<'a> {
     out: &'a mut [f32],
 }
 
+/// Per-thread buffers, reused across the tasks a rayon worker runs.
+#[derive(Default)]
+struct TaskScratch {
+    /// The group's query heads of one token, pre-scaled.
+    q: Vec<f32>,
+    /// `[group, positions]` attention scores, then weights.
+    scores: Vec<f32>,
+    /// KV slot offset of each attended position.
+    offsets: Vec<usize>,
+}
+
 /// What every task reads.
 struct Shared<'a> {
     q: &'a [f32],
@@ -73,7 +84,12 @@ pub fn paged_attention(
                 let rows = TOKENS_PER_TASK.min(w[1] - row);
                 let (out, tail) = rest.split_at_mut(rows * width);
                 rest = tail;
-                tasks.push(Task { seq, kv_head, first_row: row, out });
+                tasks.push(Task {
+                    seq,
+                    kv_head,
+                    first_row: row,
+                    out,
+                });
                 row += rows;
             }
         }
@@ -89,58 +105,64 @@ pub fn paged_attention(
         slot_stride: p.n_kv_heads * p.head_dim,
         p,
     };
-    tasks.into_par_iter().for_each_init(
-        || (Vec::new(), Vec::new()),
-        |(scores, qbuf), mut task| run_task(&shared, &mut task, scores, qbuf),
-    );
+    tasks
+        .into_par_iter()
+        .for_each_init(TaskScratch::default, |scratch, mut task| {
+            run_task(&shared, &mut task, scratch)
+        });
 }
 
-fn run_task(s: &Shared<'_>, task: &mut Task<'_>, scores: &mut Vec<f32>, qbuf: &mut Vec<f32>) {
+fn run_task(s: &Shared<'_>, task: &mut Task<'_>, scratch: &mut TaskScratch) {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+    if super::simd::available() {
         // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-        unsafe { run_task_avx2(s, task, scores, qbuf) };
+        unsafe { run_task_avx2(s, task, scratch) };
         return;
     }
-    run_task_body(s, task, scores, qbuf);
+    run_task_body(s, task, scratch, dot, axpy);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn run_task_avx2(
-    s: &Shared<'_>,
-    task: &mut Task<'_>,
-    scores: &mut Vec<f32>,
-    qbuf: &mut Vec<f32>,
-) {
-    run_task_body(s, task, scores, qbuf);
+unsafe fn run_task_avx2(s: &Shared<'_>, task: &mut Task<'_>, scratch: &mut TaskScratch) {
+    // SAFETY: this function only runs where AVX2 and FMA are available.
+    let dot = |a: &[f32], b: &[f32]| unsafe { super::simd::dot(a, b) };
+    // SAFETY: as above.
+    let axpy = |o: &mut [f32], w: f32, v: &[f32]| unsafe { super::simd::axpy(o, w, v) };
+    run_task_body(s, task, scratch, dot, axpy);
 }
 
-/// Calls `f(slot_offset)` for each cached position `lo ..= hi` of a sequence, walking the
-/// block table block by block rather than dividing per position.
+/// Fills `offsets` with the slot offset of each cached position `lo ..= hi` of a sequence,
+/// walking the block table block by block rather than dividing per position.
 #[inline(always)]
-fn for_each_slot(
+fn slot_offsets(
     table: &[u32],
     block_size: usize,
     stride: usize,
     lo: usize,
     hi: usize,
-    mut f: impl FnMut(usize),
+    offsets: &mut Vec<usize>,
 ) {
+    offsets.clear();
     let mut j = lo;
     while j <= hi {
         let slot = j % block_size;
         let run = (block_size - slot).min(hi + 1 - j);
         let base = (table[j / block_size] as usize * block_size + slot) * stride;
-        for i in 0..run {
-            f(base + i * stride);
-        }
+        offsets.extend((0..run).map(|i| base + i * stride));
         j += run;
     }
 }
 
+/// The kernel, generic over the dot/axpy primitives so it is compiled once per instruction set.
 #[inline(always)]
-fn run_task_body(s: &Shared<'_>, task: &mut Task<'_>, scores: &mut Vec<f32>, qbuf: &mut Vec<f32>) {
+fn run_task_body(
+    s: &Shared<'_>,
+    task: &mut Task<'_>,
+    scratch: &mut TaskScratch,
+    dot: impl Fn(&[f32], &[f32]) -> f32,
+    axpy: impl Fn(&mut [f32], f32, &[f32]),
+) {
     let p = s.p;
     let hd = p.head_dim;
     let group = p.n_heads / p.n_kv_heads;
@@ -152,21 +174,30 @@ fn run_task_body(s: &Shared<'_>, task: &mut Task<'_>, scores: &mut Vec<f32>, qbu
         let pos = s.positions[t];
         // The group's query heads are adjacent in q; scaling once saves a multiply per
         // attended position.
-        qbuf.clear();
         let q_first = t * q_dim + task.kv_head * group * hd;
-        qbuf.extend(s.q[q_first..][..group * hd].iter().map(|x| x * p.scale));
+        scratch.q.clear();
+        scratch
+            .q
+            .extend(s.q[q_first..][..group * hd].iter().map(|x| x * p.scale));
         let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
         let n_pos = pos + 1 - lo;
+        slot_offsets(
+            table,
+            s.block_size,
+            s.slot_stride,
+            lo,
+            pos,
+            &mut scratch.offsets,
+        );
+        let scores = &mut scratch.scores;
         scores.clear();
         scores.resize(group * n_pos, 0.0);
-        let mut j = 0;
-        for_each_slot(table, s.block_size, s.slot_stride, lo, pos, |off| {
+        for (j, &off) in scratch.offsets.iter().enumerate() {
             let k = &s.k[off + kv_off..][..hd];
-            for (h, qh) in qbuf.chunks_exact(hd).enumerate() {
+            for (h, qh) in scratch.q.chunks_exact(hd).enumerate() {
                 scores[h * n_pos + j] = dot(qh, k);
             }
-            j += 1;
-        });
+        }
         for head_scores in scores.chunks_exact_mut(n_pos) {
             if let Some(cap) = p.logit_softcap {
                 softcap(head_scores, cap);
@@ -174,20 +205,24 @@ fn run_task_body(s: &Shared<'_>, task: &mut Task<'_>, scores: &mut Vec<f32>, qbu
             softmax(head_scores);
         }
         out.fill(0.0);
-        let mut j = 0;
-        for_each_slot(table, s.block_size, s.slot_stride, lo, pos, |off| {
+        for (j, &off) in scratch.offsets.iter().enumerate() {
             let v = &s.v[off + kv_off..][..hd];
             for (h, out_h) in out.chunks_exact_mut(hd).enumerate() {
                 axpy(out_h, scores[h * n_pos + j], v);
             }
-            j += 1;
-        });
+        }
     }
 }
 
 /// Group-major `[n_kv_heads, n_tokens, group · head_dim]` → token-major
 /// `[n_tokens, n_heads · head_dim]` (query head `h` belongs to group `h / group`).
-pub fn groups_to_rows(gm: &[f32], n_kv_heads: usize, n_tokens: usize, width: usize, out: &mut [f32]) {
+pub fn groups_to_rows(
+    gm: &[f32],
+    n_kv_heads: usize,
+    n_tokens: usize,
+    width: usize,
+    out: &mut [f32],
+) {
     for g in 0..n_kv_heads {
         for t in 0..n_tokens {
             let src = &gm[(g * n_tokens + t) * width..][..width];

@@ -10,7 +10,7 @@ pub fn kv_bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
     config.n_layers * 2 * block_size * config.kv_dim() * std::mem::size_of::<f32>()
 }
 
-/// How many blocks fit in `budget_bytes` (at least 1 if the budget allows any).
+/// How many whole blocks fit in `budget_bytes` (0 if not even one does).
 pub fn num_blocks_for_budget(
     config: &ModelConfig,
     block_size: usize,

@@ -15,14 +15,15 @@ impl CpuBackend {
         self.ffn_block(layer);
     }
 
-    fn attention_block(&mut self, layer: usize, batch: &[SeqSlice<'_>]) {
+    /// Norm, Q/K/V projections (+ bias, + per-head norms) and RoPE into `scratch.q/k/v`.
+    fn project_qkv(&mut self, layer: usize) {
         let c = &self.config;
         let w = &self.weights.layers[layer];
         let s = &mut self.scratch;
         let n = self.layout.n_tokens();
-        let (h, qd, kvd) = (c.hidden, c.q_dim(), c.kv_dim());
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
 
-        s.xn.resize(n * h, 0.0);
+        s.xn.resize(n * c.hidden, 0.0);
         ops::rms_norm_rows(&s.x, &w.attn_norm, c.rms_eps, &mut s.xn);
         s.q.resize(n * qd, 0.0);
         s.k.resize(n * kvd, 0.0);
@@ -48,19 +49,29 @@ impl CpuBackend {
         };
         rope.apply(&mut s.q, c.n_heads, c.rope_style);
         rope.apply(&mut s.k, c.n_kv_heads, c.rope_style);
+    }
 
+    /// Writes the step's K/V rows into each sequence's blocks (before attention reads them).
+    fn store_kv(&mut self, layer: usize, batch: &[SeqSlice<'_>]) {
+        let kvd = self.config.kv_dim();
+        let s = &self.scratch;
         for (seq, win) in batch.iter().zip(self.layout.offsets.windows(2)) {
             for t in win[0]..win[1] {
-                let pos = self.layout.positions[t];
-                self.kv.write(
-                    layer,
-                    seq.block_table,
-                    pos,
-                    &s.k[t * kvd..][..kvd],
-                    &s.v[t * kvd..][..kvd],
-                );
+                let (k, v) = (&s.k[t * kvd..][..kvd], &s.v[t * kvd..][..kvd]);
+                self.kv
+                    .write(layer, seq.block_table, self.layout.positions[t], k, v);
             }
         }
+    }
+
+    fn attention_block(&mut self, layer: usize, batch: &[SeqSlice<'_>]) {
+        self.project_qkv(layer);
+        self.store_kv(layer, batch);
+        let c = &self.config;
+        let w = &self.weights.layers[layer];
+        let s = &mut self.scratch;
+        let n = self.layout.n_tokens();
+        let qd = c.q_dim();
         let params = AttnParams {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
@@ -69,8 +80,7 @@ impl CpuBackend {
             logit_softcap: c.attn_logit_softcap,
             window: c.layer_window(layer),
         };
-        s.attn_hm.resize(n * qd, 0.0);
-        let t0 = std::time::Instant::now();
+        s.attn_groups.resize(n * qd, 0.0);
         paged_attention(
             &s.q,
             &self.kv,
@@ -78,13 +88,18 @@ impl CpuBackend {
             batch,
             &self.layout,
             &params,
-            &mut s.attn_hm,
+            &mut s.attn_groups,
         );
         s.attn.resize(n * qd, 0.0);
-        groups_to_rows(&s.attn_hm, c.n_kv_heads, n, c.q_dim() / c.n_kv_heads, &mut s.attn);
-        ATTN_NS.fetch_add(t0.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+        groups_to_rows(
+            &s.attn_groups,
+            c.n_kv_heads,
+            n,
+            qd / c.n_kv_heads,
+            &mut s.attn,
+        );
 
-        s.proj.resize(n * h, 0.0);
+        s.proj.resize(n * c.hidden, 0.0);
         w.wo.matmul(&s.attn, n, &mut s.proj);
         if let Some(norm) = &w.post_attn_norm {
             ops::rms_norm_rows_inplace(&mut s.proj, norm, c.rms_eps);
@@ -116,5 +131,3 @@ impl CpuBackend {
         ops::add_inplace(&mut s.x, &s.proj);
     }
 }
-
-pub static ATTN_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

@@ -10,11 +10,13 @@ mod batch;
 #[cfg(test)]
 mod format_tests;
 mod kv_pool;
-pub mod layer;
+mod layer;
 mod ops;
 #[cfg(test)]
 mod reference_tests;
 mod rope;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 #[cfg(test)]
 mod tests;
 
@@ -36,7 +38,7 @@ struct Scratch {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
-    attn_hm: Vec<f32>,
+    attn_groups: Vec<f32>,
     attn: Vec<f32>,
     proj: Vec<f32>,
     gate: Vec<f32>,

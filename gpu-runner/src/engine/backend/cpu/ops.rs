@@ -7,20 +7,15 @@
 #[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
+    let (ca, ta) = a[..n].as_chunks::<32>();
+    let (cb, tb) = b[..n].as_chunks::<32>();
     let mut acc = [0f32; 32];
-    let (mut ca, mut cb) = (a.chunks_exact(32), b.chunks_exact(32));
-    for (x, y) in (&mut ca).zip(&mut cb) {
+    for (x, y) in ca.iter().zip(cb) {
         for i in 0..32 {
             acc[i] += x[i] * y[i];
         }
     }
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
+    let tail: f32 = ta.iter().zip(tb).map(|(x, y)| x * y).sum();
     let mut lanes = [0f32; 8];
     for (i, lane) in lanes.iter_mut().enumerate() {
         *lane = (acc[i] + acc[i + 8]) + (acc[i + 16] + acc[i + 24]);

@@ -1,0 +1,105 @@
+//! AVX2+FMA versions of the attention inner loops (dot product, `out += w·v`). The compiler
+//! does not vectorise the portable versions in [`super::ops`] well enough for the innermost
+//! attention loop; callers check the CPU features once per task.
+
+use std::arch::x86_64::{
+    __m256, _mm256_add_ps, _mm256_castps256_ps128, _mm256_extractf128_ps, _mm256_fmadd_ps,
+    _mm256_loadu_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps, _mm_add_ps, _mm_add_ss,
+    _mm_cvtss_f32, _mm_movehl_ps, _mm_shuffle_ps,
+};
+
+/// True when the AVX2 kernels may be called.
+pub fn available() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+}
+
+/// `Σ a[i]·b[i]` over the shorter length.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA ([`available`]).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    // SAFETY (all loads): `i + 8 <= n` (resp. `i + 16 <= n`) before each load, so every load
+    // reads 8 floats inside both slices; loadu needs no alignment.
+    while i + 16 <= n {
+        unsafe {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+            acc1 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(pa.add(i + 8)),
+                _mm256_loadu_ps(pb.add(i + 8)),
+                acc1,
+            );
+        }
+        i += 16;
+    }
+    while i + 8 <= n {
+        unsafe {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0)
+        };
+        i += 8;
+    }
+    let mut sum = hsum(_mm256_add_ps(acc0, acc1));
+    for j in i..n {
+        sum += a[j] * b[j];
+    }
+    sum
+}
+
+/// `out[i] += w · v[i]` over the shorter length.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA ([`available`]).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
+    let n = out.len().min(v.len());
+    let (po, pv) = (out.as_mut_ptr(), v.as_ptr());
+    let wv = _mm256_set1_ps(w);
+    let mut i = 0;
+    // SAFETY: `i + 8 <= n` before each access, so 8 floats lie inside both slices.
+    while i + 8 <= n {
+        unsafe {
+            let acc = _mm256_fmadd_ps(wv, _mm256_loadu_ps(pv.add(i)), _mm256_loadu_ps(po.add(i)));
+            _mm256_storeu_ps(po.add(i), acc);
+        }
+        i += 8;
+    }
+    for j in i..n {
+        out[j] += w * v[j];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn avx2_kernels_match_the_portable_ones() {
+        if !available() {
+            return;
+        }
+        let a: Vec<f32> = (0..75).map(|i| (i as f32 * 0.3).sin()).collect();
+        let b: Vec<f32> = (0..75).map(|i| (i as f32 * 0.7).cos()).collect();
+        // SAFETY: `available()` returned true.
+        let fast = unsafe { dot(&a, &b) };
+        assert!((fast - super::super::ops::dot(&a, &b)).abs() < 1e-4);
+        let (mut o1, mut o2) = (a.clone(), a.clone());
+        // SAFETY: as above.
+        unsafe { axpy(&mut o1, 0.5, &b) };
+        super::super::ops::axpy(&mut o2, 0.5, &b);
+        assert!(o1.iter().zip(&o2).all(|(x, y)| (x - y).abs() < 1e-6));
+    }
+}

@@ -1,0 +1,13 @@
+-- Claims the oldest validating batch whose lease is free (never held, or its worker died).
+-- $1 new lease token, $2 lease expiry, $3 now.
+UPDATE batches AS b
+SET lease_token = $1, lease_expires_at = $2
+WHERE b.id = (
+    SELECT id FROM batches
+    WHERE status = 'validating' AND (lease_expires_at IS NULL OR lease_expires_at < $3)
+    ORDER BY created_at, id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING b.id, b.tenant_id, b.endpoint, b.lease_token,
+          (SELECT f.object_key FROM files f WHERE f.id = b.input_file_id) AS object_key
