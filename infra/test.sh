@@ -6,6 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 infra/services.sh
 scripts/fetch-models.sh --gemma
+# The dashboard test drives Debian's headless Chromium.
+if ! command -v chromium >/dev/null 2>&1; then
+  as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq chromium >/dev/null
+fi
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 .venv/bin/pip install -q --disable-pip-version-check -r tests/e2e/requirements.txt
 cargo build --bin fallow

@@ -108,6 +108,17 @@ pub struct ServiceArgs {
     /// Path-style addressing (http://host/bucket/key), needed by most S3-compatible servers.
     #[arg(long, env = "FALLOW_S3_PATH_STYLE")]
     pub s3_path_style: bool,
+    /// The admin API's bearer token (`/admin/…`). Without one the admin API is open only
+    /// under --no-auth on a loopback address.
+    #[arg(long, env = "FALLOW_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Yield the GPU to its owner: `file:/PATH` (owner active while it exists),
+    /// `command:CMD` (exit status 0 = owner active) or `nvidia-smi[:PERCENT]`.
+    #[arg(long, env = "FALLOW_OWNER_PROBE")]
+    pub owner_probe: Option<String>,
+    /// Seconds the owner must have been idle before a yielded runner returns.
+    #[arg(long, env = "FALLOW_OWNER_GRACE_SECONDS")]
+    pub owner_grace_seconds: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -153,17 +164,30 @@ pub enum AdminCommand {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Runners, queue, tenants and jobs over the admin API (see `commands/admin_cli.rs`).
+    #[command(flatten)]
+    Remote(crate::commands::admin_cli::AdminRemote),
 }
 
 #[derive(Subcommand, Debug)]
 pub enum KeysCommand {
     /// Creates a key for a tenant (creating the tenant if needed) and prints it once.
+    /// Talks to Postgres directly, or to the admin API with --url.
     Create {
         #[arg(long)]
         tenant: String,
+        /// The api's base URL: create the key over the admin API instead of in Postgres.
+        #[arg(long)]
+        url: Option<String>,
+        /// The admin token (with --url).
+        #[arg(long, env = "FALLOW_ADMIN_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        // Boxed: the service flags dwarf every other admin command's arguments.
         #[command(flatten)]
-        service: ServiceArgs,
+        service: Box<ServiceArgs>,
     },
+    #[command(flatten)]
+    Remote(crate::commands::admin_cli::KeysRemote),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -234,6 +258,9 @@ pub struct BenchE2eArgs {
     pub concurrency: Vec<usize>,
     #[arg(long, default_value_t = 64)]
     pub max_tokens: u32,
+    /// Runs per concurrency level, alternating in-process and full stack.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -29,6 +29,9 @@ pub struct FileConfig {
     pub s3_endpoint: Option<String>,
     pub s3_region: Option<String>,
     pub s3_path_style: Option<bool>,
+    pub admin_token: Option<String>,
+    pub owner_probe: Option<String>,
+    pub owner_grace_seconds: Option<u64>,
 }
 
 /// Where batch files live: a local directory, or an S3 bucket.
@@ -79,6 +82,11 @@ pub struct Settings {
     pub request_timeout: u64,
     pub lease_seconds: u64,
     pub store: StoreSettings,
+    /// The admin API's token (a secret: never printed).
+    pub admin_token: Option<String>,
+    /// The runner's owner probe, parsed (a bad spec fails at start-up).
+    pub owner_probe: Option<fallow_runner::worker::OwnerProbe>,
+    pub owner_grace_seconds: u64,
 }
 
 /// The local object store's directory when none is configured (git-ignored).
@@ -134,6 +142,21 @@ impl Settings {
                 .unwrap_or(30)
                 .max(1),
             store,
+            admin_token: args
+                .admin_token
+                .clone()
+                .or(file.admin_token)
+                .filter(|t| !t.is_empty()),
+            owner_probe: args
+                .owner_probe
+                .clone()
+                .or(file.owner_probe)
+                .map(|spec| spec.parse())
+                .transpose()?,
+            owner_grace_seconds: args
+                .owner_grace_seconds
+                .or(file.owner_grace_seconds)
+                .unwrap_or(60),
         })
     }
 

@@ -25,6 +25,11 @@ pub struct ApiConfig {
     pub max_file_bytes: u64,
     /// Most lines an uploaded batch input file may have.
     pub max_file_lines: u64,
+    /// The bearer token of `/admin/…` (tenant keys never work there).
+    pub admin_token: Option<String>,
+    /// Without a token, whether `/admin/…` is open to anyone who can connect: only for
+    /// `fallow dev --no-auth` on a loopback address.
+    pub admin_open: bool,
 }
 
 impl Default for ApiConfig {
@@ -39,6 +44,8 @@ impl Default for ApiConfig {
             max_attempts: 3,
             max_file_bytes: 200 << 20,
             max_file_lines: 50_000,
+            admin_token: None,
+            admin_open: false,
         }
     }
 }

@@ -22,6 +22,9 @@ pub enum ApiError {
     MissingApiKey,
     #[error("Incorrect API key provided.")]
     InvalidApiKey,
+    /// Authenticated, but not allowed here (a tenant key on the admin API).
+    #[error("{0}")]
+    PermissionDenied(String),
     #[error("The model `{0}` does not exist or you do not have access to it.")]
     ModelNotFound(String),
     /// An unknown route, job or resource.
@@ -87,6 +90,9 @@ impl ApiError {
                 "authentication_error",
                 Some("invalid_api_key"),
             ),
+            ApiError::PermissionDenied(_) => {
+                (S::FORBIDDEN, "permission_error", Some("permission_denied"))
+            }
             ApiError::ModelNotFound(_) => (S::NOT_FOUND, INVALID, Some("model_not_found")),
             ApiError::NotFound(_) => (S::NOT_FOUND, INVALID, Some("not_found")),
             ApiError::MethodNotAllowed(_) => {
@@ -144,7 +150,7 @@ fn job_error_status(code: &str) -> (StatusCode, &'static str) {
             (StatusCode::BAD_REQUEST, "invalid_request_error")
         }
         "model_not_found" => (StatusCode::NOT_FOUND, "invalid_request_error"),
-        "overloaded" | "unavailable" | "runner_lost" | "runner_shutdown" => {
+        "overloaded" | "unavailable" | "runner_lost" | "runner_shutdown" | "runner_yielded" => {
             (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error")
         }
         "timeout" => (StatusCode::GATEWAY_TIMEOUT, "timeout_error"),

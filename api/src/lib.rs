@@ -8,6 +8,7 @@
 //! - [`error`]: the one error type and its one table to status codes and OpenAI envelopes.
 //! - [`extract`]: a JSON body extractor that answers in that envelope (never 422).
 //! - [`auth`]: Bearer key → tenant.
+//! - [`admin`]: the operator's API under `/admin/…` (its own token).
 //! - [`catalog`]: the live models, briefly cached.
 //! - [`follow`]: following a job's Redis stream, with a deadline and a Postgres fallback.
 //! - [`chunks`]: stream entries → `chat.completion.chunk`s, in OpenAI's order.
@@ -17,6 +18,7 @@
 //! - [`routes`]: the HTTP endpoints and the router.
 //! - [`server`]: binding the router to a listener with graceful shutdown.
 
+pub mod admin;
 pub mod auth;
 pub mod cancel;
 pub mod catalog;

@@ -1,6 +1,6 @@
-//! The maintenance loop: reap expired leases (jobs whose runner died) and prune old
-//! finished jobs, each on its own cadence, until shutdown. Any number of scheduler processes
-//! may run it at once: both statements use `SKIP LOCKED` and are idempotent.
+//! The maintenance loop: mark silent runners dead, reap expired leases (jobs whose runner
+//! died) and prune old finished jobs, each on its own cadence, until shutdown. Any number of
+//! scheduler processes may run it at once: every statement is idempotent.
 
 use crate::queue::Queue;
 use std::time::Duration;
@@ -44,6 +44,13 @@ pub async fn run(
 }
 
 async fn reap_once(queue: &Queue) {
+    // Dead runners first: their jobs' leases are expired, so this same pass requeues them.
+    let after = Duration::from_secs(crate::runners::DEAD_AFTER_SECS);
+    match crate::runners::mark_dead(queue.pool(), after).await {
+        Ok(dead) if dead.is_empty() => {}
+        Ok(dead) => tracing::warn!(runners = ?dead, "runners went silent; marked dead"),
+        Err(e) => tracing::warn!(error = %e, "marking silent runners dead failed"),
+    }
     match queue.reap_expired().await {
         Ok(0) => {}
         Ok(n) => tracing::info!(jobs = n, "reaped expired leases"),

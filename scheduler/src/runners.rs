@@ -1,5 +1,11 @@
 //! The runner registry: registration, heartbeats, which models are live, and the operator's
-//! states (`active`, `cordoned`, `draining`, `yielded`, `dead`).
+//! states (`active`, `cordoned`, `draining`, `drained`, `yielded`, `dead`).
+//!
+//! The `state` column is shared by two writers with different rights: the operator sets
+//! `active` (resume), `cordoned` and `draining`; the runner itself only moves between states
+//! it owns (`draining → drained`, `active ⇄ yielded`) with conditional updates, so it never
+//! overwrites an operator's decision. The maintenance loop marks silent runners `dead`
+//! (`liveness.rs`); a dead runner that heartbeats again is `active` again.
 //!
 //! Heartbeat times are the database's own `now()` on both write and read, so the liveness
 //! window is measured on one clock no matter how far runners' clocks drift.
@@ -10,6 +16,16 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use std::collections::BTreeMap;
 use uuid::Uuid;
+
+mod hints;
+mod liveness;
+
+pub use hints::state_hints;
+pub use liveness::{mark_dead, DEAD_AFTER_SECS};
+
+/// The Postgres channel on which an operator's state change is announced (payload: the
+/// runner id), so the runner reacts at once instead of at its next heartbeat.
+pub const STATE_CHANNEL: &str = "fallow_runners";
 
 /// A runner whose last heartbeat is older than this is not serving anything.
 pub const LIVE_WITHIN_SECS: i64 = 30;
@@ -48,12 +64,24 @@ pub struct RunnerRecord {
 }
 
 /// The states an operator (or the runner itself) can put a runner in.
-pub const RUNNER_STATES: [&str; 5] = ["active", "cordoned", "draining", "yielded", "dead"];
+pub const RUNNER_STATES: [&str; 6] = [
+    "active", "cordoned", "draining", "drained", "yielded", "dead",
+];
 
+/// Registers a new runner under a fresh id.
 pub async fn register(pool: &PgPool, info: &RunnerInfo) -> Result<Uuid, SchedulerError> {
     let id = Uuid::new_v4();
+    register_as(pool, id, info).await?;
+    Ok(id)
+}
+
+/// Registers a runner under a known id: a runner whose row was removed (an operator, or a
+/// database restored from backup) registers again as itself, so the jobs it holds, which
+/// name it, stay its own.
+pub async fn register_as(pool: &PgPool, id: Uuid, info: &RunnerInfo) -> Result<(), SchedulerError> {
     sqlx::query(
-        "INSERT INTO runners (id, host, devices, slots, models) VALUES ($1, $2, $3, $4, $5)",
+        "INSERT INTO runners (id, host, devices, slots, models) VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (id) DO NOTHING",
     )
     .bind(id)
     .bind(&info.host)
@@ -62,22 +90,63 @@ pub async fn register(pool: &PgPool, info: &RunnerInfo) -> Result<Uuid, Schedule
     .bind(models_json(&info.models)?)
     .execute(pool)
     .await?;
-    Ok(id)
+    Ok(())
 }
 
-pub async fn heartbeat(pool: &PgPool, runner: Uuid, in_flight: i32) -> Result<(), SchedulerError> {
-    let done =
-        sqlx::query("UPDATE runners SET last_heartbeat = now(), in_flight = $2 WHERE id = $1")
+/// Records that the runner is alive and how many jobs it holds; returns its state, which
+/// is how the runner learns of an operator's cordon or drain. A runner that was marked
+/// `dead` (it stalled, its jobs were requeued) is `active` again. `NotFound` when the runner
+/// is not registered: it should [`register_as`] itself again.
+pub async fn heartbeat(
+    pool: &PgPool,
+    runner: Uuid,
+    in_flight: i32,
+) -> Result<String, SchedulerError> {
+    let state: Option<String> = sqlx::query_scalar(
+        "UPDATE runners SET last_heartbeat = now(), in_flight = $2, \
+         state = CASE WHEN state = 'dead' THEN 'active' ELSE state END \
+         WHERE id = $1 RETURNING state",
+    )
+    .bind(runner)
+    .bind(in_flight.max(0))
+    .fetch_optional(pool)
+    .await?;
+    state.ok_or_else(|| SchedulerError::NotFound(format!("runner {runner} is not registered")))
+}
+
+/// The runner's own state change, made only from the states in `from` (e.g. `draining →
+/// drained`, `active → yielded`) so it never overrides the operator. Returns the state
+/// after the call; `NotFound` if the runner is unknown.
+pub async fn report_state(
+    pool: &PgPool,
+    runner: Uuid,
+    from: &[&str],
+    to: &str,
+) -> Result<String, SchedulerError> {
+    check_state(to)?;
+    let state: Option<String> = sqlx::query_scalar(
+        "WITH changed AS ( \
+             UPDATE runners SET state = $3 WHERE id = $1 AND state = ANY($2) RETURNING state \
+         ) \
+         SELECT state FROM changed \
+         UNION ALL SELECT state FROM runners WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM changed)",
+    )
+    .bind(runner)
+    .bind(from)
+    .bind(to)
+    .fetch_optional(pool)
+    .await?;
+    state.ok_or_else(|| SchedulerError::NotFound(format!("runner {runner} is not registered")))
+}
+
+/// The runner's current state, if registered.
+pub async fn state(pool: &PgPool, runner: Uuid) -> Result<Option<String>, SchedulerError> {
+    Ok(
+        sqlx::query_scalar("SELECT state FROM runners WHERE id = $1")
             .bind(runner)
-            .bind(in_flight.max(0))
-            .execute(pool)
-            .await?;
-    if done.rows_affected() == 0 {
-        return Err(SchedulerError::NotFound(format!(
-            "runner {runner} is not registered"
-        )));
-    }
-    Ok(())
+            .fetch_optional(pool)
+            .await?,
+    )
 }
 
 /// Replaces the models a runner has warm (after it loads or evicts one).
@@ -94,11 +163,14 @@ pub async fn set_models(
     Ok(())
 }
 
-/// Models served by runners whose heartbeat is recent, deduplicated by id.
+/// Models served by runners whose heartbeat is recent, deduplicated by id. A `yielded`
+/// runner counts: its owner borrowed the machine for a while, and a request for its model
+/// should wait in the queue for it rather than be refused; a cordoned or drained runner was
+/// taken out of service on purpose and does not.
 pub async fn live_models(pool: &PgPool) -> Result<Vec<ModelEntry>, SchedulerError> {
     let rows: Vec<(serde_json::Value,)> = sqlx::query_as(
         "SELECT models FROM runners \
-         WHERE state IN ('active', 'draining') \
+         WHERE state IN ('active', 'draining', 'yielded') \
            AND last_heartbeat > now() - make_interval(secs => $1) \
          ORDER BY registered_at",
     )
@@ -146,19 +218,31 @@ pub async fn get(pool: &PgPool, runner: Uuid) -> Result<Option<RunnerRecord>, Sc
     row.map(RunnerRecord::try_from).transpose()
 }
 
-/// Sets a runner's state (cordon, drain, resume = `active`, …); false if it is unknown.
+/// Sets a runner's state (cordon, drain, resume = `active`, …) and tells the runner at once
+/// (`NOTIFY` on [`STATE_CHANNEL`]; the heartbeat is the fallback); false if it is unknown.
 pub async fn set_state(pool: &PgPool, runner: Uuid, state: &str) -> Result<bool, SchedulerError> {
-    if !RUNNER_STATES.contains(&state) {
-        return Err(SchedulerError::NotFound(format!(
+    check_state(state)?;
+    // One statement: the hint is sent if and only if the change commits.
+    let changed: Option<Uuid> = sqlx::query_scalar(
+        "WITH changed AS (UPDATE runners SET state = $2 WHERE id = $1 RETURNING id) \
+         SELECT id FROM changed, LATERAL (SELECT pg_notify($3, id::text)) AS hint",
+    )
+    .bind(runner)
+    .bind(state)
+    .bind(STATE_CHANNEL)
+    .fetch_optional(pool)
+    .await?;
+    Ok(changed.is_some())
+}
+
+fn check_state(state: &str) -> Result<(), SchedulerError> {
+    if RUNNER_STATES.contains(&state) {
+        Ok(())
+    } else {
+        Err(SchedulerError::NotFound(format!(
             "unknown runner state {state:?}; expected one of {RUNNER_STATES:?}"
-        )));
+        )))
     }
-    let done = sqlx::query("UPDATE runners SET state = $2 WHERE id = $1")
-        .bind(runner)
-        .bind(state)
-        .execute(pool)
-        .await?;
-    Ok(done.rows_affected() == 1)
 }
 
 #[derive(sqlx::FromRow)]

@@ -96,6 +96,42 @@ pub async fn list(pool: &PgPool) -> Result<Vec<Tenant>, SchedulerError> {
         .collect())
 }
 
+/// An API key as operators see it: never the key itself, only its first characters.
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+pub struct KeyRecord {
+    pub id: Uuid,
+    pub tenant: String,
+    pub prefix: String,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Every key (optionally of one tenant), oldest first.
+pub async fn list_keys(
+    pool: &PgPool,
+    tenant: Option<&str>,
+) -> Result<Vec<KeyRecord>, SchedulerError> {
+    Ok(sqlx::query_as(
+        "SELECT k.id, t.name AS tenant, k.prefix, k.created_at, k.revoked_at \
+         FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
+         WHERE $1::text IS NULL OR t.name = $1 ORDER BY k.created_at, k.id",
+    )
+    .bind(tenant)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Revokes a key by its id (operators never hold the plaintext); false if it was unknown
+/// or already revoked.
+pub async fn revoke_key_id(pool: &PgPool, id: Uuid) -> Result<bool, SchedulerError> {
+    let done =
+        sqlx::query("UPDATE api_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL")
+            .bind(id)
+            .execute(pool)
+            .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 /// SHA-256 of the key, lowercase hex: what `api_keys.key_hash` holds.
 pub fn hash_key(key: &str) -> String {
     hex::encode(Sha256::digest(key.as_bytes()))

@@ -15,10 +15,31 @@ use fallow_scheduler::stream::TokenRelay;
 use futures::StreamExt;
 use std::time::{Duration, Instant};
 
-/// One run's figures.
-struct Figures {
-    tokens_per_s: f64,
-    ttft_p50_ms: f64,
+/// What one or more runs of a concurrency level measured.
+#[derive(Default)]
+struct Measured {
+    tokens: usize,
+    elapsed: Duration,
+    ttfts: Vec<Duration>,
+}
+
+impl Measured {
+    fn add(&mut self, other: Measured) {
+        self.tokens += other.tokens;
+        self.elapsed += other.elapsed;
+        self.ttfts.extend(other.ttfts);
+    }
+    fn tokens_per_s(&self) -> f64 {
+        self.tokens as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+    fn ttft_p50_ms(&self) -> f64 {
+        let mut sorted = self.ttfts.clone();
+        sorted.sort();
+        sorted
+            .get(sorted.len() / 2)
+            .map(|d| d.as_secs_f64() * 1e3)
+            .unwrap_or(0.0)
+    }
 }
 
 pub async fn e2e(args: BenchE2eArgs) -> anyhow::Result<()> {
@@ -79,17 +100,22 @@ pub async fn e2e(args: BenchE2eArgs) -> anyhow::Result<()> {
         "TTFT p50 stack ms"
     );
     for &conc in &args.concurrency {
-        let engine =
-            tokio::task::block_in_place(|| run_in_process(&mut in_process, conc, args.max_tokens))?;
-        let stack = run_through_stack(&base, &model_id, conc, args.max_tokens).await?;
+        // Interleaved rounds, so machine noise hits both sides alike.
+        let (mut engine, mut stack) = (Measured::default(), Measured::default());
+        for _ in 0..args.rounds.max(1) {
+            engine.add(tokio::task::block_in_place(|| {
+                run_in_process(&mut in_process, conc, args.max_tokens)
+            })?);
+            stack.add(run_through_stack(&base, &model_id, conc, args.max_tokens).await?);
+        }
         println!(
             "{:>11} {:>18.1} {:>15.1} {:>6.2}x {:>22.1} {:>19.1}",
             conc,
-            engine.tokens_per_s,
-            stack.tokens_per_s,
-            stack.tokens_per_s / engine.tokens_per_s.max(1e-9),
-            engine.ttft_p50_ms,
-            stack.ttft_p50_ms
+            engine.tokens_per_s(),
+            stack.tokens_per_s(),
+            stack.tokens_per_s() / engine.tokens_per_s().max(1e-9),
+            engine.ttft_p50_ms(),
+            stack.ttft_p50_ms()
         );
     }
     let _ = stop_tx.send(true);
@@ -106,7 +132,7 @@ fn run_in_process(
     model: &mut LoadedModel,
     conc: usize,
     max_tokens: u32,
-) -> anyhow::Result<Figures> {
+) -> anyhow::Result<Measured> {
     let started = Instant::now();
     for i in 0..conc {
         let request = GenerateRequest {
@@ -147,11 +173,11 @@ fn run_in_process(
             }
         }
     }
-    Ok(figures(
+    Ok(Measured {
         tokens,
-        started.elapsed(),
-        first.into_iter().flatten().collect(),
-    ))
+        elapsed: started.elapsed(),
+        ttfts: first.into_iter().flatten().collect(),
+    })
 }
 
 fn sampling(max_tokens: u32) -> Sampling {
@@ -168,7 +194,7 @@ async fn run_through_stack(
     model: &str,
     conc: usize,
     max_tokens: u32,
-) -> anyhow::Result<Figures> {
+) -> anyhow::Result<Measured> {
     let client = reqwest::Client::new();
     let started = Instant::now();
     let tasks: Vec<_> = (0..conc)
@@ -190,7 +216,11 @@ async fn run_through_stack(
         tokens += n;
         ttfts.extend(ttft);
     }
-    Ok(figures(tokens, started.elapsed(), ttfts))
+    Ok(Measured {
+        tokens,
+        elapsed: started.elapsed(),
+        ttfts,
+    })
 }
 
 /// Streams one completion; returns (completion tokens, time to first content).
@@ -232,18 +262,6 @@ async fn stream_one(
         }
     }
     Ok((tokens, first))
-}
-
-fn figures(tokens: usize, elapsed: Duration, mut ttfts: Vec<Duration>) -> Figures {
-    ttfts.sort();
-    let p50 = ttfts
-        .get(ttfts.len() / 2)
-        .map(|d| d.as_secs_f64() * 1e3)
-        .unwrap_or(0.0);
-    Figures {
-        tokens_per_s: tokens as f64 / elapsed.as_secs_f64().max(1e-9),
-        ttft_p50_ms: p50,
-    }
 }
 
 async fn wait_for_model(base: &str, model: &str) -> anyhow::Result<()> {

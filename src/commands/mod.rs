@@ -2,13 +2,15 @@
 //! `services.rs`.
 
 mod admin;
+pub mod admin_cli;
+mod admin_http;
 mod batch;
 mod bench;
 mod bench_e2e;
 mod generate;
 mod services;
 
-use crate::cli::{AdminCommand, BatchCommand, BenchCommand, Cli, Command, KeysCommand};
+use crate::cli::{BatchCommand, BenchCommand, Cli, Command};
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
@@ -40,12 +42,7 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
                 batch::results(&client, &id, output.as_deref()).await
             }
         },
-        Command::Admin {
-            command:
-                AdminCommand::Keys {
-                    command: KeysCommand::Create { tenant, service },
-                },
-        } => admin::create_key(&tenant, service).await,
+        Command::Admin { command } => admin::run(command).await,
         Command::Generate(_)
         | Command::Chat(_)
         | Command::Bench {

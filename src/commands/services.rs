@@ -69,6 +69,9 @@ fn api_config(settings: &Settings, auth: bool) -> ApiConfig {
     ApiConfig {
         auth,
         request_timeout: Duration::from_secs(settings.request_timeout),
+        admin_token: settings.admin_token.clone(),
+        // Open admin only where nothing but this machine can reach it and keys are off.
+        admin_open: !auth && settings.listen.ip().is_loopback(),
         ..ApiConfig::default()
     }
 }
@@ -131,6 +134,8 @@ fn runner_config(settings: &Settings) -> RunnerConfig {
         slots: settings.slots.max(1),
         lease,
         heartbeat_every: lease / 3,
+        owner_probe: settings.owner_probe.clone(),
+        owner_grace: Duration::from_secs(settings.owner_grace_seconds),
         ..RunnerConfig::default()
     }
 }

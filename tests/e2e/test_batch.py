@@ -6,6 +6,7 @@ across the output and error files."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -15,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import MODEL_ID, ROOT, Stack, free_port
+from conftest import FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack, free_port, psql
 
 FINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -208,3 +209,77 @@ def test_another_tenants_files_and_batches_are_not_found(tenants):
     assert f.id not in [x.id for x in b.files.list()]
     assert batch.id not in [x.id for x in b.batches.list()]
     assert wait_final(a, batch.id).status == "completed"
+
+
+def test_interactive_requests_are_claimed_before_queued_batch_jobs(stack, client):
+    f = upload(client, jsonl(64, max_tokens=48, prefix="p"))
+    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.time() + 60
+    while client.batches.retrieve(batch.id).status == "validating" and time.time() < deadline:
+        time.sleep(0.1)
+    started = time.time()
+    r = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=4, temperature=0)
+    assert r.choices[0].message.content is not None
+    interactive_latency = time.time() - started
+    # No batch job that was already queued when the interactive request arrived was claimed
+    # after it arrived but before it was claimed.
+    overtaken = subprocess.run(
+        ["psql", stack.database_url, "-tAc",
+         "SELECT count(*) FROM jobs b, jobs i WHERE i.kind = 'interactive' AND b.kind = 'batch' "
+         "AND b.created_at < i.created_at AND b.started_at > i.created_at AND b.started_at < i.started_at"],
+        check=True, capture_output=True, text=True).stdout.strip()
+    assert overtaken == "0"
+    batch = wait_final(client, batch.id)
+    assert batch.status == "completed"
+    assert interactive_latency < time.time() - started, "the interactive request did not wait for the batch"
+
+
+# 10,000 lines pass too (about 14 minutes on 2 busy CPU cores); the default keeps CI short.
+BIG_BATCH_LINES = int(os.environ.get("FALLOW_E2E_BATCH_LINES", "2000"))
+
+
+def spawn(command: str, stack: Stack, *extra: str) -> subprocess.Popen:
+    args = [FALLOW, command, "--database-url", stack.database_url, "--redis-url", stack.redis_url, *extra]
+    log = open(ROOT / "target" / f"e2e-{stack.database}-{command}-{time.time_ns()}.log", "w")
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def test_a_big_batch_survives_a_runner_killed_midway(tmp_path):
+    """Every custom_id exactly once across the output and error files, although the runner
+    holding jobs is SIGKILLed halfway and a new one takes over."""
+    n = BIG_BATCH_LINES
+    store = ["--store-dir", str(tmp_path / "store")]
+    api = Stack(command="api")
+    psql(f'CREATE DATABASE "{api.database}"')
+    api.owns_database = "created"
+    runner_args = ["--model", str(MODEL_PATH), "--lease-seconds", "3", "--kv-cache-mb", "64"]
+    procs = [spawn("runner", api, *runner_args), spawn("scheduler", api, *store)]
+    try:
+        api.log = open(api.log_path, "w")
+        api.proc = subprocess.Popen([FALLOW, "api", "--no-auth", "--listen", f"127.0.0.1:{api.port}",
+                                     "--database-url", api.database_url, "--redis-url", api.redis_url, *store],
+                                    stdout=api.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        api.wait_ready()
+        client = openai.OpenAI(base_url=f"{api.base_url}/v1", api_key="x", max_retries=0, timeout=120)
+        f = upload(client, jsonl(n, max_tokens=1, prefix="big"))
+        batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        deadline = time.time() + 900
+        while client.batches.retrieve(batch.id).request_counts.completed < n // 3:
+            assert time.time() < deadline, "the batch made no progress"
+            time.sleep(0.5)
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait()
+        procs.append(spawn("runner", api, *runner_args))
+        batch = wait_final(client, batch.id, timeout=900)
+        assert batch.status == "completed", batch
+        out, err = result_lines(client, batch)
+        assert_each_custom_id_once(out, err, n, prefix="big")
+        assert batch.request_counts.total == n
+        assert batch.request_counts.completed + batch.request_counts.failed == n
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=15)
+        api.stop()

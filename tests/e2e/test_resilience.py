@@ -182,3 +182,37 @@ def test_a_postgres_restart_gives_503_during_and_recovers_after():
         s.stop()
         as_postgres([*ctl, "stop", "-m", "immediate"], capture_output=True)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def test_a_stream_whose_runner_dies_ends_with_an_error_event_and_done_not_a_hang():
+    api = Stack("--no-auth", command="api")
+    psql(f'CREATE DATABASE "{api.database}"')
+    api.owns_database = "created"
+    runner = spawn("runner", api, "--model", str(MODEL_PATH), "--lease-seconds", "3", "--kv-cache-mb", "64")
+    procs = [runner]
+    try:
+        api.log = open(api.log_path, "w")
+        api.proc = subprocess.Popen([FALLOW, "api", "--no-auth", "--listen", f"127.0.0.1:{api.port}",
+                                     "--database-url", api.database_url, "--redis-url", api.redis_url],
+                                    stdout=api.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        procs.append(spawn("scheduler", api))
+        api.wait_ready()
+        body = {"model": MODEL_ID, "messages": LONG, "max_tokens": 1000, "stream": True, "ignore_eos": True}
+        events = []
+        started = time.time()
+        with httpx.stream("POST", f"{api.base_url}/v1/chat/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line[len("data: "):])
+                if len(events) == 3:
+                    runner.send_signal(signal.SIGKILL)
+        assert events[-1] == "[DONE]"
+        assert '"error"' in events[-2]
+        assert time.time() - started < 50
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        api.stop()

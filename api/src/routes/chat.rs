@@ -91,7 +91,7 @@ async fn admit(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
     if let Some(tenant) = &caller.tenant {
         // A non-positive limit means "unlimited".
         if tenant.max_active_jobs > 0 {
-            let active = queue.active_for_tenant(tenant.id).await?;
+            let active = queue.active_interactive_for_tenant(tenant.id).await?;
             if active >= tenant.max_active_jobs {
                 return Err(ApiError::RateLimited {
                     message: format!(
@@ -103,7 +103,7 @@ async fn admit(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
             }
         }
     }
-    let queued = queue.queued_total().await?;
+    let queued = queue.queued_interactive().await?;
     let limit = state.config().global_queue_limit;
     if queued >= limit {
         return Err(ApiError::RateLimited {

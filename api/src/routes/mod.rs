@@ -60,6 +60,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/batches/{id}/cancel", post(batches::cancel_batch))
         .route("/v1/models", get(models::list_models))
         .route("/v1/models/{*id}", get(models::get_model))
+        .nest("/admin", crate::admin::routes())
+        .route("/dashboard", get(crate::admin::dashboard::page))
         .route("/health", get(ops::health))
         .route("/ready", get(ops::ready))
         .route("/metrics", get(ops::metrics))

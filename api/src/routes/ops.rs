@@ -26,6 +26,7 @@ pub async fn ready(State(state): State<AppState>) -> Result<&'static str, ApiErr
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let body = match state.metrics() {
         Some(handle) => {
+            crate::admin::gauges::refresh(&state).await;
             handle.run_upkeep();
             handle.render()
         }

@@ -1,11 +1,13 @@
 //! The claim loop: takes jobs from the queue only for free slots. A slot is a semaphore
 //! permit that travels with the claimed job and is returned when the job is dropped, so the
-//! runner can never hold more jobs than it has slots.
+//! runner can never hold more jobs than it has slots. It claims only while the gate is open
+//! (see `runner_state.rs`: the runner is `active` and its owner idle), checked right before
+//! every claim, so a cordon, drain or yield stops new claims at once.
 
 use fallow_scheduler::queue::{ClaimedJob, Queue};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
 pub struct Claimed {
@@ -20,15 +22,24 @@ pub struct ClaimLoop {
     pub slots: Arc<Semaphore>,
     pub lease: Duration,
     pub poll_every: Duration,
+    /// Open while claiming is allowed.
+    pub gate: watch::Receiver<bool>,
 }
 
 impl ClaimLoop {
     /// Runs until the receiver of `claimed` is dropped.
-    pub async fn run(self, claimed: mpsc::Sender<Claimed>) {
+    pub async fn run(mut self, claimed: mpsc::Sender<Claimed>) {
         loop {
+            if self.gate.wait_for(|open| *open).await.is_err() {
+                return; // the worker is gone
+            }
             let Ok(first) = self.slots.clone().acquire_owned().await else {
                 return;
             };
+            // Waiting for a slot may have taken long: look at the gate again.
+            if !*self.gate.borrow() {
+                continue;
+            }
             let limit = 1 + self.slots.available_permits() as i64;
             let jobs = match self
                 .queue

@@ -3,6 +3,7 @@
 //! frontend; it takes commands over a channel and sends every step's outputs back as one
 //! message, so the relay can append them to Redis in one round trip.
 
+use super::telemetry::EngineGauges;
 use crate::engine::llm::{EngineRequest, LlmEngine, SeqOutput};
 use crate::engine::runtime::ModelFrontend;
 use fallow_scheduler::job::GenerateRequest;
@@ -50,9 +51,10 @@ impl EngineHost {
     ) -> std::io::Result<(EngineHost, mpsc::UnboundedReceiver<HostEvent>)> {
         let (cmd_tx, cmd_rx) = std_mpsc::channel();
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+        let gauges = EngineGauges::new(name);
         std::thread::Builder::new()
             .name(format!("engine-{name}"))
-            .spawn(move || host_loop(engine, frontend, cmd_rx, ev_tx))?;
+            .spawn(move || host_loop(engine, frontend, cmd_rx, ev_tx, gauges))?;
         Ok((EngineHost { commands: cmd_tx }, ev_rx))
     }
 
@@ -67,8 +69,10 @@ fn host_loop(
     frontend: ModelFrontend,
     commands: std_mpsc::Receiver<HostCommand>,
     events: mpsc::UnboundedSender<HostEvent>,
+    gauges: EngineGauges,
 ) {
     loop {
+        gauges.publish(&engine.stats());
         // Idle: block for the next command. Busy: take whatever arrived, then step.
         if !engine.has_work() {
             match commands.recv() {

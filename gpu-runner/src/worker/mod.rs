@@ -3,14 +3,21 @@
 //! One async task owns the table of held jobs and reacts to four things: a newly claimed job
 //! (sent to its model's engine thread), an engine step's outputs (appended to Redis in one
 //! pipelined round trip, finished jobs completed in Postgres fenced by `(id, attempt)`), a
-//! cancel signal (the engine drops the sequence within one step), and the heartbeat tick
-//! (renews leases of exactly the jobs held, and learns of cancellations from Postgres).
+//! cancel signal (the engine drops the sequence within one step), the heartbeat tick
+//! (renews leases of exactly the jobs held, learns of cancellations and of the operator's
+//! cordon/drain/resume), an operator's state hint, and the owner probe's verdict (when the
+//! GPU's owner returns, every held job is handed back and the runner reports `yielded`).
 
 mod claimer;
 mod engine_host;
 mod in_flight;
+mod owner;
 mod prompt;
+mod runner_state;
+mod telemetry;
+mod upkeep;
 
+pub use owner::OwnerProbe;
 pub use prompt::encode_chat;
 
 use crate::engine::runtime::LoadedModel;
@@ -21,11 +28,16 @@ use fallow_scheduler::queue::{JobKind, Queue};
 use fallow_scheduler::runners::{self, ModelEntry, RunnerInfo};
 use fallow_scheduler::stream::TokenRelay;
 use in_flight::{InFlight, InFlightTable};
+use runner_state::RunnerState;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 use uuid::Uuid;
+
+/// The longest heartbeat interval: the scheduler declares a runner dead after
+/// `runners::DEAD_AFTER_SECS` (three of these) of silence.
+const MAX_HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
 
 /// A model this runner serves.
 pub struct ServedModel {
@@ -42,6 +54,12 @@ pub struct RunnerConfig {
     /// How long the claim loop waits for a NOTIFY before polling again.
     pub poll_every: Duration,
     pub host: String,
+    /// Watches the GPU's owner; `None` = the machine is lent unconditionally.
+    pub owner_probe: Option<OwnerProbe>,
+    /// How often the owner probe looks.
+    pub owner_every: Duration,
+    /// How long the owner must have been idle before the runner returns.
+    pub owner_grace: Duration,
 }
 
 impl Default for RunnerConfig {
@@ -52,9 +70,14 @@ impl Default for RunnerConfig {
             heartbeat_every: Duration::from_secs(5),
             poll_every: Duration::from_secs(1),
             host: hostname(),
+            owner_probe: None,
+            owner_every: Duration::from_millis(500),
+            owner_grace: Duration::from_secs(60),
         }
     }
 }
+
+const YIELD_MESSAGE: &str = "The GPU's owner needed the machine back, so the runner stepped aside.";
 
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -116,6 +139,13 @@ pub async fn run(
     };
     let runner_id = runners::register(queue.pool(), &info).await?;
     tracing::info!(%runner_id, models = ?engines.ids, slots = config.slots, "runner registered");
+    let (mut state, gate) = RunnerState::new();
+    let mut owner = owner_watch(&config);
+    if let Some(rx) = &mut owner {
+        // Closed until the probe's first look.
+        state.set_owner_active(*rx.borrow_and_update());
+    }
+    let mut hints = runners::state_hints(queue.pool().clone(), runner_id);
 
     let slots = Arc::new(Semaphore::new(config.slots));
     let (claim_tx, mut claim_rx) = mpsc::channel::<Claimed>(config.slots.max(1));
@@ -127,16 +157,21 @@ pub async fn run(
             slots: slots.clone(),
             lease: config.lease,
             poll_every: config.poll_every,
+            gate,
         }
         .run(claim_tx),
     );
     let mut cancels = relay.cancel_signals();
-    let mut heartbeat = tokio::time::interval(config.heartbeat_every);
+    let mut heartbeat = tokio::time::interval(config.heartbeat_every.min(MAX_HEARTBEAT_EVERY));
     let mut worker = Worker {
         queue: queue.clone(),
         relay,
         engines,
         table: InFlightTable::default(),
+        runner_id,
+        info,
+        state,
+        lease: config.lease,
     };
     tokio::pin!(shutdown);
     loop {
@@ -145,15 +180,43 @@ pub async fn run(
             Some(claimed) = claim_rx.recv() => worker.start(claimed).await,
             Some((engine, event)) = host_rx.recv() => worker.on_engine_event(engine, event).await,
             Some(job) = cancels.recv() => worker.cancel(job).await,
-            _ = heartbeat.tick() => worker.heartbeat(runner_id, config.lease).await,
+            Some(active) = owner_changed(&mut owner) => worker.on_owner(active).await,
+            Some(()) = hints.recv() => worker.refresh_state().await,
+            _ = heartbeat.tick() => worker.heartbeat().await,
         }
     }
     claim_task.abort();
-    worker.hand_back_all().await;
+    worker
+        .hand_back_all("runner_shutdown", "The runner shut down.")
+        .await;
     if let Err(e) = runners::deregister(queue.pool(), runner_id).await {
         tracing::warn!(error = %e, "deregistering the runner failed");
     }
     Ok(())
+}
+
+/// Starts the owner probe, if one is configured and can run here.
+fn owner_watch(config: &RunnerConfig) -> Option<watch::Receiver<bool>> {
+    let probe = config.owner_probe.clone()?;
+    if !probe.available() {
+        tracing::warn!(
+            ?probe,
+            "owner probe unavailable on this machine; lending unconditionally"
+        );
+        return None;
+    }
+    tracing::info!(?probe, grace = ?config.owner_grace, "watching the GPU's owner");
+    Some(owner::watch(probe, config.owner_every, config.owner_grace))
+}
+
+/// The owner's next verdict; never resolves without a probe (or once the probe is gone).
+async fn owner_changed(owner: &mut Option<watch::Receiver<bool>>) -> Option<bool> {
+    if let Some(rx) = owner {
+        if rx.changed().await.is_ok() {
+            return Some(*rx.borrow_and_update());
+        }
+    }
+    std::future::pending().await
 }
 
 fn devices() -> serde_json::Value {
@@ -168,11 +231,22 @@ struct Worker {
     relay: TokenRelay,
     engines: Engines,
     table: InFlightTable,
+    runner_id: Uuid,
+    /// Kept to register again if the registry forgot this runner.
+    info: RunnerInfo,
+    state: RunnerState,
+    lease: Duration,
 }
 
 impl Worker {
     async fn start(&mut self, claimed: Claimed) {
         let Claimed { job, slot } = claimed;
+        if self.state.owner_active() {
+            // Claimed in the instant the owner came back: straight back to the queue.
+            self.release(job.id, job.attempt, false, "runner_yielded", YIELD_MESSAGE)
+                .await;
+            return;
+        }
         let Some(engine) = self.engines.index_of(&job.request.model) else {
             // Claims are filtered to our models, so this is a bug, not a user error.
             self.fail_job(job.id, job.attempt, "model not served by this runner", true)
@@ -257,6 +331,7 @@ impl Worker {
         for request in finished {
             if let Some(job) = self.table.remove(request) {
                 let completion = job.completion();
+                telemetry::record_prefix_cache(&self.engines.ids[job.engine], &completion.usage);
                 events.push((
                     job.job_id,
                     JobEvent::Final {
@@ -295,6 +370,9 @@ impl Worker {
                 drop(job);
             });
         }
+        if self.state.registry() == "draining" && self.table.leases().is_empty() {
+            self.reconcile().await; // drained: tell the operator now, not at the heartbeat
+        }
     }
 
     async fn cancel(&mut self, job_id: Uuid) {
@@ -322,36 +400,6 @@ impl Worker {
             tracing::warn!(%job_id, error = %e, "marking a job cancelled failed");
         }
         tracing::info!(%job_id, "job cancelled; sequence dropped");
-    }
-
-    async fn heartbeat(&mut self, runner_id: Uuid, lease: Duration) {
-        let leases = self.table.leases();
-        if let Err(e) = runners::heartbeat(self.queue.pool(), runner_id, leases.len() as i32).await
-        {
-            tracing::warn!(error = %e, "runner heartbeat failed");
-        }
-        if leases.is_empty() {
-            return;
-        }
-        match self.queue.renew_leases(runner_id, &leases, lease).await {
-            Ok(cancelled) => {
-                for job in cancelled {
-                    self.cancel(job).await;
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "renewing leases failed"),
-        }
-    }
-
-    /// Shutdown: every held job goes back to the queue (fenced) so another runner takes it.
-    async fn hand_back_all(&mut self) {
-        for id in self.table.requests() {
-            if let Some(job) = self.table.remove(id) {
-                self.engines.hosts[job.engine].send(HostCommand::Abort { id });
-                self.end_with_error(job, "runner_shutdown", "the runner shut down", true)
-                    .await;
-            }
-        }
     }
 
     async fn end_with_error(&mut self, job: InFlight, code: &str, message: &str, retryable: bool) {

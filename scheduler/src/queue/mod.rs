@@ -11,6 +11,7 @@
 //! - `claim.rs`: claiming (`SKIP LOCKED`) and lease renewal.
 //! - `finish.rs`: completion, cancellation, failure with retry, hand-back.
 //! - `housekeeping.rs`: reaping expired leases and pruning finished jobs.
+//! - `search.rs`: what operators ask: depth per model and priority, job search.
 //! - `wake.rs`: waiting for the `NOTIFY` hint.
 
 use crate::clock::Clock;
@@ -28,9 +29,11 @@ mod enqueue;
 mod finish;
 mod housekeeping;
 mod rows;
+mod search;
 mod wake;
 
 pub use claim::LeaseRenewal;
+pub use search::{JobFilter, JobSummary, QueueDepth, MAX_SEARCH_LIMIT};
 
 /// Interactive requests outrank batch ones. Lower priority values are served first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -208,9 +211,22 @@ impl Queue {
             .await?;
         row.map(JobRecord::try_from).transpose()
     }
+    /// Jobs of this tenant that are queued or running.
+    pub async fn active_for_tenant(&self, tenant_id: Uuid) -> Result<i64, SchedulerError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM jobs WHERE tenant_id = $1 AND state IN ('queued', 'running')",
+        )
+        .bind(tenant_id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(n)
+    }
     /// Interactive jobs of this tenant that are queued or running (for per-tenant limits).
     /// Batch jobs do not count: a tenant's big batch must not lock it out of interactive use.
-    pub async fn active_for_tenant(&self, tenant_id: Uuid) -> Result<i64, SchedulerError> {
+    pub async fn active_interactive_for_tenant(
+        &self,
+        tenant_id: Uuid,
+    ) -> Result<i64, SchedulerError> {
         let n: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM jobs \
              WHERE tenant_id = $1 AND state IN ('queued', 'running') AND kind = 'interactive'",
@@ -220,9 +236,16 @@ impl Queue {
         .await?;
         Ok(n)
     }
-    /// All queued interactive jobs (for the global queue limit). Batch backlogs do not
-    /// count: they wait behind interactive work by priority and must not cause 429s.
+    /// All queued jobs.
     pub async fn queued_total(&self) -> Result<i64, SchedulerError> {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'queued'")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n)
+    }
+    /// Queued interactive jobs (for the global queue limit). Batch backlogs do not count:
+    /// they wait behind interactive work by priority and must not cause 429s.
+    pub async fn queued_interactive(&self) -> Result<i64, SchedulerError> {
         let n: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM jobs WHERE state = 'queued' AND kind = 'interactive'",
         )

@@ -1,5 +1,5 @@
 -- Batches past their completion window stop: their queued jobs are cancelled (running ones
--- finish) and finalisation will end them `expired`. A batch still validating fails.
+-- finish) and finalisation will end them `expired`.
 -- Returns how many jobs were cancelled. $1 now.
 WITH due AS (
     UPDATE batches

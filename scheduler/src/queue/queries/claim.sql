@@ -7,6 +7,8 @@
 -- sort the whole backlog on every claim (150 ms at 100k queued rows instead of 0.1 ms).
 -- Candidates of other models beyond the best $3 stay locked only until the statement ends.
 -- $1 must not repeat a model.
+-- A registered runner claims only while its registry state is 'active': a cordon, drain or
+-- yield that committed before this statement began stops it here, whatever the runner knows.
 WITH candidates AS (
     SELECT c.id, c.priority, c.created_at
     FROM unnest($1::text[]) AS m(model)
@@ -16,6 +18,7 @@ WITH candidates AS (
         WHERE state = 'queued'
           AND model = m.model
           AND run_after <= $2
+          AND NOT EXISTS (SELECT 1 FROM runners r WHERE r.id = $4 AND r.state <> 'active')
         ORDER BY priority, created_at, id
         LIMIT $3
         FOR UPDATE SKIP LOCKED

@@ -1,16 +1,46 @@
 //! The paged KV cache of the CPU backend: per layer, K and V arrays shaped
 //! `[num_blocks, block_size, n_kv_heads, head_dim]`, addressed through a sequence's block
-//! table. Stored as f32: on CPU the cache is small next to the weights for the models we
-//! serve, and f32 avoids a conversion in the innermost attention loop.
+//! table.
+//!
+//! Stored as f16 by default, as llama.cpp does: rounding K/V the way llama.cpp rounds them
+//! keeps our greedy decoding on llama.cpp's path at near-ties, and the same memory budget
+//! holds twice the blocks. Attention converts on read inside its inner loops
+//! ([`super::attention`]). f32 storage stays selectable ([`KvDtype::F32`]) for exactness checks.
+
+use half::{f16, slice::HalfFloatSliceExt};
 
 use crate::engine::model::ModelConfig;
 
-/// Bytes one KV block costs across all layers (K and V, f32).
-pub fn kv_bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
-    config.n_layers * 2 * block_size * config.kv_dim() * std::mem::size_of::<f32>()
+/// Element type of the KV cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvDtype {
+    /// IEEE half precision, round-to-nearest-even on write (llama.cpp's default cache type).
+    #[default]
+    F16,
+    F32,
 }
 
-/// How many whole blocks fit in `budget_bytes` (0 if not even one does).
+impl KvDtype {
+    pub fn size_bytes(self) -> usize {
+        match self {
+            KvDtype::F16 => std::mem::size_of::<f16>(),
+            KvDtype::F32 => std::mem::size_of::<f32>(),
+        }
+    }
+}
+
+/// Bytes one KV block costs across all layers (K and V) with the default element type.
+pub fn kv_bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
+    kv_bytes_per_block_as(config, block_size, KvDtype::default())
+}
+
+/// Bytes one KV block costs across all layers (K and V) stored as `dtype`.
+pub fn kv_bytes_per_block_as(config: &ModelConfig, block_size: usize, dtype: KvDtype) -> usize {
+    config.n_layers * 2 * block_size * config.kv_dim() * dtype.size_bytes()
+}
+
+/// How many whole blocks of the default element type fit in `budget_bytes` (0 if not even
+/// one does).
 pub fn num_blocks_for_budget(
     config: &ModelConfig,
     block_size: usize,
@@ -19,28 +49,56 @@ pub fn num_blocks_for_budget(
     budget_bytes / kv_bytes_per_block(config, block_size).max(1)
 }
 
+/// One layer's K and V arrays, in whichever element type the pool stores.
+pub enum KvLayer<'a> {
+    F16 { k: &'a [f16], v: &'a [f16] },
+    F32 { k: &'a [f32], v: &'a [f32] },
+}
+
+enum Store {
+    F16 { k: Vec<Vec<f16>>, v: Vec<Vec<f16>> },
+    F32 { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
+}
+
 pub struct KvPool {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    store: Store,
     block_size: usize,
     num_blocks: usize,
-    /// Floats per token slot: `n_kv_heads · head_dim`.
+    /// Elements per token slot: `n_kv_heads · head_dim`.
     row: usize,
+}
+
+/// `n_layers` zeroed arrays of `per_layer` elements each.
+fn alloc<T: Clone>(n_layers: usize, per_layer: usize, zero: T) -> Vec<Vec<T>> {
+    (0..n_layers)
+        .map(|_| vec![zero.clone(); per_layer])
+        .collect()
 }
 
 impl KvPool {
     /// Allocates the pool; `None` if its size overflows.
-    pub fn new(config: &ModelConfig, num_blocks: usize, block_size: usize) -> Option<Self> {
+    pub fn new(
+        config: &ModelConfig,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: KvDtype,
+    ) -> Option<Self> {
         let row = config.kv_dim();
         let per_layer = num_blocks.checked_mul(block_size)?.checked_mul(row)?;
-        let alloc = || {
-            (0..config.n_layers)
-                .map(|_| vec![0f32; per_layer])
-                .collect::<Vec<_>>()
+        per_layer.checked_mul(dtype.size_bytes())?;
+        let n = config.n_layers;
+        let store = match dtype {
+            KvDtype::F16 => Store::F16 {
+                k: alloc(n, per_layer, f16::ZERO),
+                v: alloc(n, per_layer, f16::ZERO),
+            },
+            KvDtype::F32 => Store::F32 {
+                k: alloc(n, per_layer, 0f32),
+                v: alloc(n, per_layer, 0f32),
+            },
         };
         Some(KvPool {
-            k: alloc(),
-            v: alloc(),
+            store,
             block_size,
             num_blocks,
             row,
@@ -63,15 +121,34 @@ impl KvPool {
         (block * self.block_size + pos % self.block_size) * self.row
     }
 
-    /// Stores one token's K and V rows (`n_kv_heads · head_dim` each) for `layer`.
+    /// Stores one token's K and V rows (`n_kv_heads · head_dim` each) for `layer`,
+    /// rounding to nearest-even when the pool holds f16.
     pub fn write(&mut self, layer: usize, block_table: &[u32], pos: usize, k: &[f32], v: &[f32]) {
         let off = self.slot_offset(block_table, pos);
-        self.k[layer][off..off + self.row].copy_from_slice(k);
-        self.v[layer][off..off + self.row].copy_from_slice(v);
+        let row = self.row;
+        match &mut self.store {
+            Store::F16 { k: ks, v: vs } => {
+                ks[layer][off..off + row].convert_from_f32_slice(k);
+                vs[layer][off..off + row].convert_from_f32_slice(v);
+            }
+            Store::F32 { k: ks, v: vs } => {
+                ks[layer][off..off + row].copy_from_slice(k);
+                vs[layer][off..off + row].copy_from_slice(v);
+            }
+        }
     }
 
     /// The whole K and V arrays of a layer.
-    pub fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
-        (&self.k[layer], &self.v[layer])
+    pub fn layer(&self, layer: usize) -> KvLayer<'_> {
+        match &self.store {
+            Store::F16 { k, v } => KvLayer::F16 {
+                k: &k[layer],
+                v: &v[layer],
+            },
+            Store::F32 { k, v } => KvLayer::F32 {
+                k: &k[layer],
+                v: &v[layer],
+            },
+        }
     }
 }

@@ -22,7 +22,7 @@ mod tests;
 
 use std::sync::Arc;
 
-pub use kv_pool::{kv_bytes_per_block, num_blocks_for_budget};
+pub use kv_pool::{kv_bytes_per_block, kv_bytes_per_block_as, num_blocks_for_budget, KvDtype};
 
 use self::batch::BatchLayout;
 use self::kv_pool::KvPool;
@@ -62,11 +62,22 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
-    /// Builds the backend with a KV pool of `num_blocks` blocks of `block_size` tokens.
+    /// Builds the backend with an f16 KV pool of `num_blocks` blocks of `block_size` tokens.
     pub fn new(
         artifacts: &ModelArtifacts,
         num_blocks: usize,
         block_size: usize,
+    ) -> Result<Self, BackendError> {
+        Self::with_kv_dtype(artifacts, num_blocks, block_size, KvDtype::default())
+    }
+
+    /// Builds the backend with a KV pool of `num_blocks` blocks of `block_size` tokens
+    /// stored as `kv_dtype`.
+    pub fn with_kv_dtype(
+        artifacts: &ModelArtifacts,
+        num_blocks: usize,
+        block_size: usize,
+        kv_dtype: KvDtype,
     ) -> Result<Self, BackendError> {
         let config = artifacts.config.clone();
         if block_size == 0 || num_blocks == 0 {
@@ -74,7 +85,7 @@ impl CpuBackend {
                 "KV pool needs positive sizes, got {num_blocks} blocks of {block_size} tokens"
             )));
         }
-        let kv = KvPool::new(&config, num_blocks, block_size).ok_or_else(|| {
+        let kv = KvPool::new(&config, num_blocks, block_size, kv_dtype).ok_or_else(|| {
             BackendError::Failure(format!(
                 "KV pool of {num_blocks} blocks × {block_size} tokens overflows"
             ))

@@ -2,6 +2,8 @@
 //! products. Written so the compiler vectorises them (independent accumulators) without
 //! platform intrinsics; the heavy matrix products live in `quant`.
 
+use half::f16;
+
 /// `Σ a[i]·b[i]` with 32 independent accumulators, so it vectorises (and, inlined into an
 /// AVX2 caller, runs four 8-lane chains) without reassociation by the compiler.
 #[inline(always)]
@@ -28,6 +30,28 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 pub fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
     for (o, x) in out.iter_mut().zip(v) {
         *o += w * x;
+    }
+}
+
+/// [`dot`] against an f16 vector (the f16 KV cache), converting each element on read.
+pub fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+    let n = a.len().min(b.len());
+    let mut lanes = [0f32; 8];
+    let (ca, ta) = a[..n].as_chunks::<8>();
+    let (cb, tb) = b[..n].as_chunks::<8>();
+    for (x, y) in ca.iter().zip(cb) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i].to_f32();
+        }
+    }
+    let tail: f32 = ta.iter().zip(tb).map(|(x, y)| x * y.to_f32()).sum();
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// [`axpy`] with an f16 `v` (the f16 KV cache), converting each element on read.
+pub fn axpy_f16(out: &mut [f32], w: f32, v: &[f16]) {
+    for (o, x) in out.iter_mut().zip(v) {
+        *o += w * x.to_f32();
     }
 }
 

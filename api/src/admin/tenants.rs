@@ -1,0 +1,141 @@
+//! `/admin/tenants` and `/admin/keys`: tenants and their limits, and API keys. A new key is
+//! shown once, in the answer that creates it; afterwards only its prefix is ever shown, and
+//! keys are revoked by id.
+
+use super::auth::Admin;
+use super::{parse_id, AdminList};
+use crate::error::ApiError;
+use crate::extract::ApiJson;
+use crate::state::AppState;
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use fallow_scheduler::tenants::{self, KeyRecord};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Serialize)]
+pub struct TenantView {
+    id: uuid::Uuid,
+    name: String,
+    max_active_jobs: i64,
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    _admin: Admin,
+) -> Result<Json<AdminList<TenantView>>, ApiError> {
+    let tenants = tenants::list(state.queue().pool()).await?;
+    Ok(Json(AdminList::new(
+        tenants
+            .into_iter()
+            .map(|t| TenantView {
+                id: t.id,
+                name: t.name,
+                max_active_jobs: t.max_active_jobs,
+            })
+            .collect(),
+    )))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Limits {
+    max_active_jobs: i64,
+}
+
+pub async fn set_limits(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(name): Path<String>,
+    ApiJson(limits): ApiJson<Limits>,
+) -> Result<Json<TenantView>, ApiError> {
+    if limits.max_active_jobs < 0 {
+        return Err(ApiError::invalid(
+            "max_active_jobs",
+            "max_active_jobs must be 0 or more",
+        ));
+    }
+    let pool = state.queue().pool();
+    if !tenants::set_max_active_jobs(pool, &name, limits.max_active_jobs).await? {
+        return Err(ApiError::NotFound(format!("No tenant named {name:?}.")));
+    }
+    tenants::list(pool)
+        .await?
+        .into_iter()
+        .find(|t| t.name == name)
+        .map(|t| {
+            Json(TenantView {
+                id: t.id,
+                name: t.name,
+                max_active_jobs: t.max_active_jobs,
+            })
+        })
+        .ok_or_else(|| ApiError::NotFound(format!("No tenant named {name:?}.")))
+}
+
+#[derive(Debug, Serialize)]
+pub struct CreatedKey {
+    tenant: String,
+    /// The plaintext key: shown this once, never again.
+    key: String,
+}
+
+/// Creates the tenant if needed, and a key for it.
+pub async fn create_key(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(name): Path<String>,
+) -> Result<Json<CreatedKey>, ApiError> {
+    if name.is_empty() || name.len() > 200 {
+        return Err(ApiError::invalid(
+            "name",
+            "a tenant name has 1 to 200 characters",
+        ));
+    }
+    let key = tenants::create_key(state.queue().pool(), &name).await?;
+    tracing::info!(tenant = %name, "API key created by an operator");
+    Ok(Json(CreatedKey { tenant: name, key }))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct KeyFilter {
+    tenant: Option<String>,
+}
+
+pub async fn list_keys(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Query(filter): Query<KeyFilter>,
+) -> Result<Json<AdminList<KeyRecord>>, ApiError> {
+    let keys = tenants::list_keys(state.queue().pool(), filter.tenant.as_deref()).await?;
+    Ok(Json(AdminList::new(keys)))
+}
+
+pub async fn list_tenant_keys(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(name): Path<String>,
+) -> Result<Json<AdminList<KeyRecord>>, ApiError> {
+    let keys = tenants::list_keys(state.queue().pool(), Some(&name)).await?;
+    Ok(Json(AdminList::new(keys)))
+}
+
+#[derive(Debug, Serialize)]
+pub struct Revoked {
+    id: uuid::Uuid,
+    revoked: bool,
+}
+
+pub async fn revoke_key(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> Result<Json<Revoked>, ApiError> {
+    let id = parse_id("key", &id)?;
+    let revoked = tenants::revoke_key_id(state.queue().pool(), id).await?;
+    if !revoked {
+        return Err(ApiError::NotFound(format!(
+            "No active key with id {id} (unknown or already revoked)."
+        )));
+    }
+    tracing::info!(key = %id, "API key revoked by an operator");
+    Ok(Json(Revoked { id, revoked }))
+}

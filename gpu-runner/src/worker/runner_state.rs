@@ -1,0 +1,135 @@
+//! What this runner may do right now, from two sources: the registry row's `state` (the
+//! operator's cordon/drain/resume, learnt on every heartbeat and at once through a
+//! `NOTIFY`, see `runners::state_hints`) and the owner probe. The claim loop only looks at
+//! the gate this publishes: claiming is allowed only while the row says `active` and the
+//! owner is idle.
+//!
+//! The runner also reports the states it owns back to the registry ([`Reconcile`]): `yielded`
+//! while the owner is active, `active` again afterwards, and `drained` once a drain has no
+//! work left. Those writes are conditional (`runners::report_state`), so an operator's
+//! decision always wins.
+
+use tokio::sync::watch;
+
+/// A state change the runner should report: from one of `from` to `to`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reconcile {
+    pub from: &'static [&'static str],
+    pub to: &'static str,
+}
+
+pub struct RunnerState {
+    /// The registry row's state as last read.
+    registry: String,
+    owner_active: bool,
+    gate: watch::Sender<bool>,
+}
+
+impl RunnerState {
+    /// A freshly registered runner is `active`; returns the gate's receiver for the claim
+    /// loop.
+    pub fn new() -> (Self, watch::Receiver<bool>) {
+        let (gate, rx) = watch::channel(false);
+        let state = RunnerState {
+            registry: "active".to_string(),
+            owner_active: false,
+            gate,
+        };
+        state.publish();
+        (state, rx)
+    }
+
+    pub fn registry(&self) -> &str {
+        &self.registry
+    }
+
+    pub fn owner_active(&self) -> bool {
+        self.owner_active
+    }
+
+    pub fn set_registry(&mut self, state: String) {
+        if state != self.registry {
+            tracing::info!(from = %self.registry, to = %state, "runner state changed");
+            self.registry = state;
+            self.publish();
+        }
+    }
+
+    pub fn set_owner_active(&mut self, active: bool) {
+        self.owner_active = active;
+        self.publish();
+    }
+
+    /// Whether new jobs may be claimed.
+    pub fn may_claim(&self) -> bool {
+        self.registry == "active" && !self.owner_active
+    }
+
+    /// The report the registry needs, given the jobs held now.
+    pub fn reconcile(&self, in_flight: usize) -> Option<Reconcile> {
+        match self.registry.as_str() {
+            "active" if self.owner_active => Some(Reconcile {
+                from: &["active"],
+                to: "yielded",
+            }),
+            "yielded" if !self.owner_active => Some(Reconcile {
+                from: &["yielded"],
+                to: "active",
+            }),
+            "draining" if in_flight == 0 => Some(Reconcile {
+                from: &["draining"],
+                to: "drained",
+            }),
+            _ => None,
+        }
+    }
+
+    fn publish(&self) {
+        let open = self.may_claim();
+        self.gate.send_if_modified(|current| {
+            let changed = *current != open;
+            *current = open;
+            changed
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_are_allowed_only_while_active_and_the_owner_is_idle() {
+        let (mut state, gate) = RunnerState::new();
+        assert!(*gate.borrow());
+        state.set_owner_active(true);
+        assert!(!*gate.borrow());
+        state.set_owner_active(false);
+        assert!(*gate.borrow());
+        for closed in ["cordoned", "draining", "drained", "yielded", "dead"] {
+            state.set_registry(closed.to_string());
+            assert!(!*gate.borrow(), "{closed} claims nothing");
+        }
+        state.set_registry("active".to_string());
+        assert!(*gate.borrow(), "resume claims again");
+    }
+
+    #[test]
+    fn the_runner_reports_yielded_returned_and_drained() {
+        let (mut state, _gate) = RunnerState::new();
+        assert_eq!(state.reconcile(0), None);
+        state.set_owner_active(true);
+        assert_eq!(state.reconcile(0).map(|r| r.to), Some("yielded"));
+        state.set_registry("yielded".to_string());
+        assert_eq!(state.reconcile(0), None);
+        state.set_owner_active(false);
+        assert_eq!(state.reconcile(0).map(|r| r.to), Some("active"));
+
+        state.set_registry("draining".to_string());
+        assert_eq!(state.reconcile(2), None, "still finishing in-flight work");
+        assert_eq!(state.reconcile(0).map(|r| r.to), Some("drained"));
+        state.set_registry("cordoned".to_string());
+        state.set_owner_active(true);
+        assert_eq!(state.reconcile(0), None, "the operator's cordon stands");
+    }
+}

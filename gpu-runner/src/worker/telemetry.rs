@@ -1,0 +1,56 @@
+//! The runner's own Prometheus metrics, named after vLLM's (`vllm:` → `fallow:`). They go
+//! to the process-global `metrics` recorder: in `fallow dev` the api's `/metrics` renders
+//! them next to its own; a standalone runner records them for whichever exporter its
+//! embedding program installed (none by default).
+//!
+//! Engine gauges are per model (`model_name`): a sequence count and the KV cache usage,
+//! published by the engine thread after every step. Prefix-cache counters are in tokens, as
+//! vLLM's are: `queries` counts prompt tokens, `hits` those served from cached blocks.
+
+use crate::engine::llm::EngineStats;
+use fallow_scheduler::job::Usage;
+use metrics::{Counter, Gauge};
+
+pub const KV_CACHE_USAGE: &str = "fallow:kv_cache_usage_perc";
+pub const ENGINE_RUNNING: &str = "fallow:engine_num_requests_running";
+pub const ENGINE_WAITING: &str = "fallow:engine_num_requests_waiting";
+pub const PREEMPTIONS: &str = "fallow:num_preemptions_total";
+pub const PREFIX_QUERIES: &str = "fallow:prefix_cache_queries_total";
+pub const PREFIX_HITS: &str = "fallow:prefix_cache_hits_total";
+
+/// One model's engine gauges, resolved once so a step publishes without allocating.
+pub struct EngineGauges {
+    kv_usage: Gauge,
+    running: Gauge,
+    waiting: Gauge,
+    preemptions: Counter,
+}
+
+impl EngineGauges {
+    pub fn new(model: &str) -> Self {
+        let model = model.to_string();
+        EngineGauges {
+            kv_usage: metrics::gauge!(KV_CACHE_USAGE, "model_name" => model.clone()),
+            running: metrics::gauge!(ENGINE_RUNNING, "model_name" => model.clone()),
+            waiting: metrics::gauge!(ENGINE_WAITING, "model_name" => model.clone()),
+            preemptions: metrics::counter!(PREEMPTIONS, "model_name" => model),
+        }
+    }
+
+    pub fn publish(&self, stats: &EngineStats) {
+        // vLLM reports a fraction (1 = full), not a percentage, despite the name.
+        self.kv_usage
+            .set(f64::from(stats.kv_usage_percent / 100.0).clamp(0.0, 1.0));
+        self.running.set(stats.running as f64);
+        self.waiting.set(stats.waiting as f64);
+        self.preemptions.absolute(stats.preemptions);
+    }
+}
+
+/// Counts one finished job's prompt against the prefix cache.
+pub fn record_prefix_cache(model: &str, usage: &Usage) {
+    let model = model.to_string();
+    metrics::counter!(PREFIX_QUERIES, "model_name" => model.clone())
+        .increment(u64::from(usage.prompt_tokens));
+    metrics::counter!(PREFIX_HITS, "model_name" => model).increment(u64::from(usage.cached_tokens));
+}

@@ -1,0 +1,148 @@
+//! The worker's upkeep with the control plane: the heartbeat (liveness, lease renewal,
+//! cancellations, the registry state), an operator's state hint, the runner's own state
+//! reports (`yielded`, `active`, `drained`), the owner probe's verdict, and handing jobs back
+//! to the queue when the runner steps aside or shuts down.
+
+use super::engine_host::HostCommand;
+use super::{Worker, YIELD_MESSAGE};
+use fallow_scheduler::job::JobEvent;
+use fallow_scheduler::queue::FailOutcome;
+use fallow_scheduler::runners;
+use fallow_scheduler::SchedulerError;
+use uuid::Uuid;
+
+impl Worker {
+    pub(super) async fn heartbeat(&mut self) {
+        let leases = self.table.leases();
+        let pool = self.queue.pool();
+        match runners::heartbeat(pool, self.runner_id, leases.len() as i32).await {
+            Ok(state) => self.state.set_registry(state),
+            Err(SchedulerError::NotFound(_)) => {
+                tracing::warn!(runner_id = %self.runner_id, "the registry forgot this runner; registering again");
+                if let Err(e) = runners::register_as(pool, self.runner_id, &self.info).await {
+                    tracing::warn!(error = %e, "registering again failed");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "runner heartbeat failed"),
+        }
+        self.reconcile().await;
+        if leases.is_empty() {
+            return;
+        }
+        let renewal = self
+            .queue
+            .renew_leases_detailed(self.runner_id, &leases, self.lease)
+            .await;
+        match renewal {
+            Ok(renewal) => {
+                for job in renewal.cancel_requested {
+                    self.cancel(job).await;
+                }
+                for job in renewal.lost {
+                    self.drop_lost(job);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "renewing leases failed"),
+        }
+    }
+
+    /// A job this runner no longer holds (its lease was reaped, e.g. while it was stalled
+    /// and declared dead): stop computing it; any report would be stale.
+    fn drop_lost(&mut self, job_id: Uuid) {
+        let Some(request) = self.table.request_for(job_id) else {
+            return;
+        };
+        if let Some(job) = self.table.remove(request) {
+            self.engines.hosts[job.engine].send(HostCommand::Abort { id: request });
+            tracing::warn!(%job_id, "lost the lease of a job; dropped it");
+        }
+    }
+
+    /// An operator changed this runner's state: read it now rather than at the heartbeat.
+    pub(super) async fn refresh_state(&mut self) {
+        match runners::state(self.queue.pool(), self.runner_id).await {
+            Ok(Some(state)) => self.state.set_registry(state),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "reading the runner state failed"),
+        }
+        self.reconcile().await;
+    }
+
+    /// Reports the state this runner owns (`yielded`, back to `active`, `drained`).
+    pub(super) async fn reconcile(&mut self) {
+        let held = self.table.leases().len();
+        let Some(change) = self.state.reconcile(held) else {
+            return;
+        };
+        match runners::report_state(self.queue.pool(), self.runner_id, change.from, change.to).await
+        {
+            Ok(state) => self.state.set_registry(state),
+            Err(e) => {
+                tracing::warn!(error = %e, to = change.to, "reporting the runner state failed")
+            }
+        }
+    }
+
+    /// The owner probe's verdict changed. Active: stop claiming (the gate closes at once),
+    /// hand every held job back, report `yielded`. Idle again (after the grace period):
+    /// report `active`, which reopens the gate.
+    pub(super) async fn on_owner(&mut self, active: bool) {
+        self.state.set_owner_active(active);
+        if active {
+            self.hand_back_all("runner_yielded", YIELD_MESSAGE).await;
+        }
+        self.reconcile().await;
+        tracing::info!(
+            owner_active = active,
+            state = self.state.registry(),
+            "owner activity handled"
+        );
+    }
+
+    /// Hands every held job back to the queue (fenced, no attempt used up): the owner
+    /// returned, or the runner is shutting down.
+    pub(super) async fn hand_back_all(&mut self, code: &str, message: &str) {
+        for id in self.table.requests() {
+            if let Some(job) = self.table.remove(id) {
+                self.engines.hosts[job.engine].send(HostCommand::Abort { id });
+                let streamed = job.streamed && job.client_streams;
+                self.release(job.job_id, job.attempt, streamed, code, message)
+                    .await;
+            }
+        }
+    }
+
+    /// `queue.release`, ending the job's stream with an error event when the job cannot go
+    /// back (an interactive stream that already sent tokens fails: no spliced attempts).
+    pub(super) async fn release(
+        &self,
+        job_id: Uuid,
+        attempt: i32,
+        streamed: bool,
+        code: &str,
+        message: &str,
+    ) {
+        match self.queue.release(job_id, attempt).await {
+            Ok(FailOutcome::Requeued) => {
+                tracing::info!(%job_id, "job handed back to the queue");
+            }
+            Ok(FailOutcome::Failed) => {
+                let message = if streamed {
+                    format!("{message} The response had already started streaming and cannot be resumed elsewhere; retry the request.")
+                } else {
+                    message.to_string()
+                };
+                self.append(&[(
+                    job_id,
+                    JobEvent::Error {
+                        code: code.to_string(),
+                        message,
+                    },
+                )])
+                .await;
+            }
+            Ok(FailOutcome::Stale) => {}
+            Err(e) => tracing::warn!(%job_id, error = %e, "handing a job back failed"),
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! The `fallow admin …` commands that talk to the admin API (`/admin/…`): their arguments,
+//! and how each becomes one HTTP call whose answer is printed as a table (or as JSON with
+//! `--json`). Every command takes `--url` and `--token`.
+
+use super::admin_http::{AdminClient, Column};
+use clap::{Args, Subcommand};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// How an admin command reaches the api.
+#[derive(Args, Debug, Clone)]
+pub struct AdminClientArgs {
+    /// The api's base URL.
+    #[arg(long, env = "FALLOW_URL", default_value = "http://127.0.0.1:8000")]
+    pub url: String,
+    /// The admin token (`--admin-token` of the api).
+    #[arg(long, env = "FALLOW_ADMIN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Print the API's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AdminRemote {
+    /// Runners: list, show, cordon, drain, resume.
+    Runners {
+        #[command(subcommand)]
+        command: RunnersCommand,
+    },
+    /// Queued and running jobs per model and priority.
+    Queue {
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+    /// Tenants and their limits.
+    Tenants {
+        #[command(subcommand)]
+        command: TenantsCommand,
+    },
+    /// Job search and cancellation.
+    Jobs {
+        #[command(subcommand)]
+        command: JobsCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RunnersCommand {
+    /// Every registered runner.
+    List {
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+    /// One runner in full.
+    Show {
+        id: String,
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+    /// Claim nothing new; keep working on what it holds.
+    Cordon {
+        id: String,
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+    /// Finish in-flight work, claim nothing new, then report `drained`.
+    Drain {
+        id: String,
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+    /// Back to `active`.
+    Resume {
+        id: String,
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TenantsCommand {
+    List {
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+    /// Sets a tenant's limits.
+    Limits {
+        name: String,
+        /// Queued + running jobs the tenant may have at once.
+        #[arg(long)]
+        max_active_jobs: i64,
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum JobsCommand {
+    /// Jobs, newest first.
+    List {
+        /// queued, running, succeeded, failed or cancelled.
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        model: Option<String>,
+        /// The tenant's name.
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+    /// Cancels a job (queued: at once; running: within one engine step).
+    Cancel {
+        id: String,
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+}
+
+/// `fallow admin keys list|revoke` (create lives in `cli.rs`: it also works on Postgres).
+#[derive(Subcommand, Debug)]
+pub enum KeysRemote {
+    /// Keys (prefixes only), optionally of one tenant.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+    /// Revokes a key by its id.
+    Revoke {
+        id: String,
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+}
+
+const RUNNER_COLUMNS: &[Column] = &[
+    Column::new("ID", "/id"),
+    Column::new("HOST", "/host"),
+    Column::new("STATE", "/state"),
+    Column::new("SLOTS", "/slots"),
+    Column::new("IN FLIGHT", "/in_flight"),
+    Column::models("MODELS", "/models"),
+    Column::new("LAST HEARTBEAT", "/last_heartbeat"),
+];
+
+pub async fn run(command: AdminRemote) -> anyhow::Result<()> {
+    match command {
+        AdminRemote::Runners { command } => runners(command).await,
+        AdminRemote::Queue { client } => {
+            let columns = [
+                Column::new("MODEL", "/model"),
+                Column::new("PRIORITY", "/priority"),
+                Column::new("QUEUED", "/queued"),
+                Column::new("RUNNING", "/running"),
+            ];
+            list(&client, Method::GET, "/queue", &columns).await
+        }
+        AdminRemote::Tenants { command } => tenants(command).await,
+        AdminRemote::Jobs { command } => jobs(command).await,
+    }
+}
+
+async fn runners(command: RunnersCommand) -> anyhow::Result<()> {
+    let (client, path) = match command {
+        RunnersCommand::List { client } => {
+            return list(&client, Method::GET, "/runners", RUNNER_COLUMNS).await
+        }
+        RunnersCommand::Show { id, client } => {
+            let value = AdminClient::new(&client)?
+                .call(Method::GET, &format!("/runners/{id}"), None)
+                .await?;
+            return print_one(&client, &value, RUNNER_COLUMNS);
+        }
+        RunnersCommand::Cordon { id, client } => (client, format!("/runners/{id}/cordon")),
+        RunnersCommand::Drain { id, client } => (client, format!("/runners/{id}/drain")),
+        RunnersCommand::Resume { id, client } => (client, format!("/runners/{id}/resume")),
+    };
+    let value = AdminClient::new(&client)?
+        .call(Method::POST, &path, None)
+        .await?;
+    print_one(&client, &value, RUNNER_COLUMNS)
+}
+
+async fn tenants(command: TenantsCommand) -> anyhow::Result<()> {
+    let columns = [
+        Column::new("ID", "/id"),
+        Column::new("NAME", "/name"),
+        Column::new("MAX ACTIVE JOBS", "/max_active_jobs"),
+    ];
+    match command {
+        TenantsCommand::List { client } => list(&client, Method::GET, "/tenants", &columns).await,
+        TenantsCommand::Limits {
+            name,
+            max_active_jobs,
+            client,
+        } => {
+            let body = json!({ "max_active_jobs": max_active_jobs });
+            let path = format!("/tenants/{}/limits", encode(&name));
+            let value = AdminClient::new(&client)?
+                .call(Method::POST, &path, Some(body))
+                .await?;
+            print_one(&client, &value, &columns)
+        }
+    }
+}
+
+async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
+    match command {
+        JobsCommand::List {
+            state,
+            model,
+            tenant,
+            limit,
+            client,
+        } => {
+            let mut query = vec![format!("limit={limit}")];
+            for (key, value) in [("state", state), ("model", model), ("tenant", tenant)] {
+                if let Some(value) = value {
+                    query.push(format!("{key}={}", encode(&value)));
+                }
+            }
+            let columns = [
+                Column::new("ID", "/id"),
+                Column::new("TENANT", "/tenant"),
+                Column::new("MODEL", "/model"),
+                Column::new("KIND", "/kind"),
+                Column::new("PRIORITY", "/priority"),
+                Column::new("STATE", "/state"),
+                Column::new("ATTEMPT", "/attempt"),
+                Column::new("RUNNER", "/runner_id"),
+                Column::new("CREATED", "/created_at"),
+            ];
+            let path = format!("/jobs?{}", query.join("&"));
+            list(&client, Method::GET, &path, &columns).await
+        }
+        JobsCommand::Cancel { id, client } => {
+            let value = AdminClient::new(&client)?
+                .call(Method::POST, &format!("/jobs/{id}/cancel"), None)
+                .await?;
+            let columns = [
+                Column::new("ID", "/id"),
+                Column::new("CANCEL REQUESTED", "/cancel_requested"),
+                Column::new("STATE", "/state"),
+            ];
+            print_one(&client, &value, &columns)
+        }
+    }
+}
+
+/// `fallow admin keys list|revoke`.
+pub async fn keys(command: KeysRemote) -> anyhow::Result<()> {
+    let columns = [
+        Column::new("ID", "/id"),
+        Column::new("TENANT", "/tenant"),
+        Column::new("PREFIX", "/prefix"),
+        Column::new("CREATED", "/created_at"),
+        Column::new("REVOKED", "/revoked_at"),
+    ];
+    match command {
+        KeysRemote::List { tenant, client } => {
+            let path = match tenant {
+                Some(t) => format!("/keys?tenant={}", encode(&t)),
+                None => "/keys".to_string(),
+            };
+            list(&client, Method::GET, &path, &columns).await
+        }
+        KeysRemote::Revoke { id, client } => {
+            let value = AdminClient::new(&client)?
+                .call(Method::POST, &format!("/keys/{id}/revoke"), None)
+                .await?;
+            let columns = [Column::new("ID", "/id"), Column::new("REVOKED", "/revoked")];
+            print_one(&client, &value, &columns)
+        }
+    }
+}
+
+/// Creates a key over the admin API; prints it once.
+pub async fn create_key(client: &AdminClientArgs, tenant: &str) -> anyhow::Result<()> {
+    let path = format!("/tenants/{}/keys", encode(tenant));
+    let value = AdminClient::new(client)?
+        .call(Method::POST, &path, None)
+        .await?;
+    let key = value["key"]
+        .as_str()
+        .ok_or_else(|| anyhow::anyhow!("the admin API answered without a key: {value}"))?;
+    println!("{key}");
+    eprintln!("API key for tenant {tenant:?} created. It is shown only once; store it now.");
+    Ok(())
+}
+
+async fn list(
+    client: &AdminClientArgs,
+    method: Method,
+    path: &str,
+    columns: &[Column],
+) -> anyhow::Result<()> {
+    let value = AdminClient::new(client)?.call(method, path, None).await?;
+    if client.json {
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(());
+    }
+    let rows = value["data"].as_array().cloned().unwrap_or_default();
+    print!("{}", super::admin_http::table(columns, &rows));
+    Ok(())
+}
+
+fn print_one(client: &AdminClientArgs, value: &Value, columns: &[Column]) -> anyhow::Result<()> {
+    if client.json {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    } else {
+        print!(
+            "{}",
+            super::admin_http::table(columns, std::slice::from_ref(value))
+        );
+    }
+    Ok(())
+}
+
+/// Percent-encodes a path segment or query value.
+fn encode(raw: &str) -> String {
+    raw.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}

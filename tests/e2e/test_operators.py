@@ -1,0 +1,355 @@
+"""Operators: the admin API and `fallow admin`, cordon / drain / resume, and runners that
+yield their GPU to its owner. Multi-runner tests run a `fallow dev` stack (runner A) plus a
+`fallow runner` process (runner B) whose owner probe is a file."""
+
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from conftest import FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack
+
+ADMIN_TOKEN = "admin-secret-for-tests"
+LONG = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
+HI = [{"role": "user", "content": "hi"}]
+
+
+def admin(stack, method, path, token=None, **kw):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.request(method, f"{stack.base_url}/admin{path}", headers=headers, timeout=30, **kw)
+
+
+def wait_for(predicate, timeout=30.0, every=0.1):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise TimeoutError("condition not met in time")
+
+
+def cli(*args):
+    return subprocess.run([FALLOW, "admin", *args], check=True, capture_output=True, text=True, cwd=ROOT)
+
+
+def job_id(completion_id: str) -> str:
+    return completion_id.removeprefix("chatcmpl-")
+
+
+class Pair:
+    """A dev stack (runner A) and a second runner process (runner B) on one database."""
+
+    def __init__(self):
+        self.stack = Stack("--lease-seconds", "3", "--slots", "4")
+        self.probe = Path(tempfile.mkdtemp(prefix="fallow-owner-")) / "owner-active"
+        self.runner_b = None
+
+    def start(self):
+        self.stack.start()
+        self.a = self.runner_ids()[0]
+        log = open(ROOT / "target" / f"e2e-{self.stack.database}-runner-b.log", "w")
+        self.runner_b = subprocess.Popen(
+            [FALLOW, "runner", "--database-url", self.stack.database_url, "--redis-url", self.stack.redis_url,
+             "--model", str(MODEL_PATH), "--lease-seconds", "3", "--kv-cache-mb", "64", "--slots", "4",
+             "--owner-probe", f"file:{self.probe}", "--owner-grace-seconds", "2"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        ids = wait_for(lambda: (lambda ids: ids if len(ids) == 2 else None)(self.runner_ids()), timeout=120)
+        self.b = next(i for i in ids if i != self.a)
+        self.client = openai.OpenAI(base_url=f"{self.stack.base_url}/v1", api_key="x", max_retries=0,
+                                    timeout=180)
+        return self
+
+    def runner_ids(self):
+        return [r["id"] for r in admin(self.stack, "GET", "/runners").json()["data"]]
+
+    def state(self, runner):
+        return admin(self.stack, "GET", f"/runners/{runner}").json()["state"]
+
+    def set(self, runner, action):
+        r = admin(self.stack, "POST", f"/runners/{runner}/{action}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def job(self, completion_id):
+        jobs = admin(self.stack, "GET", "/jobs", params={"limit": 1000}).json()["data"]
+        return next(j for j in jobs if j["id"].replace("-", "") == job_id(completion_id))
+
+    def running_on(self, runner):
+        jobs = admin(self.stack, "GET", "/jobs", params={"state": "running"}).json()["data"]
+        return [j for j in jobs if j["runner_id"] == runner]
+
+    def reset(self):
+        self.probe.unlink(missing_ok=True)
+        for runner in (self.a, self.b):
+            self.set(runner, "resume")
+        wait_for(lambda: self.state(self.b) == "active", timeout=15)
+
+    def stop(self):
+        if self.runner_b and self.runner_b.poll() is None:
+            self.runner_b.terminate()
+            try:
+                self.runner_b.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.runner_b.kill()
+        self.stack.stop()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    p = Pair().start()
+    yield p
+    p.stop()
+
+
+def in_background(fn):
+    result = {}
+
+    def run():
+        try:
+            result["value"] = fn()
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            result["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, result
+
+
+def long_request(client, max_tokens=400):
+    return lambda: client.chat.completions.create(model=MODEL_ID, messages=LONG, max_tokens=max_tokens,
+                                                  temperature=0, extra_body={"ignore_eos": True})
+
+
+def test_cordon_claims_nothing_new_and_resume_claims_again(pair):
+    pair.reset()
+    assert pair.set(pair.a, "cordon")["state"] == "cordoned"
+    ids = [pair.client.chat.completions.create(model=MODEL_ID, messages=HI, max_tokens=4).id
+           for _ in range(3)]
+    assert {pair.job(i)["runner_id"] for i in ids} == {pair.b}, "a cordoned runner claimed a job"
+
+    pair.set(pair.a, "resume")
+    pair.set(pair.b, "cordon")
+    ids = [pair.client.chat.completions.create(model=MODEL_ID, messages=HI, max_tokens=4).id
+           for _ in range(3)]
+    assert {pair.job(i)["runner_id"] for i in ids} == {pair.a}
+    pair.reset()
+
+
+def test_drain_finishes_in_flight_work_and_claims_nothing_new(pair):
+    pair.reset()
+    pair.set(pair.b, "cordon")
+    t, result = in_background(long_request(pair.client, 300))
+    wait_for(lambda: pair.running_on(pair.a), timeout=60)
+    pair.set(pair.b, "resume")
+    assert pair.set(pair.a, "drain")["state"] == "draining"
+
+    ids = [pair.client.chat.completions.create(model=MODEL_ID, messages=HI, max_tokens=4).id
+           for _ in range(3)]
+    assert {pair.job(i)["runner_id"] for i in ids} == {pair.b}, "a draining runner claimed a job"
+
+    t.join(timeout=180)
+    assert "value" in result, result.get("error")
+    assert result["value"].usage.completion_tokens == 300
+    finished = pair.job(result["value"].id)
+    assert finished["runner_id"] == pair.a and finished["attempt"] == 1, "the in-flight job finished where it ran"
+    wait_for(lambda: pair.state(pair.a) == "drained", timeout=15)
+    pair.reset()
+
+
+def test_a_runner_yields_within_2s_of_its_probe_file_its_jobs_finish_elsewhere_and_it_returns(pair):
+    pair.reset()
+    pair.set(pair.a, "cordon")
+    t, result = in_background(long_request(pair.client, 300))
+    job = wait_for(lambda: pair.running_on(pair.b), timeout=60)[0]
+    pair.set(pair.a, "resume")
+
+    pair.probe.touch()
+    appeared = time.time()
+    wait_for(lambda: pair.state(pair.b) == "yielded", timeout=10, every=0.05)
+    assert time.time() - appeared < 2.0, "the runner took more than 2 s to yield"
+    wait_for(lambda: not pair.running_on(pair.b), timeout=2, every=0.05)
+
+    t.join(timeout=180)
+    assert "value" in result, result.get("error")
+    assert result["value"].usage.completion_tokens == 300
+    finished = pair.job(result["value"].id)
+    assert finished["id"] == job["id"]
+    assert finished["runner_id"] == pair.a, "the handed-back job finished on the other runner"
+    assert finished["state"] == "succeeded"
+
+    # A yielded runner claims nothing, even with the other runner cordoned; its model stays
+    # listed, so the request waits in the queue for it.
+    pair.set(pair.a, "cordon")
+    t2, r2 = in_background(lambda: pair.client.chat.completions.create(model=MODEL_ID, messages=HI,
+                                                                       max_tokens=4))
+    time.sleep(1.5)
+    assert not pair.running_on(pair.b)
+
+    pair.probe.unlink()
+    gone = time.time()
+    wait_for(lambda: pair.state(pair.b) == "active", timeout=15, every=0.1)
+    assert time.time() - gone >= 1.5, "the runner came back before the grace period"
+    t2.join(timeout=120)
+    assert "value" in r2, r2.get("error")
+    assert pair.job(r2["value"].id)["runner_id"] == pair.b, "the returned runner claims again"
+    pair.reset()
+
+
+def test_a_stream_that_already_sent_tokens_ends_with_a_clear_error_when_its_runner_yields(pair):
+    pair.reset()
+    pair.set(pair.a, "cordon")
+    body = {"model": MODEL_ID, "messages": LONG, "max_tokens": 1000, "stream": True, "ignore_eos": True}
+    events = []
+    with httpx.stream("POST", f"{pair.stack.base_url}/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line[len("data: "):])
+            if len(events) == 3:
+                pair.probe.touch()
+    assert events[-1] == "[DONE]"
+    assert "runner_yielded" in events[-2] and "owner" in events[-2]
+    pair.reset()
+
+
+def test_a_runner_the_registry_forgot_registers_again_under_its_own_id(pair):
+    pair.reset()
+    subprocess.run(["psql", pair.stack.database_url, "-q", "-c", f"DELETE FROM runners WHERE id = '{pair.b}'"],
+                   check=True, capture_output=True)
+    assert pair.b not in pair.runner_ids()
+    wait_for(lambda: pair.b in pair.runner_ids(), timeout=15)
+    assert pair.state(pair.b) == "active"
+
+
+def test_admin_endpoints_reject_tenant_keys_and_accept_the_admin_token():
+    s = Stack("--admin-token", ADMIN_TOKEN, auth=True).start()
+    try:
+        key = s.create_key("acme")
+        denied = admin(s, "GET", "/runners", token=key)
+        assert denied.status_code == 403
+        assert denied.json()["error"]["type"] == "permission_error"
+        assert admin(s, "GET", "/runners").status_code == 401
+        assert admin(s, "GET", "/runners", token="not-the-token").status_code == 401
+        for method, path in [("POST", "/tenants/acme/keys"), ("GET", "/jobs"), ("GET", "/queue"),
+                             ("GET", "/tenants"), ("GET", "/keys")]:
+            assert admin(s, method, path, token=key).status_code == 403, path
+
+        runners = admin(s, "GET", "/runners", token=ADMIN_TOKEN).json()["data"]
+        assert len(runners) == 1 and runners[0]["state"] == "active"
+        table = cli("runners", "list", "--url", s.base_url, "--token", ADMIN_TOKEN).stdout
+        assert table.splitlines()[0].split()[:3] == ["ID", "HOST", "STATE"]
+        assert runners[0]["id"] in table and MODEL_ID in table
+
+        # Keys over the admin API: create, list (prefix only), limit, revoke.
+        new_key = cli("keys", "create", "--tenant", "globex", "--url", s.base_url,
+                      "--token", ADMIN_TOKEN).stdout.strip()
+        assert new_key.startswith("sk-fallow-")
+        tenant_client = openai.OpenAI(base_url=f"{s.base_url}/v1", api_key=new_key, max_retries=0)
+        assert tenant_client.models.list().data
+        keys = admin(s, "GET", "/keys", token=ADMIN_TOKEN, params={"tenant": "globex"}).json()["data"]
+        assert len(keys) == 1 and new_key.startswith(keys[0]["prefix"]) and "key" not in keys[0]
+        cli("tenants", "limits", "globex", "--max-active-jobs", "7", "--url", s.base_url, "--token", ADMIN_TOKEN)
+        tenants = {t["name"]: t for t in admin(s, "GET", "/tenants", token=ADMIN_TOKEN).json()["data"]}
+        assert tenants["globex"]["max_active_jobs"] == 7
+        cli("keys", "revoke", keys[0]["id"], "--url", s.base_url, "--token", ADMIN_TOKEN)
+        with pytest.raises(openai.AuthenticationError):
+            tenant_client.models.list()
+    finally:
+        s.stop()
+
+
+def test_the_admin_api_is_open_on_loopback_without_auth_but_still_refuses_tenant_keys(stack, client):
+    assert admin(stack, "GET", "/runners").status_code == 200
+    key = stack.create_key("acme-open")
+    assert admin(stack, "GET", "/runners", token=key).status_code == 403
+
+
+def test_jobs_can_be_searched_and_cancelled_and_the_queue_depth_read(stack, client):
+    done = client.chat.completions.create(model=MODEL_ID, messages=HI, max_tokens=4)
+    jobs = admin(stack, "GET", "/jobs", params={"state": "succeeded", "model": MODEL_ID}).json()["data"]
+    assert job_id(done.id) in [j["id"].replace("-", "") for j in jobs]
+    assert admin(stack, "GET", "/jobs", params={"state": "bogus"}).status_code == 400
+
+    t, result = in_background(long_request(client, 2000))
+    running = wait_for(lambda: admin(stack, "GET", "/jobs", params={"state": "running"}).json()["data"],
+                       timeout=60)
+    depth = admin(stack, "GET", "/queue").json()["data"]
+    assert any(d["model"] == MODEL_ID and d["running"] >= 1 for d in depth)
+    out = cli("jobs", "cancel", running[0]["id"], "--url", stack.base_url).stdout
+    assert "true" in out
+    t.join(timeout=60)
+    assert "error" in result, "the cancelled request did not end in an error"
+    wait_for(lambda: admin(stack, "GET", "/jobs", params={"state": "cancelled"}).json()["data"], timeout=30)
+    listing = cli("queue", "--url", stack.base_url).stdout
+    assert listing.splitlines()[0].split() == ["MODEL", "PRIORITY", "QUEUED", "RUNNING"]
+
+
+def test_metrics_use_vllm_names_and_include_the_engine_queue_and_runner_states(stack, client):
+    client.chat.completions.create(model=MODEL_ID, messages=HI, max_tokens=4)
+    text = httpx.get(f"{stack.base_url}/metrics", timeout=30).text
+    samples = {line.split(" ")[0]: line.rsplit(" ", 1)[1] for line in text.splitlines()
+               if line and not line.startswith("#")}
+    model = f'model_name="{MODEL_ID}"'
+    assert f"fallow:num_requests_waiting{{{model}}}" in samples
+    assert f"fallow:num_requests_running{{{model}}}" in samples
+    assert 0.0 <= float(samples[f"fallow:kv_cache_usage_perc{{{model}}}"]) <= 1.0
+    assert float(samples[f"fallow:prefix_cache_queries_total{{{model}}}"]) > 0
+    assert f"fallow:prefix_cache_hits_total{{{model}}}" in samples
+    assert float(samples['fallow:runners{state="active"}']) == 1
+    assert float(samples["fallow:generation_tokens_total"]) >= 4
+
+
+def chromium_dom(url: str, budget_ms: int) -> str:
+    """The page's DOM after `budget_ms` of (virtual) time in headless Chromium."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.skip("Debian chromium is not installed (apt-get install chromium)")
+    with tempfile.TemporaryDirectory() as profile:
+        out = subprocess.run(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
+            capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_the_dashboard_renders_the_runners_of_a_running_stack_and_its_charts_update(stack, client):
+    runners = admin(stack, "GET", "/runners").json()["data"]
+    client.chat.completions.create(model=MODEL_ID, messages=HI, max_tokens=4)
+    short = chromium_dom(f"{stack.base_url}/dashboard", 1500)
+    longer = chromium_dom(f"{stack.base_url}/dashboard", 6000)
+
+    for runner in runners:
+        assert f'data-runner-id="{runner["id"]}"' in longer
+    assert MODEL_ID in longer and "state-active" in longer
+
+    def points(dom, chart):
+        match = re.search(rf'id="chart-{chart}" data-points="(\d+)"', dom)
+        assert match, f"chart {chart} missing"
+        return int(match.group(1))
+
+    assert points(longer, "queue") > points(short, "queue") >= 1, "the queue chart did not update"
+    assert points(longer, "throughput") >= 2
+
+
+def test_the_dashboard_asks_for_the_admin_token_and_uses_it():
+    s = Stack("--admin-token", ADMIN_TOKEN, auth=True).start()
+    try:
+        assert httpx.get(f"{s.base_url}/dashboard", timeout=10).status_code == 200
+        locked = chromium_dom(f"{s.base_url}/dashboard", 2000)
+        assert re.search(r'<form id="login"(?! hidden)', locked), "no token form without a token"
+        assert "data-runner-id" not in locked
+        unlocked = chromium_dom(f"{s.base_url}/dashboard#token={ADMIN_TOKEN}", 2000)
+        assert "data-runner-id" in unlocked
+    finally:
+        s.stop()
