@@ -146,6 +146,9 @@ pub async fn dev(args: ServiceArgs) -> anyhow::Result<()> {
     if !auth {
         tracing::warn!("authentication is off (dev default); use --auth to require API keys");
     }
+    // The runner's engine metrics bind to whichever recorder exists when they are created,
+    // so the api's Prometheus recorder must be installed before the runner starts.
+    let _ = fallow_api::metrics::prometheus_handle();
     let models = tokio::task::block_in_place(|| load_models(&settings))?;
     let conns = connect(&settings).await?;
     let stop = shutdown_signal();

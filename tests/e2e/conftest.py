@@ -31,6 +31,24 @@ def psql(sql: str) -> None:
                    stdout=subprocess.DEVNULL)
 
 
+def wait_for(predicate, timeout=30.0, every=0.1):
+    """Polls `predicate` until it returns something truthy, which is returned."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise TimeoutError("condition not met in time")
+
+
+def spawn(command: str, stack: "Stack", *extra: str) -> subprocess.Popen:
+    """Another `fallow` process (runner, scheduler, …) against `stack`'s database and Redis."""
+    args = [FALLOW, command, "--database-url", stack.database_url, "--redis-url", stack.redis_url, *extra]
+    log = open(ROOT / "target" / f"e2e-{stack.database}-{command}-{time.time_ns()}.log", "w")
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
 class Stack:
     """One `fallow` process and its database."""
 

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack, free_port, psql
+from conftest import FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack, free_port, psql, spawn
 
 FINAL = {"completed", "failed", "expired", "cancelled"}
 
@@ -158,6 +158,7 @@ def test_a_cancelled_batch_ends_cancelled_with_one_line_per_request(client):
     ("non utf-8", jsonl(1) + b"\xff\xfe\n", 2, "invalid_encoding"),
     ("invalid body", jsonl(1).replace(b'"temperature": 0', b'"temperature": 9'), 1, "invalid_request"),
     ("empty file", b"\n", None, "empty_file"),
+    ("unknown model", jsonl(2).replace(MODEL_ID.encode(), b"no-such-model", 1), 1, "model_not_found"),
 ])
 def test_a_malformed_file_fails_the_batch_with_line_numbers(client, name, content, line, code):
     f = upload(client, content)
@@ -239,10 +240,6 @@ def test_interactive_requests_are_claimed_before_queued_batch_jobs(stack, client
 BIG_BATCH_LINES = int(os.environ.get("FALLOW_E2E_BATCH_LINES", "2000"))
 
 
-def spawn(command: str, stack: Stack, *extra: str) -> subprocess.Popen:
-    args = [FALLOW, command, "--database-url", stack.database_url, "--redis-url", stack.redis_url, *extra]
-    log = open(ROOT / "target" / f"e2e-{stack.database}-{command}-{time.time_ns()}.log", "w")
-    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
 def test_a_big_batch_survives_a_runner_killed_midway(tmp_path):

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack
+from conftest import FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack, wait_for
 
 ADMIN_TOKEN = "admin-secret-for-tests"
 LONG = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
@@ -26,14 +26,6 @@ def admin(stack, method, path, token=None, **kw):
     return httpx.request(method, f"{stack.base_url}/admin{path}", headers=headers, timeout=30, **kw)
 
 
-def wait_for(predicate, timeout=30.0, every=0.1):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise TimeoutError("condition not met in time")
 
 
 def cli(*args):

@@ -1,5 +1,6 @@
 """What happens when things go away: clients, runners, Redis, Postgres."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -13,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import FALLOW, MODEL_ID, MODEL_PATH, PG_ADMIN_URL, ROOT, Stack, free_port, psql
+from conftest import FALLOW, MODEL_ID, MODEL_PATH, PG_ADMIN_URL, ROOT, Stack, free_port, psql, wait_for, spawn
 
 LONG = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
 
@@ -24,16 +25,6 @@ def job_state(database_url: str, completion_id: str) -> str:
                           f"SELECT state FROM jobs WHERE replace(id::text, '-', '') = '{job_id}'"],
                          check=True, capture_output=True, text=True)
     return out.stdout.strip()
-
-
-def wait_for(predicate, timeout=30.0, every=0.2):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise TimeoutError("condition not met in time")
 
 
 def test_a_client_disconnect_cancels_the_job_and_frees_the_engine_slot():
@@ -53,19 +44,17 @@ def test_a_client_disconnect_cancels_the_job_and_frees_the_engine_slot():
         s.stop()
 
 
-def spawn(command: str, stack: Stack, *extra: str) -> subprocess.Popen:
-    args = [FALLOW, command, "--database-url", stack.database_url, "--redis-url", stack.redis_url, *extra]
-    log = open(ROOT / "target" / f"e2e-{stack.database}-{command}-{time.time_ns()}.log", "w")
-    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+RUNNER_ARGS = ["--model", str(MODEL_PATH), "--lease-seconds", "3", "--kv-cache-mb", "64"]
 
 
-def test_a_runner_killed_mid_job_loses_nothing_another_runner_finishes_it():
+@contextlib.contextmanager
+def split_stack():
+    """`fallow api` + one `fallow runner` (short leases) + `fallow scheduler` as separate
+    processes on a fresh database; yields (api, [runner, scheduler, …]) and kills them all."""
     api = Stack("--no-auth", command="api")
     psql(f'CREATE DATABASE "{api.database}"')
     api.owns_database = "created"
-    runner_args = ["--model", str(MODEL_PATH), "--lease-seconds", "3", "--kv-cache-mb", "64"]
-    first = spawn("runner", api, *runner_args)
-    procs = [first]
+    procs = [spawn("runner", api, *RUNNER_ARGS)]
     try:
         api.log = open(api.log_path, "w")
         api.proc = subprocess.Popen([FALLOW, "api", "--no-auth", "--listen", f"127.0.0.1:{api.port}",
@@ -73,6 +62,17 @@ def test_a_runner_killed_mid_job_loses_nothing_another_runner_finishes_it():
                                     stdout=api.log, stderr=subprocess.STDOUT, cwd=ROOT)
         procs.append(spawn("scheduler", api))
         api.wait_ready()
+        yield api, procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        api.stop()
+
+
+def test_a_runner_killed_mid_job_loses_nothing_another_runner_finishes_it():
+    with split_stack() as (api, procs):
+        first = procs[0]
         client = openai.OpenAI(base_url=f"{api.base_url}/v1", api_key="x", max_retries=0, timeout=120)
         result = {}
 
@@ -87,15 +87,10 @@ def test_a_runner_killed_mid_job_loses_nothing_another_runner_finishes_it():
                                         capture_output=True, text=True).stdout.strip() == "1")
         first.send_signal(signal.SIGKILL)
         first.wait()
-        procs.append(spawn("runner", api, *runner_args))
+        procs.append(spawn("runner", api, *RUNNER_ARGS))
         t.join(timeout=120)
         assert "r" in result, "the request did not complete on the second runner"
         assert result["r"].usage.completion_tokens == 64
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        api.stop()
 
 
 def test_after_a_redis_restart_new_requests_work_without_restarting_fallow():
@@ -185,18 +180,8 @@ def test_a_postgres_restart_gives_503_during_and_recovers_after():
 
 
 def test_a_stream_whose_runner_dies_ends_with_an_error_event_and_done_not_a_hang():
-    api = Stack("--no-auth", command="api")
-    psql(f'CREATE DATABASE "{api.database}"')
-    api.owns_database = "created"
-    runner = spawn("runner", api, "--model", str(MODEL_PATH), "--lease-seconds", "3", "--kv-cache-mb", "64")
-    procs = [runner]
-    try:
-        api.log = open(api.log_path, "w")
-        api.proc = subprocess.Popen([FALLOW, "api", "--no-auth", "--listen", f"127.0.0.1:{api.port}",
-                                     "--database-url", api.database_url, "--redis-url", api.redis_url],
-                                    stdout=api.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        procs.append(spawn("scheduler", api))
-        api.wait_ready()
+    with split_stack() as (api, procs):
+        runner = procs[0]
         body = {"model": MODEL_ID, "messages": LONG, "max_tokens": 1000, "stream": True, "ignore_eos": True}
         events = []
         started = time.time()
@@ -211,8 +196,3 @@ def test_a_stream_whose_runner_dies_ends_with_an_error_event_and_done_not_a_hang
         assert events[-1] == "[DONE]"
         assert '"error"' in events[-2]
         assert time.time() - started < 50
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        api.stop()

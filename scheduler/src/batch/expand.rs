@@ -78,10 +78,18 @@ impl BatchWorker {
         key: &str,
         endpoint: &str,
     ) -> Result<(usize, Vec<LineError>), SchedulerError> {
+        // A line for a model no runner serves would wait until the batch expires; fail it now.
+        // With no runner up at all (a restart), nothing is known, so nothing is refused.
+        let served: BTreeSet<String> = crate::runners::live_models(self.queue.pool())
+            .await?
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
         let reader = BufReader::new(self.store.get(key).await?);
         let mut lines = LineReader::new(reader, endpoint, &*self.codec, self.config.max_line_bytes);
         let (mut count, mut errors) = (0usize, Vec::new());
         while let Some(line) = lines.next().await.map_err(store_io)? {
+            let line = line.and_then(|l| unserved_model(&served, l));
             match line {
                 Ok(_) => count += 1,
                 // Reporting the first errors is enough to fix a file; the count stays exact.
@@ -243,4 +251,17 @@ fn file_error(code: &str, message: &str) -> LineError {
 
 fn store_io(e: std::io::Error) -> SchedulerError {
     SchedulerError::Store(crate::store::StoreError::Io(e))
+}
+
+fn unserved_model(served: &BTreeSet<String>, line: ValidLine) -> Result<ValidLine, LineError> {
+    let model = &line.request.request.model;
+    if served.is_empty() || served.contains(model) {
+        return Ok(line);
+    }
+    Err(LineError {
+        code: "model_not_found".to_owned(),
+        message: format!("Line {}: the model `{model}` does not exist.", line.line),
+        param: Some("body.model".to_owned()),
+        line: Some(line.line),
+    })
 }
