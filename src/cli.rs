@@ -276,4 +276,7 @@ pub struct BenchEngineArgs {
     /// Generated tokens per sequence.
     #[arg(long, default_value_t = 128)]
     pub gen_tokens: u32,
+    /// MiB given to the KV cache (it is allocated up front, so it counts in peak RSS).
+    #[arg(long, default_value_t = 1024)]
+    pub kv_cache_mib: usize,
 }
