@@ -104,33 +104,7 @@ pub async fn run(
     config: RunnerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let (host_tx, mut host_rx) = mpsc::unbounded_channel::<(usize, HostEvent)>();
-    let mut engines = Engines {
-        ids: Vec::new(),
-        hosts: Vec::new(),
-    };
-    let mut entries = Vec::new();
-    let created = chrono::Utc::now().timestamp();
-    for (index, model) in models.into_iter().enumerate() {
-        entries.push(ModelEntry {
-            id: model.id.clone(),
-            context_length: model.loaded.frontend.context_length as u32,
-            owned_by: "fallow".to_string(),
-            created,
-        });
-        let (host, mut events) =
-            EngineHost::spawn(model.loaded.engine, model.loaded.frontend, &model.id)?;
-        let tx = host_tx.clone();
-        tokio::spawn(async move {
-            while let Some(ev) = events.recv().await {
-                if tx.send((index, ev)).is_err() {
-                    return;
-                }
-            }
-        });
-        engines.ids.push(model.id);
-        engines.hosts.push(host);
-    }
+    let (engines, entries, mut host_rx) = start_engines(models)?;
     let info = RunnerInfo {
         host: config.host.clone(),
         devices: devices(),
@@ -193,6 +167,44 @@ pub async fn run(
         tracing::warn!(error = %e, "deregistering the runner failed");
     }
     Ok(())
+}
+
+/// Every engine's events, tagged with the engine's index.
+type HostEvents = mpsc::UnboundedReceiver<(usize, HostEvent)>;
+
+/// Starts one engine thread per model; their events arrive on one channel, tagged with the
+/// engine's index.
+fn start_engines(
+    models: Vec<ServedModel>,
+) -> anyhow::Result<(Engines, Vec<ModelEntry>, HostEvents)> {
+    let (host_tx, host_rx) = mpsc::unbounded_channel::<(usize, HostEvent)>();
+    let mut engines = Engines {
+        ids: Vec::new(),
+        hosts: Vec::new(),
+    };
+    let mut entries = Vec::new();
+    let created = chrono::Utc::now().timestamp();
+    for (index, model) in models.into_iter().enumerate() {
+        entries.push(ModelEntry {
+            id: model.id.clone(),
+            context_length: model.loaded.frontend.context_length as u32,
+            owned_by: "fallow".to_string(),
+            created,
+        });
+        let (host, mut events) =
+            EngineHost::spawn(model.loaded.engine, model.loaded.frontend, &model.id)?;
+        let tx = host_tx.clone();
+        tokio::spawn(async move {
+            while let Some(ev) = events.recv().await {
+                if tx.send((index, ev)).is_err() {
+                    return;
+                }
+            }
+        });
+        engines.ids.push(model.id);
+        engines.hosts.push(host);
+    }
+    Ok((engines, entries, host_rx))
 }
 
 /// Starts the owner probe, if one is configured and can run here.
