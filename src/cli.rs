@@ -88,6 +88,9 @@ pub struct ServiceArgs {
     /// of it).
     #[arg(long, env = "FALLOW_LEASE_SECONDS")]
     pub lease_seconds: Option<u64>,
+    /// `fallow runner`: serve Prometheus `/metrics` (engine gauges) on this address.
+    #[arg(long, env = "FALLOW_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
     /// Seconds the api waits for a completion before giving up.
     #[arg(long, env = "FALLOW_REQUEST_TIMEOUT")]
     pub request_timeout: Option<u64>,

@@ -56,3 +56,28 @@ pub fn record_success(
     metrics::counter!(PROMPT_TOKENS).increment(u64::from(usage.prompt_tokens));
     metrics::counter!(GENERATION_TOKENS).increment(u64::from(usage.completion_tokens));
 }
+
+/// Serves only `GET /metrics`, for a process without the api (a standalone runner), until
+/// `shutdown` resolves.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let handle = prometheus_handle();
+    let render = move || {
+        let handle = handle.clone();
+        async move {
+            match handle {
+                Some(h) => {
+                    h.run_upkeep();
+                    h.render()
+                }
+                None => "# another metrics recorder is installed in this process\n".to_string(),
+            }
+        }
+    };
+    let app = axum::Router::new().route("/metrics", axum::routing::get(render));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -213,6 +213,19 @@ pub async fn scheduler(args: ServiceArgs) -> anyhow::Result<()> {
 
 pub async fn runner(args: ServiceArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&args)?;
+    let stop = shutdown_signal();
+    if let Some(addr) = &args.metrics_listen {
+        // Bound (and the recorder installed) before the engines create their gauges.
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding --metrics-listen {addr}"))?;
+        tracing::info!(%addr, "runner metrics on /metrics");
+        let _ = fallow_api::metrics::prometheus_handle();
+        tokio::spawn(fallow_api::metrics::serve_metrics(
+            listener,
+            wait(stop.clone()),
+        ));
+    }
     let models = tokio::task::block_in_place(|| load_models(&settings))?;
     let conns = connect(&settings).await?;
     worker::run(
@@ -220,7 +233,7 @@ pub async fn runner(args: ServiceArgs) -> anyhow::Result<()> {
         conns.relay,
         models,
         runner_config(&settings),
-        wait(shutdown_signal()),
+        wait(stop),
     )
     .await
 }

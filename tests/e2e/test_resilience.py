@@ -196,3 +196,18 @@ def test_a_stream_whose_runner_dies_ends_with_an_error_event_and_done_not_a_hang
         assert events[-1] == "[DONE]"
         assert '"error"' in events[-2]
         assert time.time() - started < 50
+
+
+def test_a_standalone_runner_serves_its_engine_metrics():
+    with split_stack() as (api, procs):
+        port = free_port()
+        procs.append(spawn("runner", api, *RUNNER_ARGS, "--metrics-listen", f"127.0.0.1:{port}"))
+
+        def engine_gauge():
+            try:
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            except httpx.HTTPError:
+                return False
+            return f'fallow:kv_cache_usage_perc{{model_name="{MODEL_ID}"}}' in text
+
+        assert wait_for(engine_gauge, timeout=60)
