@@ -64,7 +64,8 @@ impl InFlight {
     /// Folds one engine output into the job and returns the event to stream.
     pub fn absorb(&mut self, out: SeqOutput) -> JobEvent {
         self.usage = out.usage;
-        let slot = (out.index as usize).min(self.choices.len() - 1);
+        // `choices` holds `n ≥ 1` entries by construction; the engine only emits indices < n.
+        let slot = (out.index as usize).min(self.choices.len().saturating_sub(1));
         let choice = &mut self.choices[slot];
         choice.text.push_str(&out.text);
         if let (Some(all), Some(new)) = (choice.logprobs.as_mut(), out.logprobs.as_ref()) {
