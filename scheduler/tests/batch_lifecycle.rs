@@ -4,8 +4,10 @@
 //! input line.
 
 mod batch_support;
+mod common;
 
-use batch_support::{line, TestCodec, TestDb};
+use batch_support::{line, TestCodec};
+use common::TestDb;
 use fallow_scheduler::batch::expand::Validated;
 use fallow_scheduler::batch::{
     files, object_key, records, BatchConfig, BatchStatus, BatchWorker, FileRecord, NewBatch,

@@ -1,17 +1,12 @@
-//! Arrangements for the batch and store tests: a fresh schema, a local store in a temp
+//! Arrangements for the batch and store tests: a local store in a temp
 //! directory, a real S3-compatible server (moto) on a random port, and a codec standing in
 //! for the api's (the api crate depends on this one, not the other way round).
 #![allow(dead_code)]
 
-use chrono::Utc;
 use fallow_scheduler::batch::{BatchCodec, LineRequest};
-use fallow_scheduler::clock::Clock;
-use fallow_scheduler::db;
 use fallow_scheduler::job::{ChatMessage, Completion, GenerateRequest, Role, Sampling};
-use fallow_scheduler::queue::Queue;
 use fallow_scheduler::store::{S3Config, S3Store};
 use serde_json::{json, Value};
-use sqlx::PgPool;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,29 +14,6 @@ use uuid::Uuid;
 
 /// Batch jobs' priority band in these tests (the api uses `BATCH_PRIORITY_BASE`).
 pub const BATCH_BASE: i32 = 100_000;
-
-pub struct TestDb {
-    pub pool: PgPool,
-    pub schema: String,
-}
-
-impl TestDb {
-    pub async fn new() -> TestDb {
-        let (pool, schema) = db::fresh_schema(&db::test_database_url())
-            .await
-            .expect("a test Postgres (FALLOW_TEST_DATABASE_URL or 127.0.0.1:5432)");
-        TestDb { pool, schema }
-    }
-    pub fn queue(&self) -> Queue {
-        Queue::new(self.pool.clone(), Clock::fixed(Utc::now()))
-    }
-    pub async fn drop(self) {
-        db::drop_schema(&self.pool, &self.schema)
-            .await
-            .expect("drop test schema");
-        self.pool.close().await;
-    }
-}
 
 /// Accepts bodies with a string `model` and a `messages` array of `{role, content}`.
 pub struct TestCodec;
