@@ -8,7 +8,7 @@
 use super::lines::{LineReader, ValidLine};
 use super::worker::BatchWorker;
 use super::LineError;
-use crate::queue::NOTIFY_CHANNEL;
+use crate::queue::notify_queued;
 use crate::SchedulerError;
 use std::collections::BTreeSet;
 use tokio::io::BufReader;
@@ -155,13 +155,8 @@ impl BatchWorker {
             self.release(batch).await?;
             return Ok(Validated::Superseded);
         }
-        for model in &models {
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(NOTIFY_CHANNEL)
-                .bind(model)
-                .execute(&mut *tx)
-                .await?;
-        }
+        let models: Vec<&str> = models.iter().map(String::as_str).collect();
+        notify_queued(&mut tx, &models).await?;
         tx.commit().await?;
         Ok(Validated::Expanded(total))
     }

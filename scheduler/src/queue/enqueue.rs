@@ -1,9 +1,8 @@
 //! Putting jobs on the queue: one transaction per call, however many jobs, then a `NOTIFY`
 //! per model (delivered at commit, so a woken runner always finds the rows).
 
-use super::{NewJob, Queue, NOTIFY_CHANNEL};
+use super::{notify_queued, NewJob, Queue};
 use crate::SchedulerError;
-use std::collections::BTreeSet;
 use uuid::Uuid;
 
 impl Queue {
@@ -51,14 +50,7 @@ impl Queue {
             .bind(self.clock.now())
             .execute(&mut *tx)
             .await?;
-        let distinct: BTreeSet<&str> = models.iter().copied().collect();
-        for model in distinct {
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(NOTIFY_CHANNEL)
-                .bind(model)
-                .execute(&mut *tx)
-                .await?;
-        }
+        notify_queued(&mut tx, &models).await?;
         tx.commit().await?;
         Ok(ids)
     }

@@ -2,7 +2,7 @@
 //! runner handing a job back. Every statement is fenced by `state = 'running' AND id AND
 //! attempt`, so a stale or duplicate report changes nothing and says so.
 
-use super::{FailOutcome, Queue, NOTIFY_CHANNEL};
+use super::{notify_queued, FailOutcome, Queue};
 use crate::job::Completion;
 use crate::SchedulerError;
 use uuid::Uuid;
@@ -85,11 +85,7 @@ impl Queue {
         let outcome = match &next {
             None => FailOutcome::Stale,
             Some((state, model)) if state == "queued" => {
-                sqlx::query("SELECT pg_notify($1, $2)")
-                    .bind(NOTIFY_CHANNEL)
-                    .bind(model)
-                    .execute(&mut *tx)
-                    .await?;
+                notify_queued(&mut tx, &[model.as_str()]).await?;
                 FailOutcome::Requeued
             }
             Some(_) => FailOutcome::Failed,

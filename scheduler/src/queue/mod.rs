@@ -172,6 +172,22 @@ impl Default for Backoff {
 /// The Postgres channel carrying "a job was queued for model X" hints.
 pub const NOTIFY_CHANNEL: &str = "fallow_jobs";
 
+/// Sends the "work queued" hint for each distinct model in one statement, inside the caller's
+/// transaction, so runners wake only once the jobs are visible (on commit).
+pub(crate) async fn notify_queued(
+    conn: &mut sqlx::PgConnection,
+    models: &[&str],
+) -> Result<(), SchedulerError> {
+    let distinct: std::collections::BTreeSet<&str> = models.iter().copied().collect();
+    let distinct: Vec<&str> = distinct.into_iter().collect();
+    sqlx::query("SELECT pg_notify($1, m) FROM unnest($2::text[]) AS m")
+        .bind(NOTIFY_CHANNEL)
+        .bind(&distinct)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 #[derive(Clone)]
 pub struct Queue {
     pool: PgPool,
