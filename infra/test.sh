@@ -14,6 +14,29 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 .venv/bin/pip install -q --disable-pip-version-check -r tests/e2e/requirements.txt
+# NVRTC (CUDA 13's runtime compiler, from NVIDIA's PyPI wheel) lets a Rust test compile the
+# CUDA backend's kernels to PTX on this GPU-less machine. Pinned to 13.0, the CUDA version of
+# the GPU machines' driver (a newer NVRTC emits PTX that driver cannot load). Without it the
+# test skips, so a failed install is reported, not fatal.
+NVRTC_WHEEL='nvidia-cuda-nvrtc==13.0.88'
+if .venv/bin/pip install -q --disable-pip-version-check "$NVRTC_WHEEL"; then
+  nvrtc_dir="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/cu13/lib"
+  # cudarc opens libnvrtc.so.13 by that name; should a wheel ship only libnvrtc.so.13.x,
+  # a link in the git-ignored .cache/ provides it.
+  if [ ! -e "$nvrtc_dir/libnvrtc.so.13" ]; then
+    versioned="$(find "$nvrtc_dir" -maxdepth 1 -name 'libnvrtc.so.13.*' 2>/dev/null | head -n 1 || true)"
+    if [ -n "$versioned" ]; then
+      mkdir -p .cache/nvrtc
+      ln -sf "$versioned" .cache/nvrtc/libnvrtc.so.13
+      nvrtc_dir="$PWD/.cache/nvrtc:$nvrtc_dir"
+    fi
+  fi
+  export FALLOW_NVRTC_LIB_DIR="${nvrtc_dir%%:*}"
+  export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "NVRTC: $FALLOW_NVRTC_LIB_DIR"
+else
+  echo "NVRTC: could not install $NVRTC_WHEEL (no network?); the CUDA kernel compile test will skip" >&2
+fi
 cargo build --bin fallow
 # The S3 store tests run against a real S3-compatible server (moto, from requirements.txt);
 # here its absence is a failure rather than a skip.

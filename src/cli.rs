@@ -75,6 +75,9 @@ pub struct ServiceArgs {
     /// Jobs a runner holds at once.
     #[arg(long, env = "FALLOW_SLOTS")]
     pub slots: Option<usize>,
+    /// Where runners run their models: cpu, cuda, cuda:N or auto.
+    #[arg(long, env = "FALLOW_DEVICE")]
+    pub device: Option<String>,
     /// KV cache budget per model, in MiB.
     #[arg(long, env = "FALLOW_KV_CACHE_MB")]
     pub kv_cache_mb: Option<usize>,
@@ -219,6 +222,9 @@ pub struct GenerateArgs {
     pub sampling: SamplingArgs,
     #[arg(long)]
     pub chat_template: Option<PathBuf>,
+    /// Where the model runs: cpu, cuda, cuda:N, or auto (a GPU when one is usable).
+    #[arg(long, default_value = "cpu")]
+    pub device: fallow_runner::engine::runtime::Device,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -231,6 +237,9 @@ pub struct ChatArgs {
     pub sampling: SamplingArgs,
     #[arg(long)]
     pub chat_template: Option<PathBuf>,
+    /// Where the model runs: cpu, cuda, cuda:N, or auto (a GPU when one is usable).
+    #[arg(long, default_value = "cpu")]
+    pub device: fallow_runner::engine::runtime::Device,
 }
 
 #[derive(Subcommand, Debug)]
@@ -282,4 +291,7 @@ pub struct BenchEngineArgs {
     /// MiB given to the KV cache (it is allocated up front, so it counts in peak RSS).
     #[arg(long, default_value_t = 1024)]
     pub kv_cache_mib: usize,
+    /// Where the model runs: cpu, cuda, cuda:N, or auto (a GPU when one is usable).
+    #[arg(long, default_value = "cpu")]
+    pub device: fallow_runner::engine::runtime::Device,
 }

@@ -18,6 +18,7 @@ pub struct FileConfig {
     pub models: Option<Vec<String>>,
     pub auth: Option<bool>,
     pub slots: Option<usize>,
+    pub device: Option<String>,
     pub kv_cache_mb: Option<usize>,
     pub max_model_len: Option<usize>,
     pub chat_template: Option<PathBuf>,
@@ -76,6 +77,8 @@ pub struct Settings {
     /// `None` = the command's own default (dev: off, api: on).
     pub auth: Option<bool>,
     pub slots: usize,
+    /// Where runners run their models.
+    pub device: fallow_runner::engine::runtime::Device,
     pub kv_cache_mb: usize,
     pub max_model_len: usize,
     pub chat_template: Option<PathBuf>,
@@ -132,6 +135,12 @@ impl Settings {
             models: models.iter().map(|m| ModelSpec::parse(m)).collect(),
             auth,
             slots: args.slots.or(file.slots).unwrap_or(16),
+            device: match args.device.clone().or(file.device) {
+                Some(d) => d
+                    .parse()
+                    .map_err(|e: String| anyhow::anyhow!("--device: {e}"))?,
+                None => Default::default(),
+            },
             kv_cache_mb: args.kv_cache_mb.or(file.kv_cache_mb).unwrap_or(512),
             max_model_len: args.max_model_len.or(file.max_model_len).unwrap_or(0),
             chat_template: args.chat_template.clone().or(file.chat_template),

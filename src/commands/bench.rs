@@ -15,6 +15,7 @@ pub fn engine(args: BenchEngineArgs) -> anyhow::Result<()> {
         max_batched_tokens: 2048,
         enable_prefix_cache: false,
         kv_cache_bytes: args.kv_cache_mib.max(1) << 20,
+        device: args.device,
         ..LoadOptions::default()
     };
     let mut model = runtime::load(&args.model, &options)

@@ -3,15 +3,16 @@
 use crate::cli::{ChatArgs, GenerateArgs, SamplingArgs};
 use anyhow::Context;
 use fallow_runner::engine::llm::{EngineRequest, LlmEngine};
-use fallow_runner::engine::runtime::{self, LoadOptions, LoadedModel};
+use fallow_runner::engine::runtime::{self, Device, LoadOptions, LoadedModel};
 use fallow_runner::worker::encode_chat;
 use fallow_scheduler::job::{ChatMessage, GenerateRequest, Role, Sampling};
 use std::io::{BufRead, Write};
 use std::path::Path;
 
-fn load(model: &Path, chat_template: Option<&Path>) -> anyhow::Result<LoadedModel> {
+fn load(model: &Path, chat_template: Option<&Path>, device: Device) -> anyhow::Result<LoadedModel> {
     let options = LoadOptions {
         chat_template_file: chat_template.map(Path::to_path_buf),
+        device,
         max_num_seqs: 4,
         ..LoadOptions::default()
     };
@@ -69,7 +70,7 @@ fn stream_to_stdout(
 }
 
 pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
-    let mut model = load(&args.model, args.chat_template.as_deref())?;
+    let mut model = load(&args.model, args.chat_template.as_deref(), args.device)?;
     let sampling = sampling(&args.sampling);
     let prompt = if args.chat {
         let message = ChatMessage {
@@ -94,7 +95,7 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
 }
 
 pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
-    let mut model = load(&args.model, args.chat_template.as_deref())?;
+    let mut model = load(&args.model, args.chat_template.as_deref(), args.device)?;
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
         messages.push(message(Role::System, system));

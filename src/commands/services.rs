@@ -114,12 +114,13 @@ fn load_models(settings: &Settings) -> anyhow::Result<Vec<ServedModel>> {
             max_num_seqs: settings.slots.max(1),
             chat_template_file: settings.chat_template.clone(),
             max_model_len: settings.max_model_len,
+            device: settings.device,
             ..LoadOptions::default()
         };
         let started = std::time::Instant::now();
         let loaded = runtime::load(&spec.path, &options)
             .with_context(|| format!("loading model {}", spec.path.display()))?;
-        tracing::info!(model = %spec.id, seconds = started.elapsed().as_secs_f32(), "model loaded");
+        tracing::info!(model = %spec.id, device = %settings.device, seconds = started.elapsed().as_secs_f32(), "model loaded");
         served.push(ServedModel {
             id: spec.id,
             loaded,

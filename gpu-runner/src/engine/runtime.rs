@@ -3,11 +3,52 @@
 //! engine's parts together, for the worker and for the engine-only CLI commands alike.
 
 use crate::engine::backend::cpu::{kv_bytes_per_block, CpuBackend};
+use crate::engine::backend::cuda::CudaBackend;
+use crate::engine::backend::Backend;
 use crate::engine::llm::{EngineConfig, LlmEngine};
 use crate::engine::model::{self, ModelArtifacts, VocabSource};
 use crate::engine::tokenizer::{ChatTemplate, Tokenizer, GEMMA_CHAT_TEMPLATE};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// Where a model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    #[default]
+    Cpu,
+    /// An NVIDIA GPU by ordinal.
+    Cuda(usize),
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    /// `cpu`, `cuda` (device 0), `cuda:N`, or `auto` (cuda:0 when a GPU is usable, else cpu).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            "auto" => Ok(match crate::engine::backend::cuda::device::probe(0) {
+                Ok(_) => Device::Cuda(0),
+                Err(_) => Device::Cpu,
+            }),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| format!("unknown device `{s}` (cpu, cuda, cuda:N or auto)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
 
 /// How to load a model and size its engine.
 #[derive(Debug, Clone)]
@@ -25,6 +66,7 @@ pub struct LoadOptions {
     pub chat_template_file: Option<PathBuf>,
     /// Caps the model's context length (0 = the model's own).
     pub max_model_len: usize,
+    pub device: Device,
 }
 
 impl Default for LoadOptions {
@@ -37,6 +79,7 @@ impl Default for LoadOptions {
             enable_prefix_cache: true,
             chat_template_file: None,
             max_model_len: 0,
+            device: Device::Cpu,
         }
     }
 }
@@ -87,14 +130,22 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError
     let block_size = options.block_size.max(1);
     let per_block = kv_bytes_per_block(&artifacts.config, block_size).max(1);
     let num_blocks = (options.kv_cache_bytes / per_block).max(1);
-    let backend = CpuBackend::new(&artifacts, num_blocks, block_size)
-        .map_err(|e| LoadError::Backend(e.to_string()))?;
+    let backend: Box<dyn Backend> = match options.device {
+        Device::Cpu => Box::new(
+            CpuBackend::new(&artifacts, num_blocks, block_size)
+                .map_err(|e| LoadError::Backend(e.to_string()))?,
+        ),
+        Device::Cuda(ordinal) => Box::new(
+            CudaBackend::new(&artifacts, ordinal, num_blocks, block_size)
+                .map_err(|e| LoadError::Backend(e.to_string()))?,
+        ),
+    };
     let config = EngineConfig {
         max_num_seqs: options.max_num_seqs.max(1),
         max_batched_tokens: options.max_batched_tokens.max(block_size),
         enable_prefix_cache: options.enable_prefix_cache,
     };
-    let mut engine = LlmEngine::new(Box::new(backend), frontend.tokenizer.clone(), config);
+    let mut engine = LlmEngine::new(backend, frontend.tokenizer.clone(), config);
     engine.add_eos_ids(&artifacts.eos_ids);
     Ok(LoadedModel { engine, frontend })
 }

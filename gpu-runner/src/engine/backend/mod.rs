@@ -2,7 +2,9 @@
 //! trait, so a CUDA backend (weights and KV on the device, one batched step per call) slots
 //! in without changing them.
 
+mod batch;
 pub mod cpu;
+pub mod cuda;
 
 use crate::engine::model::ModelConfig;
 
@@ -15,6 +17,17 @@ pub enum LogitsMode {
     Last,
     /// Every position of `tokens` (teacher forcing, prompt logprobs).
     All,
+    /// The greedy token of the last position only (a sequence whose sampling needs nothing
+    /// but the argmax): a device backend picks it where the logits are and copies back one id.
+    Argmax,
+}
+
+/// What one step returns: the logits rows of `Last`/`All` sequences and the greedy token
+/// of every `Argmax` sequence, each in batch order.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct StepOutput {
+    pub logits: Vec<f32>,
+    pub argmax: Vec<u32>,
 }
 
 /// One sequence's share of a forward step.
@@ -47,6 +60,51 @@ pub trait Backend: Send {
     fn num_blocks(&self) -> usize;
     /// Runs one step over all sequences, writing their new K/V into their blocks, and
     /// returns the requested logits rows (`vocab_size` floats each) concatenated in the order
-    /// of `batch` (1 row for `Last`, `tokens.len()` rows for `All`, none for `None`).
+    /// of `batch` (1 row for `Last`, `tokens.len()` rows for `All`, none for `None` or
+    /// `Argmax`: those come from [`Backend::forward_step`]).
     fn forward(&mut self, batch: &[SeqSlice<'_>]) -> Result<Vec<f32>, BackendError>;
+
+    /// [`Backend::forward`] plus the greedy tokens of `Argmax` sequences. By default the
+    /// logits come back to the host and the argmax is taken here; a device backend overrides
+    /// this to keep those rows on the device.
+    fn forward_step(&mut self, batch: &[SeqSlice<'_>]) -> Result<StepOutput, BackendError> {
+        if !batch.iter().any(|s| s.logits == LogitsMode::Argmax) {
+            return Ok(StepOutput {
+                logits: self.forward(batch)?,
+                argmax: Vec::new(),
+            });
+        }
+        let as_last: Vec<SeqSlice<'_>> = batch
+            .iter()
+            .map(|s| SeqSlice {
+                logits: match s.logits {
+                    LogitsMode::Argmax => LogitsMode::Last,
+                    mode => mode,
+                },
+                ..*s
+            })
+            .collect();
+        let all = self.forward(&as_last)?;
+        let vocab = self.config().vocab_size;
+        let mut out = StepOutput::default();
+        let mut rows = all.chunks_exact(vocab);
+        for seq in batch {
+            let n = match seq.logits {
+                LogitsMode::None => 0,
+                LogitsMode::Last | LogitsMode::Argmax => 1,
+                LogitsMode::All => seq.tokens.len(),
+            };
+            for _ in 0..n {
+                let row = rows.next().ok_or_else(|| {
+                    BackendError::Failure("backend returned too few logits rows".into())
+                })?;
+                if seq.logits == LogitsMode::Argmax {
+                    out.argmax.push(crate::engine::sampler::argmax(row));
+                } else {
+                    out.logits.extend_from_slice(row);
+                }
+            }
+        }
+        Ok(out)
+    }
 }

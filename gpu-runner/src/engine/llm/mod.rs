@@ -15,12 +15,13 @@ mod choice;
 mod error;
 mod output;
 mod postprocess;
+use postprocess::Row;
 mod request;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::engine::backend::{Backend, LogitsMode, SeqSlice};
+use crate::engine::backend::{Backend, LogitsMode, SeqSlice, StepOutput};
 use crate::engine::batcher::{Batcher, BatcherConfig, ScheduledStep, SeqId};
 use crate::engine::kv::BlockManager;
 use crate::engine::sampler::{Sampler, SeqSampler};
@@ -225,12 +226,21 @@ impl LlmEngine {
         if step.is_empty() {
             return Ok(Vec::new());
         }
-        let logits = self.run(&step)?;
+        let (modes, result) = self.run(&step)?;
         self.batcher.complete_step(&step);
         let vocab = self.backend.config().vocab_size;
         let mut outputs = Vec::new();
-        let rows = step.seqs.iter().filter(|e| e.wants_logits);
-        for (entry, row) in rows.zip(logits.chunks_exact(vocab)) {
+        let mut rows = result.logits.chunks_exact(vocab);
+        let mut greedy = result.argmax.iter();
+        for (entry, mode) in step.seqs.iter().zip(modes) {
+            let row = match mode {
+                LogitsMode::Last => rows.next().map(Row::Logits),
+                LogitsMode::Argmax => greedy.next().map(|&t| Row::Greedy(t)),
+                LogitsMode::None | LogitsMode::All => continue,
+            };
+            let row = row.ok_or_else(|| {
+                EngineError::Internal(format!("no output row for sequence {}", entry.seq_id))
+            })?;
             if let Some(out) = self.postprocess(entry.seq_id, row)? {
                 outputs.push(out);
             }
@@ -239,10 +249,20 @@ impl LlmEngine {
         Ok(outputs)
     }
 
-    /// Runs the backend over the scheduled slices and checks the logits' shape.
-    fn run(&mut self, step: &ScheduledStep) -> Result<Vec<f32>, EngineError> {
+    /// Runs the backend over the scheduled slices and checks the output's shape. Sequences
+    /// whose sampling is a plain argmax ask the backend for their token only.
+    fn run(&mut self, step: &ScheduledStep) -> Result<(Vec<LogitsMode>, StepOutput), EngineError> {
+        let modes: Vec<LogitsMode> = step
+            .seqs
+            .iter()
+            .map(|entry| match self.choices.get(&entry.seq_id) {
+                _ if !entry.wants_logits => LogitsMode::None,
+                Some(c) if c.sampler.only_needs_argmax() => LogitsMode::Argmax,
+                _ => LogitsMode::Last,
+            })
+            .collect();
         let mut slices = Vec::with_capacity(step.seqs.len());
-        for entry in &step.seqs {
+        for (entry, &mode) in step.seqs.iter().zip(&modes) {
             let missing =
                 || EngineError::Internal(format!("scheduled unknown sequence {}", entry.seq_id));
             let tokens = self.batcher.tokens(entry.seq_id).ok_or_else(missing)?;
@@ -251,23 +271,22 @@ impl LlmEngine {
                 tokens: &tokens[entry.start..entry.end],
                 start_pos: entry.start,
                 block_table,
-                logits: if entry.wants_logits {
-                    LogitsMode::Last
-                } else {
-                    LogitsMode::None
-                },
+                logits: mode,
             });
         }
-        let logits = self.backend.forward(&slices)?;
-        let rows = step.seqs.iter().filter(|e| e.wants_logits).count();
+        let out = self.backend.forward_step(&slices)?;
+        let rows = modes.iter().filter(|&&m| m == LogitsMode::Last).count();
+        let greedy = modes.iter().filter(|&&m| m == LogitsMode::Argmax).count();
         let expected = rows * self.backend.config().vocab_size;
-        if logits.len() != expected {
+        if out.logits.len() != expected || out.argmax.len() != greedy {
             return Err(EngineError::Internal(format!(
-                "backend returned {} logits, expected {rows} rows = {expected}",
-                logits.len()
+                "backend returned {} logits and {} tokens, expected {rows} rows = {expected} \
+                 and {greedy} tokens",
+                out.logits.len(),
+                out.argmax.len()
             )));
         }
-        Ok(logits)
+        Ok((modes, out))
     }
 
     /// Adds the held-back choices of requests whose choice 0 has produced a token.

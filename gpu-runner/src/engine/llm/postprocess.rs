@@ -3,17 +3,28 @@
 use super::{EngineError, LlmEngine, SeqOutput};
 use crate::engine::batcher::SeqId;
 
+/// What the backend returned for one sequence.
+pub(super) enum Row<'a> {
+    /// Its logits, to sample from.
+    Logits(&'a [f32]),
+    /// Its greedy token, already picked.
+    Greedy(u32),
+}
+
 impl LlmEngine {
-    /// Handles one sequence's logits row. `None` if the sequence is gone (aborted).
+    /// Handles one sequence's output row. `None` if the sequence is gone (aborted).
     pub(super) fn postprocess(
         &mut self,
         seq: SeqId,
-        logits: &[f32],
+        row: Row<'_>,
     ) -> Result<Option<SeqOutput>, EngineError> {
         let Some(choice) = self.choices.get_mut(&seq) else {
             return Ok(None);
         };
-        let sampled = self.sampler.sample(logits, &mut choice.sampler);
+        let sampled = match row {
+            Row::Logits(logits) => self.sampler.sample(logits, &mut choice.sampler),
+            Row::Greedy(token) => self.sampler.take_greedy(token, &mut choice.sampler),
+        };
         let delta = choice.absorb(&self.tokenizer, &sampled);
         let (request_id, index) = (choice.request_id, choice.index);
         let state = self.requests.get_mut(&request_id).ok_or_else(|| {

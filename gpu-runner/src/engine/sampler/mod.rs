@@ -21,6 +21,7 @@
 //!    set, and one uniform draw from the sequence's RNG picks a token.
 
 mod logprobs;
+pub use select::argmax;
 mod penalties;
 mod select;
 
@@ -101,6 +102,20 @@ impl SeqSampler {
         self.params.temperature < GREEDY_TEMPERATURE
     }
 
+    /// Whether the next token is the plain argmax of the raw logits: greedy, no logprobs,
+    /// and no processing that would move a logit (bias, `min_tokens` masking, penalties).
+    /// Such a sequence can take its token from the device ([`Sampler::take_greedy`]).
+    pub fn only_needs_argmax(&self) -> bool {
+        let p = &self.params;
+        self.is_greedy()
+            && !p.logprobs
+            && p.logit_bias.is_empty()
+            && (self.num_generated >= p.min_tokens as usize || self.suppressed_early.is_empty())
+            && !(p.repetition_penalty != 1.0 && p.repetition_penalty > 0.0)
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0
+    }
+
     fn record(&mut self, token: u32) {
         *self.output_counts.entry(token).or_insert(0) += 1;
         self.num_generated += 1;
@@ -118,6 +133,17 @@ pub struct Sampler {
 impl Sampler {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Records `token`, the argmax a backend picked for a sequence that
+    /// [`SeqSampler::only_needs_argmax`].
+    pub fn take_greedy(&mut self, token: u32, seq: &mut SeqSampler) -> Sampled {
+        seq.record(token);
+        Sampled {
+            token,
+            logprob: None,
+            top: Vec::new(),
+        }
     }
 
     /// Picks the next token of `seq` from one row of raw model logits and records it in the

@@ -5,15 +5,16 @@ use fallow_scheduler::job::Sampling;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-/// Index of the largest logit, ties to the lowest index; 0 for an empty row.
-pub(super) fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
+/// Index of the largest logit, ties to the lowest index, NaN never chosen; 0 for an empty
+/// row or one without a number. Device backends' argmax kernels match this definition.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best: Option<(usize, f32)> = None;
     for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
+        if !l.is_nan() && best.is_none_or(|(_, b)| l > b) {
+            best = Some((i, l));
         }
     }
-    best as u32
+    best.map_or(0, |(i, _)| i as u32)
 }
 
 /// Candidates beyond this many are sorted for top-p only if the best ones do not already

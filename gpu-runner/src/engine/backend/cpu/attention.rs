@@ -19,9 +19,9 @@
 use half::f16;
 use rayon::prelude::*;
 
-use super::batch::BatchLayout;
 use super::kv_pool::{KvLayer, KvPool};
 use super::ops::{axpy, axpy_f16, dot, dot_f16, softcap, softmax};
+use crate::engine::backend::batch::BatchLayout;
 use crate::engine::backend::SeqSlice;
 
 /// Tokens per task: splits one long prefill across threads while keeping tasks coarse.

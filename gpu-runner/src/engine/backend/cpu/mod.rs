@@ -6,7 +6,7 @@
 //! Scratch buffers live in the backend and are resized (not reallocated) per step.
 
 mod attention;
-mod batch;
+
 #[cfg(test)]
 mod format_tests;
 mod kv_pool;
@@ -14,7 +14,7 @@ mod layer;
 mod ops;
 #[cfg(test)]
 mod reference_tests;
-mod rope;
+pub(crate) mod rope;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(test)]
@@ -24,9 +24,9 @@ use std::sync::Arc;
 
 pub use kv_pool::{kv_bytes_per_block, kv_bytes_per_block_as, num_blocks_for_budget, KvDtype};
 
-use self::batch::BatchLayout;
 use self::kv_pool::KvPool;
 use self::rope::RopeTable;
+use super::batch::BatchLayout;
 use super::{Backend, BackendError, SeqSlice};
 use crate::engine::model::{ModelArtifacts, ModelConfig, Weights};
 

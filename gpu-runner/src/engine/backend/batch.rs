@@ -14,6 +14,8 @@ pub struct BatchLayout {
     pub token_ids: Vec<u32>,
     /// Activation rows whose logits are returned, in output order.
     pub logit_rows: Vec<usize>,
+    /// Activation rows whose greedy token is returned (`LogitsMode::Argmax`), in order.
+    pub argmax_rows: Vec<usize>,
 }
 
 impl BatchLayout {
@@ -33,6 +35,7 @@ impl BatchLayout {
         self.positions.clear();
         self.token_ids.clear();
         self.logit_rows.clear();
+        self.argmax_rows.clear();
         for (i, seq) in batch.iter().enumerate() {
             validate_seq(i, seq, config, block_size, num_blocks)?;
             let first = self.token_ids.len();
@@ -44,6 +47,7 @@ impl BatchLayout {
                 LogitsMode::None => {}
                 LogitsMode::Last => self.logit_rows.push(first + seq.tokens.len() - 1),
                 LogitsMode::All => self.logit_rows.extend(first..first + seq.tokens.len()),
+                LogitsMode::Argmax => self.argmax_rows.push(first + seq.tokens.len() - 1),
             }
         }
         self.offsets.push(self.token_ids.len());

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""GPU memory (HBM) read bandwidth, and the summary of gpu-check.sh's benchmarks.
+
+    python3 gpu-runner/scripts/bandwidth.py [--gib 4] [--iters 10]
+        Times torch.sum over a GiB-sized float32 tensor (reads it once) with CUDA events:
+        the median of --iters runs after 3 warm-ups. Prints human text, then one line
+        `bandwidth_gbs=<float>` (bytes read / time, 1 GB = 1e9 bytes). A device-to-device
+        copy's (read + write) rate is printed for comparison.
+
+    python3 gpu-runner/scripts/bandwidth.py summary --fallow-log F --hf-log H \\
+            --bytes-per-step FILE [--bandwidth-gbs X] [--steps TSV] [--out FILE]
+        Reads `fallow bench engine`'s table (F) and hf_bench.py's lines (H) and prints per
+        batch size Fallow's and transformers' tokens/s and their ratios, then the batch-1
+        roofline: bandwidth / bytes of weights read per decode step (FILE, written by
+        make_random_llama.py), and Fallow's batch-1 decode as a share of it. Anything missing
+        shows as "n/a"; the summary is written even when a step failed.
+"""
+
+import argparse
+import math
+import re
+import statistics
+import sys
+
+
+def measure(gib, iters):
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("CUDA is not available to torch")
+    dev = torch.cuda.get_device_properties(0)
+    print(f"torch {torch.__version__}, {dev.name}, {dev.total_memory / 2**30:.0f} GiB")
+    n = (gib << 30) // 4
+    x = torch.ones(n, dtype=torch.float32, device="cuda")
+
+    def timed(fn):
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return statistics.median(times)
+
+    nbytes = n * 4
+    read_s = timed(lambda: x.sum())
+    read_gbs = nbytes / read_s / 1e9
+    y = torch.empty_like(x)
+    copy_s = timed(lambda: y.copy_(x))
+    copy_gbs = 2 * nbytes / copy_s / 1e9
+    print(f"sum over {gib} GiB (read):        {read_gbs:8.1f} GB/s  ({read_s * 1e3:.2f} ms)")
+    print(f"copy of {gib} GiB (read + write): {copy_gbs:8.1f} GB/s  ({copy_s * 1e3:.2f} ms)")
+    print(f"bandwidth_gbs={read_gbs:.1f}")
+
+
+def read_text(path):
+    if not path:
+        return ""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def parse_fallow(text):
+    """{concurrency: (prefill, decode, aggregate, ttft_ms)} from `fallow bench engine`'s table."""
+    rows = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 5 or not fields[0].isdigit():
+            continue
+        try:
+            vals = [float(v) for v in fields[1:]]
+        except ValueError:
+            continue
+        rows[int(fields[0])] = tuple(vals)
+    return rows
+
+
+HF_LINE = re.compile(r"^hf batch=(\d+) (.*)$")
+
+
+def parse_hf(text):
+    """{batch: {key: float}} from hf_bench.py's `hf batch=B key=value ...` lines."""
+    rows = {}
+    for line in text.splitlines():
+        m = HF_LINE.match(line.strip())
+        if not m:
+            continue
+        kv = {}
+        for item in m.group(2).split():
+            k, _, v = item.partition("=")
+            try:
+                kv[k] = float(v)
+            except ValueError:
+                pass
+        if "decode_tok_s" in kv:
+            rows[int(m.group(1))] = kv
+    return rows
+
+
+def fmt(v, spec=".1f"):
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def summary(args):
+    out = []
+    say = out.append
+    steps = read_text(args.steps).strip()
+    if steps:
+        say("step statuses:")
+        for line in steps.splitlines():
+            name, _, rest = line.partition("\t")
+            say(f"  {name:<40} {rest}")
+        say("")
+
+    fallow = parse_fallow(read_text(args.fallow_log))
+    hf = parse_hf(read_text(args.hf_log))
+    say("Llama-3.1-8B shaped random bf16 model, tokens/s")
+    say("  fallow decode    = tokens after each first one / time after all first tokens")
+    say("  fallow aggregate = all generated tokens / total time (with prefill)")
+    say("  HF decode-only   = B*(gen-1) / (generate time - 1-token generate time)")
+    say("  HF with prefill  = B*gen / generate time")
+    head = (
+        f"{'batch':>5} {'fallow decode':>14} {'HF decode-only':>15} {'ratio':>6}"
+        f" {'fallow aggr':>12} {'HF w/ prefill':>14} {'ratio':>6} {'fallow TTFT ms':>15}"
+    )
+    say(head)
+    for b in sorted(set(fallow) | set(hf)):
+        f = fallow.get(b)
+        h = hf.get(b, {})
+        f_dec, f_agg, f_ttft = (f[1], f[2], f[3]) if f else (None, None, None)
+        h_dec, h_all = h.get("decode_only_tok_s"), h.get("decode_tok_s")
+        say(
+            f"{b:>5} {fmt(f_dec):>14} {fmt(h_dec):>15} {fmt(ratio(f_dec, h_dec), '.2f'):>6}"
+            f" {fmt(f_agg):>12} {fmt(h_all):>14} {fmt(ratio(f_agg, h_all), '.2f'):>6} {fmt(f_ttft):>15}"
+        )
+    if not fallow:
+        say("  (no fallow bench rows parsed)")
+    if not hf:
+        say("  (no HF rows parsed)")
+    say("")
+
+    per_step = None
+    try:
+        per_step = int(read_text(args.bytes_per_step).split()[0])
+    except (IndexError, ValueError):
+        pass
+    bw = args.bandwidth_gbs
+    roof = bw * 1e9 / per_step if bw and per_step else None
+    say("batch-1 roofline (weights read once per decode step at the measured bandwidth):")
+    say(f"  bandwidth        {fmt(bw)} GB/s")
+    say(f"  bytes per step   {fmt(per_step / 1e9 if per_step else None, '.3f')} GB (bf16 weights, no embedding table)")
+    say(f"  roofline         {fmt(roof)} tok/s")
+    f1 = fallow.get(1)
+    f1_dec = f1[1] if f1 else None
+    h1_dec = hf.get(1, {}).get("decode_only_tok_s")
+    pct = lambda v: fmt(100 * v / roof if v is not None and roof else None)  # noqa: E731
+    say(f"  fallow batch 1   {fmt(f1_dec)} tok/s = {pct(f1_dec)} % of roofline")
+    say(f"  HF batch 1       {fmt(h1_dec)} tok/s = {pct(h1_dec)} % of roofline")
+
+    text = "\n".join(out) + "\n"
+    sys.stdout.write(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd")
+    ap.add_argument("--gib", type=int, default=4)
+    ap.add_argument("--iters", type=int, default=10)
+    s = sub.add_parser("summary", help="the benchmark summary of gpu-check.sh")
+    s.add_argument("--fallow-log")
+    s.add_argument("--hf-log")
+    s.add_argument("--bytes-per-step")
+    s.add_argument("--bandwidth-gbs", type=float)
+    s.add_argument("--steps", help="TSV of step name and status")
+    s.add_argument("--out", help="also write the summary here")
+    args = ap.parse_args()
+    if args.cmd == "summary":
+        summary(args)
+    else:
+        measure(args.gib, args.iters)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,357 @@
+#!/usr/bin/env bash
+# One pass of GPU checks for Fallow's CUDA backend, sized for a single short run on the lent
+# GPU machine (no network, no Rust toolchain there):
+#   a. environment: nvidia-smi, the CUDA 13 libraries cudarc opens (LD_LIBRARY_PATH)
+#   b. the prebuilt cargo test executables in .gpu/tests/, on device cuda
+#   c. `fallow generate` with SmolLM2-135M on cuda and on cpu
+#   d. a random-weight Llama-3.1-8B shaped bf16 checkpoint (make_random_llama.py)
+#   e. the GPU's memory read bandwidth (bandwidth.py)
+#   f. `fallow bench engine` on that checkpoint
+#   g. transformers generate() on it (hf_bench.py)
+#   h. a summary: Fallow vs transformers, and batch 1 against the bandwidth roofline
+#
+#   bash gpu-runner/scripts/gpu-check.sh        (from anywhere; it runs in the repo root)
+#
+# Needs .gpu/fallow (release binary), .gpu/tests/ (test executables), .gpu/models/.
+# Every step runs under `timeout` and records its status; a failing step never stops the
+# next. The whole run keeps within GPU_CHECK_BUDGET_S seconds: a step gets the smaller of
+# its own limit and what is left, and is skipped when too little is.
+# Output, in $OUT (default /tmp/gpu-check-out; at most 8 flat files): gpu-check.log
+# (everything), summary.txt, steps.tsv, fallow-bench.log, hf-bench.log.
+#
+# The default model (94 MiB) is over one call's 64 MiB transfer limit, so it may arrive in
+# parts over two calls to the same warm machine: `.gpu/models/*.part-*` (first call) and
+# `.gpu-b/*.part-*` (second call); `assemble_model` joins them (checked against
+# .gpu*/models.sha256) into $WORK/models. GPU_CHECK_ONLY=model runs only a.–c.
+#
+# Tunables (environment): GPU_CHECK_BUDGET_S (450), GPU_CHECK_TESTS_BUDGET_S (150, all tests
+# together), FALLOW_RANDOM_LAYERS (32), PYTHON (python3), LLAMA_DIR (/tmp/llama8b).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT="$PWD"
+
+OUT="${OUT:-/tmp/gpu-check-out}"
+WORK=/tmp/gpu-check # scratch files, kept out of $OUT
+PY="${PYTHON:-python3}"
+BUDGET_S="${GPU_CHECK_BUDGET_S:-450}"
+TESTS_BUDGET_S="${GPU_CHECK_TESTS_BUDGET_S:-150}"
+RESERVE_S=15 # kept back for the summary
+MIN_STEP_S=10
+LLAMA_DIR="${LLAMA_DIR:-/tmp/llama8b}"
+MODELS_DIR="$ROOT/.gpu/models"
+SMOL="$MODELS_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
+FALLOW="$ROOT/.gpu/fallow"
+START_S=$SECONDS
+
+section() {
+  printf '\n==================== %s  [t=%ss] ====================\n' "$1" "$((SECONDS - START_S))"
+}
+
+# record NAME STATUS: one line of steps.tsv, echoed.
+record() {
+  printf '%s\t%s\n' "$1" "$2" >>"$OUT/steps.tsv"
+  printf -- '--> %s: %s\n' "$1" "$2"
+}
+
+# Seconds of the budget left for steps (the summary's reserve excluded).
+budget_left() {
+  echo $((BUDGET_S - (SECONDS - START_S) - RESERVE_S))
+}
+
+# run_step NAME LIMIT_S LOG CMD...: runs CMD (no stdin) under `timeout` for the smaller of
+# LIMIT_S and the budget left, its stdout also into LOG ("-": nowhere); records the status.
+run_step() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  local left
+  left=$(budget_left)
+  if ((limit > left)); then limit=$left; fi
+  section "$name"
+  if ((limit < MIN_STEP_S)); then
+    record "$name" "SKIPPED (budget: ${left}s left)"
+    return 0
+  fi
+  printf '$'
+  printf ' %q' "$@"
+  printf '  # timeout %ss\n' "$limit"
+  local t0=$SECONDS rc=0
+  if [ "$log" = - ]; then
+    timeout -k 10 "$limit" "$@" </dev/null || rc=$?
+  else
+    timeout -k 10 "$limit" "$@" </dev/null | tee "$log" || rc=$?
+  fi
+  local dt=$((SECONDS - t0))
+  case $rc in
+    0) record "$name" "OK (${dt}s)" ;;
+    124 | 137) record "$name" "TIMEOUT after ${dt}s (limit ${limit}s)" ;;
+    *) record "$name" "FAILED rc=$rc (${dt}s)" ;;
+  esac
+}
+
+# first_lib NAME ROOT...: the first file or link called NAME.so.13, else NAME.so.13.*.
+first_lib() {
+  local name=$1 pat found
+  shift
+  for pat in "$name.so.13" "$name.so.13.*"; do
+    found=$(find "$@" \( -type f -o -type l \) -name "$pat" 2>/dev/null | head -n 1 || true)
+    if [ -n "$found" ]; then
+      echo "$found"
+      return 0
+    fi
+  done
+}
+
+# a. The libraries cudarc dlopens by name: libcuda.so(.1), libcublas.so.13 (which needs
+# libcublasLt.so.13), libnvrtc.so.13 (which opens libnvrtc-builtins.so.13.x).
+step_environment() {
+  section "a. environment"
+  local rc=0
+  timeout 30 nvidia-smi || rc=$?
+  if ((rc != 0)); then record "a. nvidia-smi" "FAILED rc=$rc"; else record "a. nvidia-smi" "OK"; fi
+  timeout 10 nvcc --version 2>/dev/null | tail -n 2 || echo "nvcc: not found"
+  df -h /tmp | tail -n 1 || true
+  free -g | head -n 2 || true
+  # Binaries may travel gzipped (the transfer limit).
+  local gz
+  for gz in "$ROOT"/.gpu/*.gz "$ROOT"/.gpu/tests/*.gz; do
+    if [ -f "$gz" ]; then gunzip -f "$gz"; fi
+  done
+  chmod +x "$FALLOW" "$ROOT"/.gpu/tests/* 2>/dev/null || true
+  ls -la "$ROOT/.gpu" "$ROOT/.gpu/tests" "$MODELS_DIR" 2>&1 || true
+
+  # Where pip's CUDA wheels (torch's dependencies) live, then the system toolkit.
+  local roots=() dir
+  mapfile -t roots < <(timeout 60 "$PY" -c 'import nvidia; print("\n".join(nvidia.__path__))' 2>/dev/null || true)
+  for dir in /opt/torch/.venv /usr/local/cuda*/lib64 /usr/local/cuda*/targets/x86_64-linux/lib; do
+    if [ -d "$dir" ]; then roots+=("$dir"); fi
+  done
+  echo "searching: ${roots[*]:-(nothing)}"
+
+  local links=/tmp/cudalibs dirs=() lib found
+  mkdir -p "$links"
+  for lib in libcublas libcublasLt libnvrtc libnvrtc-builtins libcudart; do
+    found=""
+    # (With no roots, find would search the working directory.)
+    if ((${#roots[@]} > 0)); then found=$(first_lib "$lib" "${roots[@]}"); fi
+    if [ -z "$found" ]; then
+      echo "  $lib.so.13: NOT FOUND"
+      continue
+    fi
+    echo "  $lib.so.13: $found"
+    dirs+=("$(dirname "$found")")
+    # Only a versioned file (libX.so.13.y.z): the name cudarc opens is a link here.
+    if [ "$(basename "$found")" != "$lib.so.13" ]; then
+      ln -sf "$found" "$links/$lib.so.13"
+      dirs+=("$links")
+    fi
+  done
+  # libcuda comes with the driver; containers often have only libcuda.so.1.
+  if [ -d /usr/local/nvidia/lib64 ]; then dirs+=(/usr/local/nvidia/lib64); fi
+  if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so '; then
+    found=$(find /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu /usr/lib64 -name 'libcuda.so.1' 2>/dev/null | head -n 1 || true)
+    if [ -n "$found" ]; then
+      ln -sf "$found" "$links/libcuda.so"
+      dirs+=("$links")
+    fi
+  fi
+  local joined="" d
+  for d in "${dirs[@]}"; do
+    case ":$joined:" in *":$d:"*) ;; *) joined="${joined:+$joined:}$d" ;; esac
+  done
+  export LD_LIBRARY_PATH="${joined}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+
+  # Open them as cudarc will (by name), and have NVRTC compile a kernel (builtins found).
+  rc=0
+  timeout 60 "$PY" - <<'EOF' || rc=$?
+import ctypes as c
+ok = True
+def load(name):
+    global ok
+    try:
+        return c.CDLL(name)
+    except OSError as e:
+        ok = False
+        print(f"  {name}: FAILED {e}")
+cuda = load("libcuda.so.1")
+if cuda:
+    v = c.c_int()
+    r = cuda.cuInit(0)
+    cuda.cuDriverGetVersion(c.byref(v))
+    print(f"  libcuda.so.1: cuInit={r} driver CUDA {v.value // 1000}.{v.value % 1000 // 10}")
+    ok &= r == 0
+blas = load("libcublas.so.13")
+if blas:
+    v = c.c_int()
+    blas.cublasGetProperty(0, c.byref(v)); major = v.value
+    blas.cublasGetProperty(1, c.byref(v))
+    print(f"  libcublas.so.13: {major}.{v.value}")
+nvrtc = load("libnvrtc.so.13")
+if nvrtc:
+    ma, mi = c.c_int(), c.c_int()
+    nvrtc.nvrtcVersion(c.byref(ma), c.byref(mi))
+    prog = c.c_void_p()
+    src = b'extern "C" __global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }'
+    nvrtc.nvrtcCreateProgram(c.byref(prog), src, b"k.cu", 0, None, None)
+    opts = (c.c_char_p * 1)(b"--gpu-architecture=compute_90")
+    r = nvrtc.nvrtcCompileProgram(prog, 1, opts)
+    n = c.c_size_t()
+    nvrtc.nvrtcGetProgramLogSize(prog, c.byref(n))
+    log = c.create_string_buffer(n.value)
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    print(f"  libnvrtc.so.13: {ma.value}.{mi.value}, compile of a test kernel: {'OK' if r == 0 else 'FAILED ' + log.value.decode(errors='replace')}")
+    ok &= r == 0
+raise SystemExit(0 if ok else 1)
+EOF
+  if ((rc != 0)); then record "a. CUDA libraries" "FAILED rc=$rc"; else record "a. CUDA libraries" "OK"; fi
+}
+
+# The directory cargo would run a test executable in (its package root): an integration
+# test `NAME-hash` comes from DIR/tests/NAME.rs, a unit-test binary is named after its crate.
+crate_dir_of() {
+  local stem=$1 toml
+  for toml in Cargo.toml */Cargo.toml; do
+    local dir
+    dir=$(dirname "$toml")
+    if [ -f "$dir/tests/$stem.rs" ] || grep -q "^name = \"${stem//_/-}\"" "$toml" 2>/dev/null; then
+      echo "$ROOT/$dir"
+      return 0
+    fi
+  done
+  echo "$ROOT"
+}
+
+# b. Each prebuilt test executable, on the GPU.
+step_tests() {
+  # Tests that read env!("CARGO_MANIFEST_DIR") carry the build machine's path (/work/main).
+  if [ ! -e /work/main ] && [ "$ROOT" != /work/main ] && mkdir -p /work 2>/dev/null; then
+    ln -s "$ROOT" /work/main && echo "linked /work/main -> $ROOT (compile-time paths of the tests)"
+  fi
+  local tests_end=$((SECONDS + TESTS_BUDGET_S)) t found=0
+  for t in "$ROOT"/.gpu/tests/*; do
+    if [ ! -f "$t" ] || [ ! -x "$t" ]; then continue; fi
+    found=1
+    local name stem dir limit=120
+    name=$(basename "$t")
+    stem=${name%-*}
+    dir=$(crate_dir_of "$stem")
+    if ((tests_end - SECONDS < limit)); then limit=$((tests_end - SECONDS)); fi
+    (cd "$dir" && run_step "b. test $stem" "$limit" - \
+      env FALLOW_TEST_DEVICE=cuda FALLOW_MODELS_DIR="$MODELS_DIR" FALLOW_REPO_DIR="$ROOT" CARGO_MANIFEST_DIR="$dir" \
+      RUST_BACKTRACE=1 "$t" --test-threads=1 --nocapture)
+  done
+  if ((found == 0)); then
+    section "b. tests"
+    record "b. tests" "SKIPPED (no executables in .gpu/tests)"
+  fi
+}
+
+# The default model from its parts, when it came split (see the header).
+assemble_model() {
+  section "assemble default model"
+  if [ -f "$SMOL" ]; then
+    record "assemble model" "OK (whole file carried)"
+    return 0
+  fi
+  local parts=() p
+  for p in "$ROOT"/.gpu/models/*.part-* "$ROOT"/.gpu-b/*.part-*; do
+    if [ -f "$p" ]; then parts+=("$p"); fi
+  done
+  if ((${#parts[@]} == 0)); then
+    record "assemble model" "SKIPPED (no parts)"
+    return 0
+  fi
+  mapfile -t parts < <(printf '%s\n' "${parts[@]}" | awk -F'.part-' '{print $NF "\t" $0}' | sort | cut -f2)
+  mkdir -p "$WORK/models"
+  local joined
+  joined="$WORK/models/$(basename "$SMOL")"
+  cat "${parts[@]}" >"$joined"
+  local want have
+  want=$(cat "$ROOT"/.gpu*/models.sha256 2>/dev/null | head -n 1 | cut -d' ' -f1 || true)
+  have=$(sha256sum "$joined" | cut -d' ' -f1)
+  echo "parts: ${parts[*]}"
+  echo "sha256 $have (want ${want:-unknown})"
+  if [ -n "$want" ] && [ "$want" = "$have" ]; then
+    MODELS_DIR="$WORK/models"
+    SMOL="$joined"
+    record "assemble model" "OK (${#parts[@]} parts)"
+  else
+    rm -f "$joined"
+    record "assemble model" "FAILED (checksum; parts ${#parts[@]})"
+  fi
+}
+
+# c. The same greedy chat completion on cuda and on cpu.
+step_generate() {
+  if [ ! -f "$SMOL" ]; then
+    section "c. generate"
+    record "c. generate" "SKIPPED (no $SMOL)"
+    return 0
+  fi
+  local dev
+  for dev in cuda cpu; do
+    run_step "c. generate --device $dev" 90 "$WORK/generate-$dev.txt" \
+      "$FALLOW" generate --model "$SMOL" --device "$dev" --chat \
+      --prompt "What is the capital of France?" --max-tokens 32 --temperature 0
+  done
+  section "c. generate: cuda vs cpu"
+  for dev in cuda cpu; do
+    echo "--- $dev:"
+    cat "$WORK/generate-$dev.txt" 2>/dev/null || true
+    echo
+  done
+  if [ -s "$WORK/generate-cuda.txt" ] && cmp -s "$WORK/generate-cuda.txt" "$WORK/generate-cpu.txt"; then
+    record "c. generate output cuda vs cpu" "IDENTICAL"
+  else
+    record "c. generate output cuda vs cpu" "DIFFERENT (or missing)"
+  fi
+}
+
+main() {
+  echo "gpu-check: $(date -u +%FT%TZ), repo $ROOT, budget ${BUDGET_S}s, output $OUT"
+  step_environment
+  assemble_model
+  step_tests
+  step_generate
+  if [ "${GPU_CHECK_ONLY:-}" = model ]; then
+    echo "gpu-check: GPU_CHECK_ONLY=model, done in $((SECONDS - START_S))s"
+    if grep -qE $'\t(FAILED|TIMEOUT)' "$OUT/steps.tsv"; then return 1; fi
+    return 0
+  fi
+
+  run_step "d. make random Llama-3.1-8B" 240 - "$PY" gpu-runner/scripts/make_random_llama.py "$LLAMA_DIR"
+  run_step "e. bandwidth" 60 "$WORK/bandwidth.txt" "$PY" gpu-runner/scripts/bandwidth.py
+  local have_model=1
+  if [ ! -f "$LLAMA_DIR/done.json" ]; then have_model=0; fi
+  if ((have_model)); then
+    run_step "f. fallow bench engine" 240 "$OUT/fallow-bench.log" \
+      "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda --concurrency 1,8,64 \
+      --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+    run_step "f2. fallow bench engine, no CUDA graphs" 120 "$WORK/fallow-bench-nographs.log" \
+      env FALLOW_CUDA_GRAPHS=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
+      --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+    run_step "g. HF transformers bench" 180 "$OUT/hf-bench.log" \
+      "$PY" gpu-runner/scripts/hf_bench.py "$LLAMA_DIR" --batches 1,8,64 --prompt-tokens 32 --gen-tokens 128
+  else
+    section "f./g. benchmarks"
+    record "f. fallow bench engine" "SKIPPED (no model in $LLAMA_DIR)"
+    record "g. HF transformers bench" "SKIPPED (no model in $LLAMA_DIR)"
+  fi
+
+  section "h. summary"
+  local bw
+  bw=$(sed -n 's/^bandwidth_gbs=//p' "$WORK/bandwidth.txt" 2>/dev/null | tail -n 1 || true)
+  timeout 30 "$PY" gpu-runner/scripts/bandwidth.py summary \
+    --fallow-log "$OUT/fallow-bench.log" --hf-log "$OUT/hf-bench.log" \
+    --bytes-per-step "$LLAMA_DIR/bytes_per_step.txt" ${bw:+--bandwidth-gbs "$bw"} \
+    --steps "$OUT/steps.tsv" --out "$OUT/summary.txt" ||
+    echo "summary: FAILED rc=$?" | tee "$OUT/summary.txt"
+  echo
+  echo "gpu-check: done in $((SECONDS - START_S))s; files in $OUT: $(cd "$OUT" && echo *)"
+  # Non-zero when any step failed or timed out (skips do not count).
+  ! grep -qE $'\t(FAILED|TIMEOUT)' "$OUT/steps.tsv"
+}
+
+mkdir -p "$OUT" "$WORK"
+rm -rf "$OUT/steps.tsv" "$OUT/summary.txt" "$OUT/fallow-bench.log" "$OUT/hf-bench.log" "${WORK:?}"/*
+main 2>&1 | tee "$OUT/gpu-check.log"

@@ -1,0 +1,323 @@
+//! One step's launches: embedding, then per block attention (fused QKV GEMM, bias/norm/RoPE,
+//! KV store, paged attention, output GEMM) and feed-forward (fused gate/up GEMM, gated
+//! activation, down GEMM), with each residual add fused into the next block's RMSNorm;
+//! finally the norm and LM head over the rows that produce logits only.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::step::addr;
+use super::{rope_style_code, CudaBackend, CudaError};
+use crate::engine::backend::StepOutput;
+use crate::engine::model::Activation;
+
+/// Threads per block of the row-wise kernels: one block per token row, so a decode step of
+/// one sequence is one block; the widest block keeps its per-thread loop short.
+const ROW_THREADS: u32 = 1024;
+/// Threads per block of elementwise kernels.
+const ELEMENT_THREADS: u32 = 256;
+/// Threads per block of the attention kernel (ATTN_WARPS in kernels.cu).
+const ATTN_THREADS: u32 = 256;
+/// Threads per (token, head) block of `qkv_prepare`.
+const HEAD_THREADS: u32 = 64;
+
+fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (x as u32, y as u32, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Launches `name` on the backend's stream with the given by-value arguments (each bound
+/// to a local first: the builder keeps their addresses until the launch).
+macro_rules! launch {
+    ($self:ident, $name:literal, $cfg:expr, $($arg:expr),+ $(,)?) => {{
+        let f = $self.kernels.get($name);
+        let mut b = $self.stream.launch_builder(f);
+        launch!(@push b, $($arg),+);
+        // SAFETY: every address comes from a live buffer sized for this step by
+        // `Scratch::ensure` / `StepInputs::upload`, and the argument list matches the
+        // kernel's signature in kernels.cu.
+        unsafe { b.launch($cfg) }
+            .map(|_| ())
+            .map_err(|e| CudaError::Failure(format!("kernel {}: {e}", $name)))
+    }};
+    (@push $b:ident, $head:expr $(, $tail:expr)*) => {
+        let value = $head;
+        $b.arg(&value);
+        launch!(@push $b $(, $tail)*);
+    };
+    (@push $b:ident) => {};
+}
+
+impl CudaBackend {
+    pub(super) fn embed(&mut self, n: usize) -> Result<(), CudaError> {
+        let c = &self.config;
+        let scale = c.embedding_scale.unwrap_or(1.0);
+        let (table, ids, x) = (
+            self.weights.token_embd.buf.ptr(),
+            self.inputs.at(self.inputs.ids),
+            addr(&self.scratch.x),
+        );
+        let hidden = c.hidden as i32;
+        launch!(
+            self,
+            "embed",
+            grid(n, 1, ROW_THREADS),
+            table,
+            ids,
+            x,
+            hidden,
+            scale
+        )?;
+        // The first block's pre-norm; later ones are fused into the residual adds.
+        let (w, xn, eps, null) = (
+            self.weights.layers[0].attn_norm.ptr(),
+            addr(&self.scratch.xn),
+            c.rms_eps,
+            0u64,
+        );
+        launch!(
+            self,
+            "rms_norm_bf16",
+            grid(n, 1, ROW_THREADS),
+            x,
+            null,
+            w,
+            xn,
+            hidden,
+            eps
+        )
+    }
+
+    pub(super) fn attention(&mut self, layer: usize, n: usize) -> Result<(), CudaError> {
+        let c = &self.config;
+        let l = &self.weights.layers[layer];
+        let s = &self.scratch;
+        let (qkv, xn, attn, proj) = (addr(&s.qkv), addr(&s.xn), addr(&s.attn), addr(&s.proj));
+        self.gemm.matmul(xn, &l.wqkv, n, qkv)?;
+
+        let opt = |b: &Option<super::buffer::DeviceBuf<f32>>| b.as_ref().map_or(0u64, |b| b.ptr());
+        let inv_freq = if c.uses_local_rope(layer) {
+            self.inv_freq_local.ptr()
+        } else {
+            self.inv_freq_global.ptr()
+        };
+        let (n_heads, n_kv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
+        let positions = self.inputs.at(self.inputs.positions);
+        launch!(
+            self,
+            "qkv_prepare",
+            grid(n, c.n_heads + 2 * c.n_kv_heads, HEAD_THREADS),
+            qkv,
+            opt(&l.bqkv),
+            opt(&l.q_norm),
+            opt(&l.k_norm),
+            inv_freq,
+            positions,
+            n_heads,
+            n_kv,
+            hd,
+            c.rms_eps,
+            rope_style_code(c.rope_style)
+        )?;
+
+        let kv_dim = c.kv_dim();
+        let layer_offset = layer * self.num_blocks * self.block_size * kv_dim;
+        let (k_cache, v_cache) = (self.k_cache.at(layer_offset), self.v_cache.at(layer_offset));
+        let qkv_width = (c.q_dim() + 2 * kv_dim) as i32;
+        let slots = self.inputs.at(self.inputs.slots);
+        launch!(
+            self,
+            "store_kv",
+            grid(n, 1, ROW_THREADS),
+            qkv,
+            slots,
+            k_cache,
+            v_cache,
+            qkv_width,
+            c.q_dim() as i32,
+            kv_dim as i32
+        )?;
+
+        let window = c.layer_window(layer).map_or(0, |w| w as i32);
+        launch!(
+            self,
+            "paged_attention",
+            grid(n, c.n_heads, ATTN_THREADS),
+            qkv,
+            qkv_width,
+            k_cache,
+            v_cache,
+            self.inputs.at(self.inputs.block_tables),
+            self.inputs.max_blocks as i32,
+            self.inputs.at(self.inputs.token_seq),
+            positions,
+            attn,
+            n_heads,
+            n_kv,
+            hd,
+            self.block_size as i32,
+            c.attn_scale,
+            c.attn_logit_softcap.unwrap_or(0.0),
+            window
+        )?;
+        self.gemm.matmul(attn, &l.wo, n, proj)?;
+
+        let (x, hidden) = (addr(&s.x), c.hidden as i32);
+        launch!(
+            self,
+            "add_rms_norm",
+            grid(n, 1, ROW_THREADS),
+            x,
+            proj,
+            opt(&l.post_attn_norm),
+            l.ffn_norm.ptr(),
+            xn,
+            hidden,
+            c.rms_eps
+        )
+    }
+
+    pub(super) fn feed_forward(&mut self, layer: usize, n: usize) -> Result<(), CudaError> {
+        let c = &self.config;
+        let l = &self.weights.layers[layer];
+        let s = &self.scratch;
+        let (xn, gate_up, act, proj, x) = (
+            addr(&s.xn),
+            addr(&s.gate_up),
+            addr(&s.act),
+            addr(&s.proj),
+            addr(&s.x),
+        );
+        self.gemm.matmul(xn, &l.w_gate_up, n, gate_up)?;
+        let kind = match c.activation {
+            Activation::Silu => 0i32,
+            Activation::GeluTanh => 1,
+        };
+        let ffn = c.ffn as i32;
+        let ffn_blocks = c.ffn.div_ceil(ELEMENT_THREADS as usize);
+        launch!(
+            self,
+            "gated_act",
+            grid(n, ffn_blocks, ELEMENT_THREADS),
+            gate_up,
+            act,
+            ffn,
+            kind
+        )?;
+        self.gemm.matmul(act, &l.w_down, n, proj)?;
+
+        let post = l.post_ffn_norm.as_ref().map_or(0u64, |b| b.ptr());
+        // The last block only adds its residual: the final norm runs over logit rows alone.
+        let next = self
+            .weights
+            .layers
+            .get(layer + 1)
+            .map_or(0u64, |next| next.attn_norm.ptr());
+        let hidden = c.hidden as i32;
+        launch!(
+            self,
+            "add_rms_norm",
+            grid(n, 1, ROW_THREADS),
+            x,
+            proj,
+            post,
+            next,
+            xn,
+            hidden,
+            c.rms_eps
+        )
+    }
+
+    /// Every launch of a step, from the embedding to the greedy picks: what a CUDA graph
+    /// captures (no host copies in here).
+    pub(super) fn launch_step(&mut self, n: usize) -> Result<(), CudaError> {
+        self.embed(n)?;
+        for layer in 0..self.config.n_layers {
+            self.attention(layer, n)?;
+            self.feed_forward(layer, n)?;
+        }
+        self.head()
+    }
+
+    /// Final norm and LM head over the rows that need it, then the argmax of greedy rows.
+    fn head(&mut self) -> Result<(), CudaError> {
+        let c = &self.config;
+        let full = self.layout.logit_rows.len();
+        let greedy = self.layout.argmax_rows.len();
+        let rows = full + greedy;
+        if rows == 0 {
+            return Ok(());
+        }
+        let s = &self.scratch;
+        let (x, head_in, logits, ids) = (
+            addr(&s.x),
+            addr(&s.head_in),
+            addr(&s.logits),
+            addr(&s.argmax),
+        );
+        let row_index = self.inputs.at(self.inputs.logit_rows);
+        let hidden = c.hidden as i32;
+        launch!(
+            self,
+            "rms_norm_bf16",
+            grid(rows, 1, ROW_THREADS),
+            x,
+            row_index,
+            self.weights.output_norm.ptr(),
+            head_in,
+            hidden,
+            c.rms_eps
+        )?;
+        self.gemm
+            .matmul(head_in, self.weights.lm_head(), rows, logits)?;
+        let total = rows * c.vocab_size;
+        if let Some(cap) = c.final_logit_softcap {
+            let blocks = total.div_ceil(ELEMENT_THREADS as usize);
+            launch!(
+                self,
+                "softcap",
+                grid(blocks, 1, ELEMENT_THREADS),
+                logits,
+                total as i64,
+                cap
+            )?;
+        }
+        if greedy > 0 {
+            let vocab = c.vocab_size as i32;
+            launch!(
+                self,
+                "argmax_rows",
+                grid(greedy, 1, 1024),
+                logits,
+                full as i32,
+                vocab,
+                ids
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Copies back the full-logit rows and the greedy rows' tokens (waits for the stream).
+    pub(super) fn read_outputs(&self) -> Result<StepOutput, CudaError> {
+        let full = self.layout.logit_rows.len();
+        let greedy = self.layout.argmax_rows.len();
+        let vocab = self.config.vocab_size;
+        let mut out = StepOutput::default();
+        if greedy > 0 {
+            let picked = match &self.scratch.argmax {
+                Some(buf) => buf.read(&self.stream, greedy)?,
+                None => return Err(CudaError::Failure("argmax buffer missing".into())),
+            };
+            out.argmax = picked.into_iter().map(|t| t as u32).collect();
+        }
+        if full > 0 {
+            out.logits = match &self.scratch.logits {
+                Some(buf) => buf.read(&self.stream, full * vocab)?,
+                None => return Err(CudaError::Failure("logits buffer missing".into())),
+            };
+        }
+        Ok(out)
+    }
+}

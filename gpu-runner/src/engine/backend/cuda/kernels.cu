@@ -1,0 +1,361 @@
+// Fallow's CUDA kernels, compiled at run time with NVRTC (see kernels.rs).
+//
+// Conventions: the residual stream and GEMM outputs are f32; matrix inputs (normalised
+// activations, attention output, gated FFN activation) and the weights are bf16, stored as
+// `unsigned short` so that no toolkit header is needed at run time. Every pointer is a raw
+// device address passed by the host; rows are `blockIdx.x`.
+
+typedef unsigned short bf16;
+
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+__device__ __forceinline__ float bf16_to_f32(bf16 h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+
+// Round to nearest even, NaN kept quiet.
+__device__ __forceinline__ bf16 f32_to_bf16(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
+        return (bf16)((u >> 16) | 0x40);
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16)(u >> 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024).
+__device__ float block_sum(float v) {
+    __shared__ float partial[32];
+    __shared__ float total;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float s = lane < (int)(blockDim.x >> 5) ? partial[lane] : 0.0f;
+        s = warp_sum(s);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    float r = total;
+    __syncthreads();
+    return r;
+}
+
+// x[t] = table[ids[t]] * scale (Gemma scales its embeddings by sqrt(hidden)).
+extern "C" __global__ void embed(const bf16* table, const unsigned int* ids, float* x,
+                                 int hidden, float scale) {
+    const bf16* row = table + (size_t)ids[blockIdx.x] * hidden;
+    float* out = x + (size_t)blockIdx.x * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = bf16_to_f32(row[i]) * scale;
+}
+
+// out[r] = bf16(rmsnorm(x[rows[r]]) * w): the pre-norm of a block, or (with `rows`) the final
+// norm of the rows that produce logits. `rows` may be null (row r reads x[r]).
+extern "C" __global__ void rms_norm_bf16(const float* x, const int* rows, const float* w,
+                                         bf16* out, int hidden, float eps) {
+    int src = rows ? rows[blockIdx.x] : (int)blockIdx.x;
+    const float* xr = x + (size_t)src * hidden;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) ss += xr[i] * xr[i];
+    float inv = rsqrtf(block_sum(ss) / hidden + eps);
+    bf16* o = out + (size_t)blockIdx.x * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = f32_to_bf16(xr[i] * inv * w[i]);
+}
+
+// The end of a sub-block and the start of the next, one pass per row:
+// x += post_w ? rmsnorm(delta) * post_w : delta;  then, unless next_w is null (the last
+// block), out = bf16(rmsnorm(x) * next_w).
+extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ delta,
+                                        const float* post_w, const float* next_w,
+                                        bf16* __restrict__ out, int hidden, float eps) {
+    float* xr = x + (size_t)blockIdx.x * hidden;
+    const float* dr = delta + (size_t)blockIdx.x * hidden;
+    float post_inv = 1.0f;
+    if (post_w) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < hidden; i += blockDim.x) ss += dr[i] * dr[i];
+        post_inv = rsqrtf(block_sum(ss) / hidden + eps);
+    }
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        float d = post_w ? dr[i] * post_inv * post_w[i] : dr[i];
+        float v = xr[i] + d;
+        xr[i] = v;
+        ss += v * v;
+    }
+    if (!next_w) return;
+    float inv = rsqrtf(block_sum(ss) / hidden + eps);
+    bf16* o = out + (size_t)blockIdx.x * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = f32_to_bf16(xr[i] * inv * next_w[i]);
+}
+
+// Per (token, head) of the fused QKV rows: bias, per-head RMSNorm (Q and K heads) and RoPE
+// (Q and K heads). Heads are ordered Q heads, then K heads, then V heads.
+// inv_freq: head_dim/2 doubles; style 0 = interleaved pairs, 1 = NEOX halves.
+extern "C" __global__ void qkv_prepare(float* qkv, const float* bias, const float* q_norm,
+                                       const float* k_norm, const double* inv_freq,
+                                       const int* positions, int n_heads, int n_kv_heads,
+                                       int head_dim, float eps, int style) {
+    int t = blockIdx.x, h = blockIdx.y;
+    int width = (n_heads + 2 * n_kv_heads) * head_dim;
+    float* v = qkv + (size_t)t * width + (size_t)h * head_dim;
+    if (bias) {
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) v[i] += bias[h * head_dim + i];
+        __syncthreads();
+    }
+    if (h >= n_heads + n_kv_heads) return;  // V heads: bias only
+    const float* norm = h < n_heads ? q_norm : k_norm;
+    if (norm) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) ss += v[i] * v[i];
+        float inv = rsqrtf(block_sum(ss) / head_dim + eps);
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) v[i] = v[i] * inv * norm[i];
+        __syncthreads();
+    }
+    int half = head_dim / 2;
+    double pos = (double)positions[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double s, c;
+        sincos(pos * inv_freq[i], &s, &c);
+        float cf = (float)c, sf = (float)s;
+        int a = style == 0 ? 2 * i : i;
+        int b = style == 0 ? 2 * i + 1 : i + half;
+        float x0 = v[a], x1 = v[b];
+        v[a] = x0 * cf - x1 * sf;
+        v[b] = x0 * sf + x1 * cf;
+    }
+}
+
+// Writes each token's K and V rows (from the fused QKV rows) into its KV slot.
+extern "C" __global__ void store_kv(const float* qkv, const int* slots, bf16* k_cache,
+                                    bf16* v_cache, int qkv_width, int k_offset, int kv_dim) {
+    int t = blockIdx.x;
+    const float* row = qkv + (size_t)t * qkv_width;
+    size_t base = (size_t)slots[t] * kv_dim;
+    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+        k_cache[base + i] = f32_to_bf16(row[k_offset + i]);
+        v_cache[base + i] = f32_to_bf16(row[k_offset + kv_dim + i]);
+    }
+}
+
+#define ATTN_WARPS 8
+#define MAX_DIMS_PER_LANE 8  // head_dim <= 256 (checked by the host)
+
+// Causal attention over the paged KV cache for one (query token, query head) per block:
+// each warp walks every ATTN_WARPS-th key with an online softmax, then the warps merge.
+// Serves decode (one query per sequence) and prefill (every prompt token, attending to the
+// cached prefix and to the chunk's own earlier tokens, which store_kv wrote first).
+extern "C" __global__ void paged_attention(
+    const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,
+    const int* block_tables, int max_blocks, const int* token_seq, const int* positions,
+    bf16* out, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale,
+    float softcap, int window) {
+    int t = blockIdx.x, h = blockIdx.y;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int group = n_heads / n_kv_heads;
+    int kvh = h / group;
+    int kv_dim = n_kv_heads * head_dim;
+    int per_lane = (head_dim + 31) / 32;
+    int pos = positions[t];
+    int lo = window > 0 ? max(0, pos + 1 - window) : 0;
+    const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
+    const float* q = qkv + (size_t)t * qkv_width + (size_t)h * head_dim;
+
+    float qr[MAX_DIMS_PER_LANE], acc[MAX_DIMS_PER_LANE];
+#pragma unroll
+    for (int r = 0; r < MAX_DIMS_PER_LANE; r++) {
+        qr[r] = lane + 32 * r < head_dim ? q[lane + 32 * r] * scale : 0.0f;
+        acc[r] = 0.0f;
+    }
+    float m = NEG_INF, l = 0.0f;
+    for (int j = lo + warp; j <= pos; j += ATTN_WARPS) {
+        size_t slot = (size_t)table[j / block_size] * block_size + (j % block_size);
+        const bf16* k = k_cache + slot * kv_dim + (size_t)kvh * head_dim;
+        float s = 0.0f;
+#pragma unroll
+        for (int r = 0; r < MAX_DIMS_PER_LANE; r++)
+            if (r < per_lane && lane + 32 * r < head_dim) s += qr[r] * bf16_to_f32(k[lane + 32 * r]);
+        s = warp_sum(s);
+        if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+        float m_new = fmaxf(m, s);
+        float correction = __expf(m - m_new);
+        float p = __expf(s - m_new);
+        l = l * correction + p;
+        const bf16* vv = v_cache + slot * kv_dim + (size_t)kvh * head_dim;
+#pragma unroll
+        for (int r = 0; r < MAX_DIMS_PER_LANE; r++)
+            if (r < per_lane && lane + 32 * r < head_dim)
+                acc[r] = acc[r] * correction + p * bf16_to_f32(vv[lane + 32 * r]);
+        m = m_new;
+    }
+
+    __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS];
+    __shared__ float sacc[ATTN_WARPS][MAX_DIMS_PER_LANE * 32];
+    if (lane == 0) {
+        sm[warp] = m;
+        sl[warp] = l;
+    }
+#pragma unroll
+    for (int r = 0; r < MAX_DIMS_PER_LANE; r++)
+        if (r < per_lane && lane + 32 * r < head_dim) sacc[warp][lane + 32 * r] = acc[r];
+    __syncthreads();
+    float m_all = NEG_INF;
+    for (int w = 0; w < ATTN_WARPS; w++) m_all = fmaxf(m_all, sm[w]);
+    float l_all = 0.0f;
+    for (int w = 0; w < ATTN_WARPS; w++)
+        if (sl[w] > 0.0f) l_all += sl[w] * __expf(sm[w] - m_all);
+    bf16* o = out + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float sum = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++)
+            if (sl[w] > 0.0f) sum += sacc[w][d] * __expf(sm[w] - m_all);
+        o[d] = f32_to_bf16(sum / l_all);
+    }
+}
+
+// out = bf16(act(gate) * up) over the fused [gate | up] rows; act 0 = SiLU, 1 = GELU (tanh).
+// Grid (tokens, ffn / blockDim): one element per thread, so a single token still spreads
+// over the whole GPU.
+extern "C" __global__ void gated_act(const float* __restrict__ gate_up, bf16* __restrict__ out,
+                                     int ffn, int act) {
+    int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= ffn) return;
+    const float* g = gate_up + (size_t)blockIdx.x * 2 * ffn;
+    float x = g[i], a;
+    if (act == 0) {
+        a = x / (1.0f + __expf(-x));
+    } else {
+        a = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+    }
+    out[(size_t)blockIdx.x * ffn + i] = f32_to_bf16(a * g[ffn + i]);
+}
+
+// x = cap * tanh(x / cap) (Gemma 2's final logit soft-capping).
+extern "C" __global__ void softcap(float* x, long long n, float cap) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = cap * tanhf(x[i] / cap);
+}
+
+#define GEMV_MAX_ROWS 8
+#define GEMV_WARPS 8
+#define GEMV_UNROLL 4
+// K elements of x staged in shared memory per pass: 32 lanes × GEMV_UNROLL chunks of 8.
+#define GEMV_TILE (32 * GEMV_UNROLL * 8)
+
+// out[j, m] = sum_k x[j, k] * w[m, k] for j < n <= GEMV_MAX_ROWS: the decode-sized matrix
+// product, bound by reading W once. One warp per output column m, GEMV_WARPS per block; x is
+// staged tile by tile in shared memory (read from L2 once per block, not once per warp and
+// row), and each lane keeps GEMV_UNROLL independent 16-byte loads of W in flight. Each lane
+// adds its chunks of K in ascending order whatever the tiling. K % 8 == 0.
+extern "C" __global__ void gemv_bf16(const bf16* __restrict__ w, const bf16* __restrict__ x,
+                                     float* __restrict__ out, int M, int K, int n) {
+    __shared__ uint4 xs[GEMV_MAX_ROWS][GEMV_TILE / 8];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int m = blockIdx.x * GEMV_WARPS + warp;
+    const uint4* wrow = (const uint4*)(w + (size_t)min(m, M - 1) * K);
+    float acc[GEMV_MAX_ROWS];
+#pragma unroll
+    for (int j = 0; j < GEMV_MAX_ROWS; j++) acc[j] = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += GEMV_TILE) {
+        int chunks = min(GEMV_TILE, K - k0) / 8;
+        for (int i = threadIdx.x; i < n * chunks; i += blockDim.x) {
+            int j = i / chunks, c = i - j * chunks;
+            xs[j][c] = __ldg((const uint4*)(x + (size_t)j * K + k0) + c);
+        }
+        __syncthreads();
+        uint4 wv[GEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            int c = lane + 32 * u;
+            if (c < chunks) wv[u] = __ldg(wrow + k0 / 8 + c);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            int c = lane + 32 * u;
+            if (c < chunks) {
+                float wf[8];
+                unsigned int words[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    wf[2 * e] = __uint_as_float(words[e] << 16);
+                    wf[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
+                }
+#pragma unroll
+                for (int j = 0; j < GEMV_MAX_ROWS; j++) {
+                    if (j < n) {
+                        uint4 xv = xs[j][c];
+                        unsigned int xw[4] = {xv.x, xv.y, xv.z, xv.w};
+                        float s = 0.0f;
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            s += wf[2 * e] * __uint_as_float(xw[e] << 16);
+                            s += wf[2 * e + 1] * __uint_as_float(xw[e] & 0xffff0000u);
+                        }
+                        acc[j] += s;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (m >= M) return;
+#pragma unroll
+    for (int j = 0; j < GEMV_MAX_ROWS; j++) {
+        if (j < n) {
+            float s = warp_sum(acc[j]);
+            if (lane == 0) out[(size_t)j * M + m] = s;
+        }
+    }
+}
+
+// ids[r] = argmax of logits row `first + r` (NaN never wins; ties go to the lowest index),
+// so that greedy sequences copy one id back instead of a vocabulary of floats.
+extern "C" __global__ void argmax_rows(const float* logits, int first, int vocab, int* ids) {
+    const float* row = logits + (size_t)(first + blockIdx.x) * vocab;
+    float best = NEG_INF;
+    int best_i = 0x7fffffff;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float v = row[i];
+        if (v > best || (v == best && i < best_i)) {
+            best = v;
+            best_i = i;
+        }
+    }
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+        if (ov > best || (ov == best && oi < best_i)) {
+            best = ov;
+            best_i = oi;
+        }
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        sv[warp] = best;
+        si[warp] = best_i;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) {
+            if (sv[w] > best || (sv[w] == best && si[w] < best_i)) {
+                best = sv[w];
+                best_i = si[w];
+            }
+        }
+        // A row of NaN / -inf only: token 0, as the host sampler does.
+        ids[blockIdx.x] = best_i == 0x7fffffff ? 0 : best_i;
+    }
+}

@@ -1,0 +1,124 @@
+//! The backend's kernels: CUDA C source compiled at run time with NVRTC (no `nvcc` at build
+//! time), once per device per process, for that device's compute capability.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+/// The kernel source (also compiled by the PTX test on machines without a GPU).
+pub const SOURCE: &str = include_str!("kernels.cu");
+
+/// Every kernel the backend launches, by name.
+pub const NAMES: [&str; 10] = [
+    "embed",
+    "rms_norm_bf16",
+    "add_rms_norm",
+    "qkv_prepare",
+    "store_kv",
+    "paged_attention",
+    "gated_act",
+    "softcap",
+    "gemv_bf16",
+    "argmax_rows",
+];
+
+/// Compiles [`SOURCE`] to PTX for `arch` (e.g. `compute_90`).
+pub fn compile_ptx(arch: &'static str) -> Result<Ptx, String> {
+    let options = CompileOptions {
+        arch: Some(arch),
+        options: vec!["--std=c++17".into(), "-default-device".into()],
+        ..CompileOptions::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(SOURCE, options).map_err(|e| format!("NVRTC: {e}"))
+}
+
+/// Whether NVRTC's library can be loaded here (the PTX test skips without it).
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only probes dlopen; no NVRTC function is called.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// The loaded kernels of one device.
+pub struct Kernels {
+    functions: HashMap<&'static str, CudaFunction>,
+}
+
+impl Kernels {
+    /// The kernels for `ctx`'s device, compiled on first use and shared after that.
+    pub fn for_device(ctx: &Arc<CudaContext>) -> Result<Arc<Kernels>, String> {
+        static CACHE: OnceLock<Mutex<HashMap<usize, Arc<Kernels>>>> = OnceLock::new();
+        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut cache = cache
+            .lock()
+            .map_err(|_| "kernel cache poisoned".to_string())?;
+        if let Some(k) = cache.get(&ctx.ordinal()) {
+            return Ok(Arc::clone(k));
+        }
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| format!("compute capability: {e}"))?;
+        let ptx = compile_ptx(arch_name(major, minor))?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| format!("loading kernels: {e}"))?;
+        let mut functions = HashMap::new();
+        for name in NAMES {
+            let f = module
+                .load_function(name)
+                .map_err(|e| format!("kernel {name}: {e}"))?;
+            functions.insert(name, f);
+        }
+        let kernels = Arc::new(Kernels { functions });
+        cache.insert(ctx.ordinal(), Arc::clone(&kernels));
+        Ok(kernels)
+    }
+
+    pub fn get(&self, name: &str) -> &CudaFunction {
+        // Every name in NAMES was loaded in `for_device`; a typo here is a programming error
+        // caught by the first forward pass in any test.
+        &self.functions[name]
+    }
+}
+
+/// NVRTC's virtual architecture for a compute capability (PTX, JIT-compiled by the driver
+/// for the exact chip). Newer chips than this list get the newest entry.
+fn arch_name(major: i32, minor: i32) -> &'static str {
+    match (major, minor) {
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 7) => "compute_87",
+        (8, 9) => "compute_89",
+        (9, _) => "compute_90",
+        (m, _) if m >= 10 => "compute_90",
+        _ => "compute_80",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel compiles to PTX for the oldest and the newest target, without a GPU.
+    #[test]
+    fn every_kernel_compiles_to_ptx_with_nvrtc() {
+        if !nvrtc_available() {
+            eprintln!(
+                "SKIPPED: libnvrtc.so.13 not found (infra/test.sh installs the \
+                 nvidia-cuda-nvrtc wheel and puts it on LD_LIBRARY_PATH)"
+            );
+            return;
+        }
+        for arch in ["compute_80", "compute_90"] {
+            let ptx = compile_ptx(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+            let text = ptx.to_src();
+            for name in NAMES {
+                assert!(
+                    text.contains(&format!(".entry {name}(")),
+                    "{arch}: kernel {name} missing from the PTX"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! The CUDA backend: weights (bf16) and the paged KV cache (bf16) on one NVIDIA GPU, one
+//! batched step per `forward` on one stream. GEMMs go through cuBLAS; everything else is a
+//! kernel of ours compiled at run time with NVRTC ([`kernels`]). The batcher, block manager
+//! and sampler are the CPU backend's: only [`Backend::forward`] differs.
+//!
+//! The crate links CUDA dynamically, so it builds and runs on machines without it; opening a
+//! device there fails with [`CudaError::NoDevice`].
+
+mod buffer;
+pub mod device;
+mod forward;
+mod gemm;
+mod graphs;
+pub mod kernels;
+mod step;
+mod weights;
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaContext, CudaStream, DriverError};
+
+pub use device::DeviceInfo;
+
+use self::buffer::DeviceBuf;
+use self::gemm::Gemm;
+use self::graphs::DecodeGraphs;
+use self::kernels::Kernels;
+use self::step::{Scratch, StepInputs};
+use self::weights::DeviceWeights;
+use super::batch::BatchLayout;
+use super::cpu::rope::inv_freqs;
+use super::{Backend, BackendError, SeqSlice, StepOutput};
+use crate::engine::model::{ModelArtifacts, ModelConfig, RopeScaling, RopeStyle};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("no usable CUDA device: {0}")]
+    NoDevice(String),
+    #[error("CUDA driver: {0}")]
+    Driver(String),
+    #[error("CUDA backend: {0}")]
+    Failure(String),
+}
+
+impl CudaError {
+    fn driver(e: DriverError) -> Self {
+        CudaError::Driver(e.to_string())
+    }
+}
+
+impl From<CudaError> for BackendError {
+    fn from(e: CudaError) -> Self {
+        BackendError::Failure(e.to_string())
+    }
+}
+
+/// A model with its KV pool on one GPU.
+pub struct CudaBackend {
+    config: ModelConfig,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    kernels: Arc<Kernels>,
+    gemm: Gemm,
+    weights: DeviceWeights,
+    k_cache: DeviceBuf<u16>,
+    v_cache: DeviceBuf<u16>,
+    block_size: usize,
+    num_blocks: usize,
+    inv_freq_global: DeviceBuf<f64>,
+    inv_freq_local: DeviceBuf<f64>,
+    layout: BatchLayout,
+    inputs: StepInputs,
+    scratch: Scratch,
+    graphs: DecodeGraphs,
+}
+
+impl CudaBackend {
+    /// Uploads `artifacts` to device `ordinal` with a bf16 KV pool of `num_blocks` blocks of
+    /// `block_size` tokens.
+    pub fn new(
+        artifacts: &ModelArtifacts,
+        ordinal: usize,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self, CudaError> {
+        let config = artifacts.config.clone();
+        if block_size == 0 || num_blocks == 0 {
+            return Err(CudaError::Failure(format!(
+                "KV pool needs positive sizes, got {num_blocks} blocks of {block_size} tokens"
+            )));
+        }
+        if config.head_dim > 256 {
+            return Err(CudaError::Failure(format!(
+                "head_dim {} is not supported on CUDA (at most 256)",
+                config.head_dim
+            )));
+        }
+        let ctx = device::open(ordinal)?;
+        // Its own stream: the legacy default stream cannot be captured into a graph.
+        let stream = ctx.new_stream().map_err(CudaError::driver)?;
+        let kernels = Kernels::for_device(&ctx).map_err(CudaError::Failure)?;
+        let gemm = Gemm::new(&stream, Arc::clone(&kernels))?;
+        let weights = DeviceWeights::upload(&stream, &config, &artifacts.weights)?;
+        let kv_len = config
+            .n_layers
+            .checked_mul(num_blocks)
+            .and_then(|v| v.checked_mul(block_size))
+            .and_then(|v| v.checked_mul(config.kv_dim()))
+            .ok_or_else(|| CudaError::Failure("KV pool size overflows".into()))?;
+        let k_cache = DeviceBuf::zeros(&stream, kv_len)?;
+        let v_cache = DeviceBuf::zeros(&stream, kv_len)?;
+        let global = inv_freqs(
+            config.head_dim,
+            config.rope_theta,
+            config.rope_scaling,
+            artifacts.weights.rope_freq_factors.as_deref(),
+        );
+        let local = inv_freqs(
+            config.head_dim,
+            config.rope_theta_local,
+            RopeScaling::None,
+            None,
+        );
+        Ok(CudaBackend {
+            inv_freq_global: DeviceBuf::from_host(&stream, &global)?,
+            inv_freq_local: DeviceBuf::from_host(&stream, &local)?,
+            config,
+            ctx,
+            kernels,
+            gemm,
+            weights,
+            k_cache,
+            v_cache,
+            block_size,
+            num_blocks,
+            layout: BatchLayout::default(),
+            inputs: StepInputs::default(),
+            scratch: Scratch::default(),
+            graphs: DecodeGraphs::new(std::env::var("FALLOW_CUDA_GRAPHS").as_deref() != Ok("0")),
+            stream,
+        })
+    }
+
+    /// The device this backend runs on.
+    pub fn device(&self) -> Result<DeviceInfo, CudaError> {
+        device::describe(&self.ctx)
+    }
+
+    /// Bytes of weight matrices on the device.
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.matrix_bytes()
+    }
+
+    /// Caps the token count up to which matrix products use our GEMV kernel instead of
+    /// cuBLAS (0 = always cuBLAS; tests compare the two).
+    pub fn set_gemv_max_rows(&mut self, rows: usize) {
+        self.gemm.set_gemv_max_rows(rows);
+    }
+
+    /// Turns CUDA graphs for decode steps on or off (on by default; `FALLOW_CUDA_GRAPHS=0`
+    /// turns them off for a process).
+    pub fn set_cuda_graphs(&mut self, enabled: bool) {
+        self.graphs.set_enabled(enabled);
+    }
+
+    fn run(&mut self, batch: &[SeqSlice<'_>]) -> Result<StepOutput, CudaError> {
+        self.ctx.bind_to_thread().map_err(CudaError::driver)?;
+        let n = self.layout.n_tokens();
+        let key = self
+            .graphs
+            .key_for(batch, self.block_size, self.gemm.gemv_max_rows());
+        let moved_inputs = self.inputs.upload(
+            &self.stream,
+            &self.layout,
+            batch,
+            self.block_size,
+            key.map(|k| k.table_width),
+        )?;
+        let head_rows = self.layout.logit_rows.len() + self.layout.argmax_rows.len();
+        let moved_scratch = self
+            .scratch
+            .ensure(&self.stream, &self.config, n, head_rows)?;
+        if moved_inputs || moved_scratch {
+            // Captured graphs hold the old addresses.
+            self.graphs.clear();
+        }
+        match key {
+            Some(key) => {
+                if !self.graphs.contains(&key) {
+                    self.stream
+                        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                        .map_err(CudaError::driver)?;
+                    let launched = self.launch_step(n);
+                    // End the capture whatever happened, or the stream stays unusable.
+                    let graph = self.stream.end_capture(CUgraphInstantiate_flags(0));
+                    launched?;
+                    let graph = graph
+                        .map_err(CudaError::driver)?
+                        .ok_or_else(|| CudaError::Failure("empty CUDA graph".into()))?;
+                    self.graphs.insert(key, graph);
+                }
+                self.graphs.launch(&key)?;
+            }
+            None => self.launch_step(n)?,
+        }
+        self.read_outputs()
+    }
+}
+
+impl Backend for CudaBackend {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    fn forward(&mut self, batch: &[SeqSlice<'_>]) -> Result<Vec<f32>, BackendError> {
+        Ok(self.forward_step(batch)?.logits)
+    }
+
+    /// Greedy rows go through the LM head with the others, but only their argmax comes back.
+    fn forward_step(&mut self, batch: &[SeqSlice<'_>]) -> Result<StepOutput, BackendError> {
+        self.layout
+            .build(batch, &self.config, self.block_size, self.num_blocks)?;
+        if self.layout.n_tokens() == 0 {
+            return Ok(StepOutput::default());
+        }
+        Ok(self.run(batch)?)
+    }
+}
+
+/// RoPE pairing as the kernels number it.
+fn rope_style_code(style: RopeStyle) -> i32 {
+    match style {
+        RopeStyle::Interleaved => 0,
+        RopeStyle::Neox => 1,
+    }
+}
