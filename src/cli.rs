@@ -78,7 +78,8 @@ pub struct ServiceArgs {
     /// Where runners run their models: cpu, cuda, cuda:N or auto.
     #[arg(long, env = "FALLOW_DEVICE")]
     pub device: Option<String>,
-    /// KV cache budget per model, in MiB.
+    /// KV cache budget per model, in MiB (0 with a CUDA device: size it from the device
+    /// memory the weights leave free).
     #[arg(long, env = "FALLOW_KV_CACHE_MB")]
     pub kv_cache_mb: Option<usize>,
     /// Caps every model's context length.
@@ -288,7 +289,8 @@ pub struct BenchEngineArgs {
     /// Generated tokens per sequence.
     #[arg(long, default_value_t = 128)]
     pub gen_tokens: u32,
-    /// MiB given to the KV cache (it is allocated up front, so it counts in peak RSS).
+    /// MiB given to the KV cache (it is allocated up front, so it counts in peak RSS; 0 on
+    /// CUDA: sized from free device memory).
     #[arg(long, default_value_t = 1024)]
     pub kv_cache_mib: usize,
     /// Where the model runs: cpu, cuda, cuda:N, or auto (a GPU when one is usable).

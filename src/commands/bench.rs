@@ -14,7 +14,7 @@ pub fn engine(args: BenchEngineArgs) -> anyhow::Result<()> {
         max_num_seqs: max_conc,
         max_batched_tokens: 2048,
         enable_prefix_cache: false,
-        kv_cache_bytes: args.kv_cache_mib.max(1) << 20,
+        kv_cache_bytes: args.kv_cache_mib << 20,
         device: args.device,
         ..LoadOptions::default()
     };

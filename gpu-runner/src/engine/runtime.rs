@@ -53,7 +53,8 @@ impl std::fmt::Display for Device {
 /// How to load a model and size its engine.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
-    /// Bytes of memory given to the KV cache.
+    /// Bytes of memory given to the KV cache (0: automatic; on CUDA most of the device memory
+    /// the weights leave free, on the CPU the default 512 MiB).
     pub kv_cache_bytes: usize,
     /// Tokens per KV block.
     pub block_size: usize,
@@ -129,7 +130,13 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError
     let frontend = build_frontend(&artifacts, options)?;
     let block_size = options.block_size.max(1);
     let per_block = kv_bytes_per_block(&artifacts.config, block_size).max(1);
-    let num_blocks = (options.kv_cache_bytes / per_block).max(1);
+    // 0 bytes means automatic: the CUDA backend sizes its pool from free device memory,
+    // the CPU backend takes the default budget.
+    let num_blocks = match (options.kv_cache_bytes, options.device) {
+        (0, Device::Cuda(_)) => 0,
+        (0, Device::Cpu) => (LoadOptions::default().kv_cache_bytes / per_block).max(1),
+        (bytes, _) => (bytes / per_block).max(1),
+    };
     let backend: Box<dyn Backend> = match options.device {
         Device::Cpu => Box::new(
             CpuBackend::new(&artifacts, num_blocks, block_size)

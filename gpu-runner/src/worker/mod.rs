@@ -9,6 +9,7 @@
 //! GPU's owner returns, every held job is handed back and the runner reports `yielded`).
 
 mod claimer;
+mod devices;
 mod engine_host;
 mod in_flight;
 mod owner;
@@ -107,7 +108,7 @@ pub async fn run(
     let (engines, entries, mut host_rx) = start_engines(models)?;
     let info = RunnerInfo {
         host: config.host.clone(),
-        devices: devices(),
+        devices: devices::describe(),
         slots: config.slots as i32,
         models: entries,
     };
@@ -229,13 +230,6 @@ async fn owner_changed(owner: &mut Option<watch::Receiver<bool>>) -> Option<bool
         }
     }
     std::future::pending().await
-}
-
-fn devices() -> serde_json::Value {
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    serde_json::json!([{ "kind": "cpu", "cores": cores }])
 }
 
 struct Worker {

@@ -59,6 +59,15 @@ pub fn open(ordinal: usize) -> Result<Arc<CudaContext>, CudaError> {
     Ok(ctx)
 }
 
+/// Every CUDA device the driver reports; empty without a driver.
+pub fn probe_all() -> Result<Vec<DeviceInfo>, CudaError> {
+    if !driver_available() {
+        return Ok(Vec::new());
+    }
+    let count = CudaContext::device_count().map_err(CudaError::driver)?;
+    (0..count.max(0) as usize).map(probe).collect()
+}
+
 /// Describes device `ordinal`.
 pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaError> {
     let ctx = open(ordinal)?;

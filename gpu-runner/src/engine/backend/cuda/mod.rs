@@ -1,7 +1,9 @@
 //! The CUDA backend: weights (bf16) and the paged KV cache (bf16) on one NVIDIA GPU, one
-//! batched step per `forward` on one stream. GEMMs go through cuBLAS; everything else is a
-//! kernel of ours compiled at run time with NVRTC ([`kernels`]). The batcher, block manager
-//! and sampler are the CPU backend's: only [`Backend::forward`] differs.
+//! batched step per `forward_step` on one stream. Large GEMMs go through cuBLAS, decode-sized
+//! ones through our GEMV ([`gemm`]); everything else is a kernel of ours compiled at run time
+//! with NVRTC ([`kernels`]). Greedy rows get their argmax on the device, and decode steps of
+//! a few sequences replay CUDA graphs ([`graphs`]). The batcher, block manager and sampler
+//! are the CPU backend's: only [`Backend::forward_step`] differs.
 //!
 //! The crate links CUDA dynamically, so it builds and runs on machines without it; opening a
 //! device there fails with [`CudaError::NoDevice`].
@@ -32,6 +34,30 @@ use super::batch::BatchLayout;
 use super::cpu::rope::inv_freqs;
 use super::{Backend, BackendError, SeqSlice, StepOutput};
 use crate::engine::model::{ModelArtifacts, ModelConfig, RopeScaling, RopeStyle};
+
+#[cfg(test)]
+mod tests {
+    use super::auto_kv_blocks;
+
+    #[test]
+    fn an_automatic_kv_pool_takes_most_of_what_the_weights_leave() {
+        let gib = 1usize << 30;
+        // 100 GiB free, 2 GiB reserved, 90 % of the rest in 1 MiB blocks.
+        assert_eq!(
+            auto_kv_blocks(100 * gib, 1 << 20),
+            (98.0 * 1024.0 * 0.9) as usize
+        );
+        assert_eq!(
+            auto_kv_blocks(gib, 1 << 20),
+            0,
+            "less than the reserve leaves nothing"
+        );
+        assert_eq!(
+            auto_kv_blocks(10 * gib, 0),
+            (8.0 * gib as f64 * 0.9) as usize
+        );
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
@@ -77,7 +103,8 @@ pub struct CudaBackend {
 
 impl CudaBackend {
     /// Uploads `artifacts` to device `ordinal` with a bf16 KV pool of `num_blocks` blocks of
-    /// `block_size` tokens.
+    /// `block_size` tokens; `num_blocks == 0` sizes the pool from the memory left free after
+    /// the weights ([`auto_kv_blocks`]).
     pub fn new(
         artifacts: &ModelArtifacts,
         ordinal: usize,
@@ -85,7 +112,7 @@ impl CudaBackend {
         block_size: usize,
     ) -> Result<Self, CudaError> {
         let config = artifacts.config.clone();
-        if block_size == 0 || num_blocks == 0 {
+        if block_size == 0 {
             return Err(CudaError::Failure(format!(
                 "KV pool needs positive sizes, got {num_blocks} blocks of {block_size} tokens"
             )));
@@ -102,6 +129,24 @@ impl CudaBackend {
         let kernels = Kernels::for_device(&ctx).map_err(CudaError::Failure)?;
         let gemm = Gemm::new(&stream, Arc::clone(&kernels))?;
         let weights = DeviceWeights::upload(&stream, &config, &artifacts.weights)?;
+        let num_blocks = if num_blocks > 0 {
+            num_blocks
+        } else {
+            let (free, _) = ctx.mem_get_info().map_err(CudaError::driver)?;
+            let per_block = 2 * config.n_layers * block_size * config.kv_dim() * 2;
+            let blocks = auto_kv_blocks(free, per_block);
+            tracing::info!(
+                blocks,
+                free_bytes = free,
+                "KV pool sized from free device memory"
+            );
+            if blocks == 0 {
+                return Err(CudaError::Failure(format!(
+                    "no device memory left for a KV cache ({free} bytes free after the weights)"
+                )));
+            }
+            blocks
+        };
         let kv_len = config
             .n_layers
             .checked_mul(num_blocks)
@@ -234,6 +279,18 @@ impl Backend for CudaBackend {
         }
         Ok(self.run(batch)?)
     }
+}
+
+/// Device memory kept out of an automatically sized KV pool: activations of a full step,
+/// cuBLAS workspaces, CUDA graphs and other models' growth.
+const AUTO_KV_RESERVE_BYTES: usize = 2 << 30;
+/// Share of the rest given to the KV pool.
+const AUTO_KV_FRACTION: f64 = 0.9;
+
+/// KV blocks of `per_block_bytes` that fit in `free_bytes` after the reserve.
+pub fn auto_kv_blocks(free_bytes: usize, per_block_bytes: usize) -> usize {
+    let usable = free_bytes.saturating_sub(AUTO_KV_RESERVE_BYTES) as f64 * AUTO_KV_FRACTION;
+    (usable / per_block_bytes.max(1) as f64) as usize
 }
 
 /// RoPE pairing as the kernels number it.
