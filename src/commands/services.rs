@@ -120,7 +120,11 @@ fn load_models(settings: &Settings) -> anyhow::Result<Vec<ServedModel>> {
         let started = std::time::Instant::now();
         let loaded = runtime::load(&spec.path, &options)
             .with_context(|| format!("loading model {}", spec.path.display()))?;
-        tracing::info!(model = %spec.id, device = %settings.device, seconds = started.elapsed().as_secs_f32(), "model loaded");
+        let seconds = started.elapsed().as_secs_f64();
+        tracing::info!(model = %spec.id, device = %settings.device, seconds, "model loaded");
+        // A cold start's cost, per model (vLLM has no such metric; the name follows ours).
+        metrics::histogram!("fallow:model_load_seconds", "model_name" => spec.id.clone())
+            .record(seconds);
         served.push(ServedModel {
             id: spec.id,
             loaded,

@@ -298,6 +298,8 @@ def test_metrics_use_vllm_names_and_include_the_engine_queue_and_runner_states(s
     assert f"fallow:prefix_cache_hits_total{{{model}}}" in samples
     assert float(samples['fallow:runners{state="active"}']) == 1
     assert float(samples["fallow:generation_tokens_total"]) >= 4
+    assert float(samples[f"fallow:model_load_seconds_count{{{model}}}"]) == 1
+    assert float(samples[f"fallow:model_load_seconds_sum{{{model}}}"]) > 0
 
 
 def chromium_dom(url: str, budget_ms: int) -> str:
