@@ -285,7 +285,7 @@ def test_jobs_can_be_searched_and_cancelled_and_the_queue_depth_read(stack, clie
     assert listing.splitlines()[0].split() == ["MODEL", "PRIORITY", "QUEUED", "RUNNING"]
 
 
-def test_metrics_use_vllm_names_and_include_the_engine_queue_and_runner_states(stack, client):
+def test_metrics_use_vllm_names_and_include_the_engine_queue_latencies_and_runner_states(stack, client):
     client.chat.completions.create(model=MODEL_ID, messages=HI, max_tokens=4)
     text = httpx.get(f"{stack.base_url}/metrics", timeout=30).text
     samples = {line.split(" ")[0]: line.rsplit(" ", 1)[1] for line in text.splitlines()
@@ -299,6 +299,9 @@ def test_metrics_use_vllm_names_and_include_the_engine_queue_and_runner_states(s
     assert float(samples['fallow:runners{state="active"}']) == 1
     assert float(samples["fallow:generation_tokens_total"]) >= 4
     assert float(samples[f"fallow:model_load_seconds_count{{{model}}}"]) == 1
+    assert float(samples[f"fallow:request_queue_time_seconds_count{{{model}}}"]) >= 1
+    # Four tokens are three intervals (fewer only if the model ended early).
+    assert float(samples[f"fallow:inter_token_latency_seconds_count{{{model}}}"]) >= 1
     assert float(samples[f"fallow:model_load_seconds_sum{{{model}}}"]) > 0
 
 

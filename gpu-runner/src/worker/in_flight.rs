@@ -24,6 +24,7 @@ pub struct InFlight {
     pub streamed: bool,
     /// The runner slot this job occupies; dropping the job frees the slot.
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    inter_token: metrics::Histogram,
 }
 
 #[derive(Default)]
@@ -32,6 +33,8 @@ struct ChoiceState {
     logprobs: Option<Vec<TokenLogprob>>,
     finish: Option<FinishReason>,
     matched_stop: Option<serde_json::Value>,
+    /// When this choice's previous token arrived.
+    last_token_at: Option<std::time::Instant>,
 }
 
 impl InFlight {
@@ -58,6 +61,7 @@ impl InFlight {
             client_streams: job.request.stream,
             streamed: false,
             _slot: slot,
+            inter_token: super::telemetry::inter_token_latency(&job.request.model),
         }
     }
 
@@ -67,6 +71,13 @@ impl InFlight {
         // `choices` holds `n ≥ 1` entries by construction; the engine only emits indices < n.
         let slot = (out.index as usize).min(self.choices.len().saturating_sub(1));
         let choice = &mut self.choices[slot];
+        if !out.token_ids.is_empty() {
+            let now = std::time::Instant::now();
+            if let Some(previous) = choice.last_token_at.replace(now) {
+                self.inter_token
+                    .record(now.duration_since(previous).as_secs_f64());
+            }
+        }
         choice.text.push_str(&out.text);
         if let (Some(all), Some(new)) = (choice.logprobs.as_mut(), out.logprobs.as_ref()) {
             all.extend(new.iter().cloned());

@@ -260,6 +260,10 @@ impl Worker {
             return;
         };
         tracing::debug!(job_id = %job.id, attempt = job.attempt, "job claimed");
+        if job.attempt == 1 {
+            let waited = (chrono::Utc::now() - job.created_at).num_milliseconds() as f64 / 1e3;
+            telemetry::record_queue_time(&job.request.model, waited);
+        }
         let request = Box::new(job.request.clone());
         let id = self.table.insert(InFlight::new(&job, engine, Some(slot)));
         if !self.engines.hosts[engine].send(HostCommand::Add { id, request }) {

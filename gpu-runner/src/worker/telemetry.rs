@@ -4,7 +4,8 @@
 //! embedding program installed (none by default).
 //!
 //! Engine gauges are per model (`model_name`): a sequence count and the KV cache usage,
-//! published by the engine thread after every step. Prefix-cache counters are in tokens, as
+//! published by the engine thread after every step. Inter-token latency and queue time are
+//! per model histograms, recorded as jobs are claimed and their tokens arrive. Prefix-cache counters are in tokens, as
 //! vLLM's are: `queries` counts prompt tokens, `hits` those served from cached blocks.
 
 use crate::engine::llm::EngineStats;
@@ -17,6 +18,10 @@ pub const ENGINE_WAITING: &str = "fallow:engine_num_requests_waiting";
 pub const PREEMPTIONS: &str = "fallow:num_preemptions_total";
 pub const PREFIX_QUERIES: &str = "fallow:prefix_cache_queries_total";
 pub const PREFIX_HITS: &str = "fallow:prefix_cache_hits_total";
+/// Time between consecutive tokens of one choice, as the runner receives them from its engine.
+pub const INTER_TOKEN_LATENCY: &str = "fallow:inter_token_latency_seconds";
+/// Time from a request's creation to its first claim by a runner.
+pub const QUEUE_TIME: &str = "fallow:request_queue_time_seconds";
 
 /// One model's engine gauges, resolved once so a step publishes without allocating.
 pub struct EngineGauges {
@@ -45,6 +50,16 @@ impl EngineGauges {
         self.waiting.set(stats.waiting as f64);
         self.preemptions.absolute(stats.preemptions);
     }
+}
+
+/// The inter-token latency histogram of `model`'s jobs.
+pub fn inter_token_latency(model: &str) -> metrics::Histogram {
+    metrics::histogram!(INTER_TOKEN_LATENCY, "model_name" => model.to_string())
+}
+
+/// Records how long a job waited in the queue before its first claim.
+pub fn record_queue_time(model: &str, seconds: f64) {
+    metrics::histogram!(QUEUE_TIME, "model_name" => model.to_string()).record(seconds.max(0.0));
 }
 
 /// Counts one finished job's prompt against the prefix cache.
