@@ -126,6 +126,10 @@ pub struct ServiceArgs {
     /// Seconds the owner must have been idle before a yielded runner returns.
     #[arg(long, env = "FALLOW_OWNER_GRACE_SECONDS")]
     pub owner_grace_seconds: Option<u64>,
+    /// When the machine is lent, in UTC, e.g. "mon-fri 19:00-07:00; sat-sun 00:00-24:00";
+    /// outside these windows the runner yields as if the owner were active.
+    #[arg(long, env = "FALLOW_LEND_WINDOWS")]
+    pub lend_windows: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -33,6 +33,7 @@ pub struct FileConfig {
     pub admin_token: Option<String>,
     pub owner_probe: Option<String>,
     pub owner_grace_seconds: Option<u64>,
+    pub lend_windows: Option<String>,
 }
 
 /// Where batch files live: a local directory, or an S3 bucket.
@@ -90,6 +91,8 @@ pub struct Settings {
     /// The runner's owner probe, parsed (a bad spec fails at start-up).
     pub owner_probe: Option<fallow_runner::worker::OwnerProbe>,
     pub owner_grace_seconds: u64,
+    /// When the runner lends the machine (parsed: a bad spec fails at start-up).
+    pub lend_windows: Option<fallow_runner::worker::LendingWindows>,
 }
 
 /// The local object store's directory when none is configured (git-ignored).
@@ -166,6 +169,12 @@ impl Settings {
                 .owner_grace_seconds
                 .or(file.owner_grace_seconds)
                 .unwrap_or(60),
+            lend_windows: args
+                .lend_windows
+                .clone()
+                .or(file.lend_windows)
+                .map(|spec| spec.parse())
+                .transpose()?,
         })
     }
 

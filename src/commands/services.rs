@@ -141,6 +141,7 @@ fn runner_config(settings: &Settings) -> RunnerConfig {
         heartbeat_every: lease / 3,
         owner_probe: settings.owner_probe.clone(),
         owner_grace: Duration::from_secs(settings.owner_grace_seconds),
+        lend_windows: settings.lend_windows.clone(),
         ..RunnerConfig::default()
     }
 }

@@ -2,6 +2,7 @@
 yield their GPU to its owner. Multi-runner tests run a `fallow dev` stack (runner A) plus a
 `fallow runner` process (runner B) whose owner probe is a file."""
 
+import datetime
 import re
 import shutil
 import subprocess
@@ -193,6 +194,30 @@ def test_a_runner_yields_within_2s_of_its_probe_file_its_jobs_finish_elsewhere_a
     assert "value" in r2, r2.get("error")
     assert pair.job(r2["value"].id)["runner_id"] == pair.b, "the returned runner claims again"
     pair.reset()
+
+
+def test_a_runner_outside_its_lending_windows_stays_yielded_and_claims_nothing(pair):
+    pair.reset()
+    days = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+    not_today = days[(datetime.datetime.now(datetime.timezone.utc).weekday() + 3) % 7]
+    log = open(ROOT / "target" / f"e2e-{pair.stack.database}-runner-c.log", "w")
+    runner_c = subprocess.Popen(
+        [FALLOW, "runner", "--database-url", pair.stack.database_url, "--redis-url", pair.stack.redis_url,
+         "--model", str(MODEL_PATH), "--kv-cache-mb", "64", "--slots", "4",
+         "--lend-windows", f"{not_today} 00:00-24:00", "--owner-grace-seconds", "1"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        ids = wait_for(lambda: (lambda ids: ids if len(ids) == 3 else None)(pair.runner_ids()), timeout=120)
+        c = next(i for i in ids if i not in (pair.a, pair.b))
+        wait_for(lambda: pair.state(c) == "yielded", timeout=15, every=0.1)
+        done = [pair.client.chat.completions.create(model=MODEL_ID, messages=HI, max_tokens=2) for _ in range(4)]
+        assert all(pair.job(r.id)["runner_id"] in (pair.a, pair.b) for r in done)
+        time.sleep(1.5)
+        assert pair.state(c) == "yielded", "the runner came back outside its lending windows"
+    finally:
+        runner_c.terminate()
+        runner_c.wait(timeout=30)
+    wait_for(lambda: len(pair.runner_ids()) == 2, timeout=30)
 
 
 def test_a_stream_that_already_sent_tokens_ends_with_a_clear_error_when_its_runner_yields(pair):

@@ -12,12 +12,14 @@ mod claimer;
 mod devices;
 mod engine_host;
 mod in_flight;
+mod lending;
 mod owner;
 mod prompt;
 mod runner_state;
 mod telemetry;
 mod upkeep;
 
+pub use lending::{LendingError, LendingWindows};
 pub use owner::OwnerProbe;
 pub use prompt::encode_chat;
 
@@ -61,6 +63,8 @@ pub struct RunnerConfig {
     pub owner_every: Duration,
     /// How long the owner must have been idle before the runner returns.
     pub owner_grace: Duration,
+    /// When the machine is lent at all; `None` = always. Outside them the runner yields.
+    pub lend_windows: Option<LendingWindows>,
 }
 
 impl Default for RunnerConfig {
@@ -74,6 +78,7 @@ impl Default for RunnerConfig {
             owner_probe: None,
             owner_every: Duration::from_millis(500),
             owner_grace: Duration::from_secs(60),
+            lend_windows: None,
         }
     }
 }
@@ -208,18 +213,29 @@ fn start_engines(
     Ok((engines, entries, host_rx))
 }
 
-/// Starts the owner probe, if one is configured and can run here.
+/// Starts watching the owner (its probe, if one is configured and can run here) and the
+/// lending windows; `None` when neither applies and the machine is lent unconditionally.
 fn owner_watch(config: &RunnerConfig) -> Option<watch::Receiver<bool>> {
-    let probe = config.owner_probe.clone()?;
-    if !probe.available() {
-        tracing::warn!(
-            ?probe,
-            "owner probe unavailable on this machine; lending unconditionally"
-        );
+    let probe = config.owner_probe.clone().filter(|probe| {
+        let available = probe.available();
+        if !available {
+            tracing::warn!(
+                ?probe,
+                "owner probe unavailable on this machine; lending unconditionally"
+            );
+        }
+        available
+    });
+    if probe.is_none() && config.lend_windows.is_none() {
         return None;
     }
-    tracing::info!(?probe, grace = ?config.owner_grace, "watching the GPU's owner");
-    Some(owner::watch(probe, config.owner_every, config.owner_grace))
+    tracing::info!(?probe, windows = ?config.lend_windows, grace = ?config.owner_grace, "watching the GPU's owner");
+    Some(owner::watch(
+        probe,
+        config.lend_windows.clone(),
+        config.owner_every,
+        config.owner_grace,
+    ))
 }
 
 /// The owner's next verdict; never resolves without a probe (or once the probe is gone).

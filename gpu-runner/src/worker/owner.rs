@@ -11,9 +11,12 @@
 //! [`watch`] polls the probe (every ~500 ms) and publishes a debounced verdict: `true` as soon
 //! as the owner is seen, `false` only after the owner has been idle for the grace period, so
 //! a runner does not flap back in between two bursts of the owner's work. A probe that fails
-//! counts as "owner active": when in doubt, the owner wins.
+//! counts as "owner active": when in doubt, the owner wins. Outside the lending windows
+//! ([`super::lending`]) the owner counts as active too.
 
 use std::path::PathBuf;
+
+use super::lending::LendingWindows;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::process::Command;
@@ -202,8 +205,14 @@ impl OwnerDebounce {
 }
 
 /// Polls `probe` every `every` and publishes the debounced verdict (initially `true`: see
-/// [`OwnerDebounce`]) until the receiver is dropped.
-pub fn watch(probe: OwnerProbe, every: Duration, grace: Duration) -> watch::Receiver<bool> {
+/// [`OwnerDebounce`]) until the receiver is dropped. Outside the lending `windows` the owner
+/// counts as active whatever the probe says; without a probe only the windows decide.
+pub fn watch(
+    probe: Option<OwnerProbe>,
+    windows: Option<LendingWindows>,
+    every: Duration,
+    grace: Duration,
+) -> watch::Receiver<bool> {
     let (tx, rx) = watch::channel(true);
     tokio::spawn(async move {
         let mut debounce = OwnerDebounce::new(grace);
@@ -214,10 +223,16 @@ pub fn watch(probe: OwnerProbe, every: Duration, grace: Duration) -> watch::Rece
                 _ = tx.closed() => return,
                 _ = tick.tick() => {}
             }
-            let seen = probe.owner_active().await.unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "owner probe failed; assuming the owner is active");
-                true
-            });
+            let lent = windows
+                .as_ref()
+                .is_none_or(|w| w.contains(chrono::Utc::now()));
+            let seen = !lent || match &probe {
+                Some(probe) => probe.owner_active().await.unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "owner probe failed; assuming the owner is active");
+                    true
+                }),
+                None => false,
+            };
             if let Some(active) = debounce.observe(seen, Instant::now()) {
                 tracing::info!(owner_active = active, "owner activity changed");
                 if tx.send(active).is_err() {
