@@ -106,14 +106,7 @@ impl SeqSampler {
     /// and no processing that would move a logit (bias, `min_tokens` masking, penalties).
     /// Such a sequence can take its token from the device ([`Sampler::take_greedy`]).
     pub fn only_needs_argmax(&self) -> bool {
-        let p = &self.params;
-        self.is_greedy()
-            && !p.logprobs
-            && p.logit_bias.is_empty()
-            && (self.num_generated >= p.min_tokens as usize || self.suppressed_early.is_empty())
-            && !(p.repetition_penalty != 1.0 && p.repetition_penalty > 0.0)
-            && p.frequency_penalty == 0.0
-            && p.presence_penalty == 0.0
+        self.is_greedy() && !self.params.logprobs && penalties::change_nothing(self)
     }
 
     fn record(&mut self, token: u32) {

@@ -4,6 +4,17 @@
 
 use super::SeqSampler;
 
+/// Whether [`apply`] would leave every logit as it is for `seq`'s next token (kept next to
+/// it so the two cannot drift apart).
+pub(super) fn change_nothing(seq: &SeqSampler) -> bool {
+    let params = &seq.params;
+    params.logit_bias.is_empty()
+        && (seq.num_generated >= params.min_tokens as usize || seq.suppressed_early.is_empty())
+        && !(params.repetition_penalty != 1.0 && params.repetition_penalty > 0.0)
+        && params.frequency_penalty == 0.0
+        && params.presence_penalty == 0.0
+}
+
 pub(super) fn apply(logits: &mut [f32], seq: &SeqSampler) {
     let params = &seq.params;
     for (&token, &bias) in &params.logit_bias {

@@ -257,3 +257,32 @@ fn an_unrestricted_draw_follows_the_distribution() {
         .count();
     assert!((2800..3200).contains(&ones), "{ones} of 4000");
 }
+
+#[test]
+fn only_plain_greedy_sequences_can_take_their_token_from_the_device() {
+    assert!(seq(&params()).only_needs_argmax());
+    let with = |f: fn(&mut Sampling)| {
+        let mut p = params();
+        f(&mut p);
+        seq(&p).only_needs_argmax()
+    };
+    assert!(!with(|p| p.temperature = 0.7), "sampling needs the row");
+    assert!(!with(|p| p.logprobs = true), "logprobs need the row");
+    assert!(!with(|p| {
+        p.logit_bias.insert(3, 1.0);
+    }));
+    assert!(!with(|p| p.repetition_penalty = 1.1));
+    assert!(!with(|p| p.frequency_penalty = 0.5));
+    assert!(!with(|p| p.presence_penalty = 0.5));
+    assert!(
+        with(|p| p.repetition_penalty = 1.0),
+        "a neutral penalty changes nothing"
+    );
+    // min_tokens masks the end-of-sequence token until enough were generated.
+    let mut p = params();
+    p.min_tokens = 1;
+    let mut s = seq(&p);
+    assert!(!s.only_needs_argmax());
+    Sampler::new().take_greedy(4, &mut s);
+    assert!(s.only_needs_argmax());
+}
