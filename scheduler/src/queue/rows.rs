@@ -35,9 +35,7 @@ impl TryFrom<JobRow> for JobRecord {
             id: row.id,
             tenant_id: row.tenant_id,
             kind: parse_kind(row.id, &row.kind)?,
-            state: JobState::parse(&row.state).ok_or_else(|| {
-                SchedulerError::Corrupt(format!("job {}: unknown state {:?}", row.id, row.state))
-            })?,
+            state: parse_state(row.id, &row.state)?,
             request: decode(row.id, "request", row.request)?,
             result: row
                 .result
@@ -81,9 +79,14 @@ impl TryFrom<ClaimedRow> for ClaimedJob {
     }
 }
 
-fn parse_kind(id: Uuid, kind: &str) -> Result<JobKind, SchedulerError> {
+pub(super) fn parse_kind(id: Uuid, kind: &str) -> Result<JobKind, SchedulerError> {
     JobKind::parse(kind)
         .ok_or_else(|| SchedulerError::Corrupt(format!("job {id}: unknown kind {kind:?}")))
+}
+
+pub(super) fn parse_state(id: Uuid, state: &str) -> Result<JobState, SchedulerError> {
+    JobState::parse(state)
+        .ok_or_else(|| SchedulerError::Corrupt(format!("job {id}: unknown state {state:?}")))
 }
 
 fn decode<T: DeserializeOwned>(

@@ -1,6 +1,7 @@
 //! What operators ask of the queue: how deep it is per model and priority, and which jobs
 //! match a filter. Read-only; nothing here takes row locks.
 
+use super::rows::{parse_kind, parse_state};
 use super::{JobKind, JobState, Queue};
 use crate::SchedulerError;
 use chrono::{DateTime, Utc};
@@ -107,12 +108,9 @@ impl Queue {
 impl TryFrom<SummaryRow> for JobSummary {
     type Error = SchedulerError;
     fn try_from(row: SummaryRow) -> Result<Self, SchedulerError> {
-        let corrupt = |what: &str, value: &str| {
-            SchedulerError::Corrupt(format!("job {}: unknown {what} {value:?}", row.id))
-        };
         Ok(JobSummary {
-            kind: JobKind::parse(&row.kind).ok_or_else(|| corrupt("kind", &row.kind))?,
-            state: JobState::parse(&row.state).ok_or_else(|| corrupt("state", &row.state))?,
+            kind: parse_kind(row.id, &row.kind)?,
+            state: parse_state(row.id, &row.state)?,
             id: row.id,
             tenant: row.tenant,
             model: row.model,
