@@ -18,59 +18,76 @@ pub fn available() -> bool {
         && std::is_x86_feature_detected!("f16c")
 }
 
-/// 8 halves from `p` widened to f32.
-///
-/// # Safety
-/// 8 halves must be readable from `p`; the CPU must support F16C.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load8_f16(p: *const f16) -> __m256 {
-    // SAFETY: the caller guarantees 16 readable bytes; loadu needs no alignment.
-    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+/// A KV-cache element type the kernels read 8 at a time, widened to f32.
+trait Lane: Copy {
+    /// 8 elements from `p` as f32.
+    ///
+    /// # Safety
+    /// 8 elements must be readable from `p`; the CPU must support AVX2 and F16C.
+    unsafe fn load8(p: *const Self) -> __m256;
+    fn widen(self) -> f32;
 }
 
-/// `Σ a[i]·b[i]` with `b` in f16, over the shorter length.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C ([`available`]).
+impl Lane for f32 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        // SAFETY: the caller guarantees 32 readable bytes; loadu needs no alignment.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl Lane for f16 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const f16) -> __m256 {
+        // SAFETY: the caller guarantees 16 readable bytes; loadu needs no alignment.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+/// `Σ a[i]·b[i]` over the shorter length, two accumulators wide.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+unsafe fn dot_lanes<T: Lane>(a: &[f32], b: &[T]) -> f32 {
     let n = a.len().min(b.len());
     let (pa, pb) = (a.as_ptr(), b.as_ptr());
     let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let mut i = 0;
     // SAFETY (all loads): `i + 16 <= n` (resp. `i + 8 <= n`) before each load, so every load
-    // reads inside both slices.
+    // reads 8 elements inside both slices.
     while i + 16 <= n {
         unsafe {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), load8_f16(pb.add(i)), acc0);
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), T::load8(pb.add(i)), acc0);
             acc1 = _mm256_fmadd_ps(
                 _mm256_loadu_ps(pa.add(i + 8)),
-                load8_f16(pb.add(i + 8)),
+                T::load8(pb.add(i + 8)),
                 acc1,
             );
         }
         i += 16;
     }
     while i + 8 <= n {
-        unsafe { acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), load8_f16(pb.add(i)), acc0) };
+        unsafe { acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), T::load8(pb.add(i)), acc0) };
         i += 8;
     }
     let mut sum = hsum(_mm256_add_ps(acc0, acc1));
     for j in i..n {
-        sum += a[j] * b[j].to_f32();
+        sum += a[j] * b[j].widen();
     }
     sum
 }
 
-/// `out[i] += w · v[i]` with `v` in f16, over the shorter length.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C ([`available`]).
+/// `out[i] += w · v[i]` over the shorter length.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn axpy_f16(out: &mut [f32], w: f32, v: &[f16]) {
+unsafe fn axpy_lanes<T: Lane>(out: &mut [f32], w: f32, v: &[T]) {
     let n = out.len().min(v.len());
     let (po, pv) = (out.as_mut_ptr(), v.as_ptr());
     let wv = _mm256_set1_ps(w);
@@ -78,13 +95,13 @@ pub unsafe fn axpy_f16(out: &mut [f32], w: f32, v: &[f16]) {
     // SAFETY: `i + 8 <= n` before each access, so 8 elements lie inside both slices.
     while i + 8 <= n {
         unsafe {
-            let acc = _mm256_fmadd_ps(wv, load8_f16(pv.add(i)), _mm256_loadu_ps(po.add(i)));
+            let acc = _mm256_fmadd_ps(wv, T::load8(pv.add(i)), _mm256_loadu_ps(po.add(i)));
             _mm256_storeu_ps(po.add(i), acc);
         }
         i += 8;
     }
     for j in i..n {
-        out[j] += w * v[j].to_f32();
+        out[j] += w * v[j].widen();
     }
 }
 
@@ -103,34 +120,19 @@ fn hsum(v: __m256) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut i = 0;
-    // SAFETY (all loads): `i + 8 <= n` (resp. `i + 16 <= n`) before each load, so every load
-    // reads 8 floats inside both slices; loadu needs no alignment.
-    while i + 16 <= n {
-        unsafe {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
-            acc1 = _mm256_fmadd_ps(
-                _mm256_loadu_ps(pa.add(i + 8)),
-                _mm256_loadu_ps(pb.add(i + 8)),
-                acc1,
-            );
-        }
-        i += 16;
-    }
-    while i + 8 <= n {
-        unsafe {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0)
-        };
-        i += 8;
-    }
-    let mut sum = hsum(_mm256_add_ps(acc0, acc1));
-    for j in i..n {
-        sum += a[j] * b[j];
-    }
-    sum
+    // SAFETY: the caller checked the CPU features.
+    unsafe { dot_lanes(a, b) }
+}
+
+/// `Σ a[i]·b[i]` with `b` in f16, over the shorter length.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C ([`available`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+    // SAFETY: the caller checked the CPU features.
+    unsafe { dot_lanes(a, b) }
 }
 
 /// `out[i] += w · v[i]` over the shorter length.
@@ -140,21 +142,19 @@ pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
-    let n = out.len().min(v.len());
-    let (po, pv) = (out.as_mut_ptr(), v.as_ptr());
-    let wv = _mm256_set1_ps(w);
-    let mut i = 0;
-    // SAFETY: `i + 8 <= n` before each access, so 8 floats lie inside both slices.
-    while i + 8 <= n {
-        unsafe {
-            let acc = _mm256_fmadd_ps(wv, _mm256_loadu_ps(pv.add(i)), _mm256_loadu_ps(po.add(i)));
-            _mm256_storeu_ps(po.add(i), acc);
-        }
-        i += 8;
-    }
-    for j in i..n {
-        out[j] += w * v[j];
-    }
+    // SAFETY: the caller checked the CPU features.
+    unsafe { axpy_lanes(out, w, v) }
+}
+
+/// `out[i] += w · v[i]` with `v` in f16, over the shorter length.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C ([`available`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn axpy_f16(out: &mut [f32], w: f32, v: &[f16]) {
+    // SAFETY: the caller checked the CPU features.
+    unsafe { axpy_lanes(out, w, v) }
 }
 
 #[cfg(test)]
