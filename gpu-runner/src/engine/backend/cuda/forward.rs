@@ -97,7 +97,6 @@ impl CudaBackend {
         let (qkv, xn, attn, proj) = (addr(&s.qkv), addr(&s.xn), addr(&s.attn), addr(&s.proj));
         self.gemm.matmul(xn, &l.wqkv, n, qkv)?;
 
-        let opt = |b: &Option<super::buffer::DeviceBuf<f32>>| b.as_ref().map_or(0u64, |b| b.ptr());
         let inv_freq = if c.uses_local_rope(layer) {
             self.inv_freq_local.ptr()
         } else {
@@ -110,9 +109,9 @@ impl CudaBackend {
             "qkv_prepare",
             grid(n, c.n_heads + 2 * c.n_kv_heads, HEAD_THREADS),
             qkv,
-            opt(&l.bqkv),
-            opt(&l.q_norm),
-            opt(&l.k_norm),
+            addr(&l.bqkv),
+            addr(&l.q_norm),
+            addr(&l.k_norm),
             inv_freq,
             positions,
             n_heads,
@@ -171,7 +170,7 @@ impl CudaBackend {
             grid(n, 1, ROW_THREADS),
             x,
             proj,
-            opt(&l.post_attn_norm),
+            addr(&l.post_attn_norm),
             l.ffn_norm.ptr(),
             xn,
             hidden,
@@ -208,7 +207,7 @@ impl CudaBackend {
         )?;
         self.gemm.matmul(act, &l.w_down, n, proj)?;
 
-        let post = l.post_ffn_norm.as_ref().map_or(0u64, |b| b.ptr());
+        let post = addr(&l.post_ffn_norm);
         // The last block only adds its residual: the final norm runs over logit rows alone.
         let next = self
             .weights

@@ -163,7 +163,8 @@ impl Scratch {
     }
 }
 
-/// The address of a scratch buffer that `ensure` allocated.
+/// The address of an optional buffer: a scratch buffer `ensure` allocated, or an optional
+/// weight; 0 (a null pointer to the kernels) when absent.
 pub fn addr<T>(b: &Option<DeviceBuf<T>>) -> u64 {
     b.as_ref().map_or(0, |b| b.ptr())
 }
