@@ -63,7 +63,8 @@ pub struct ServiceArgs {
     pub database_url: Option<String>,
     #[arg(long, env = "FALLOW_REDIS_URL")]
     pub redis_url: Option<String>,
-    /// A model to serve: a GGUF file or an HF directory, optionally `id=PATH`. Repeatable.
+    /// A model to serve: a GGUF file or an HF directory, optionally `id=PATH`, optionally
+    /// followed by `;keep_alive=DURATION` and `;min_warm=N`. Repeatable.
     #[arg(long = "model", env = "FALLOW_MODELS", value_delimiter = ',')]
     pub models: Vec<String>,
     /// Require API keys.
@@ -130,6 +131,19 @@ pub struct ServiceArgs {
     /// outside these windows the runner yields as if the owner were active.
     #[arg(long, env = "FALLOW_LEND_WINDOWS")]
     pub lend_windows: Option<String>,
+    /// Memory (MiB) a runner's resident models may take, weights and KV caches together.
+    /// Models load when a job needs them and the least recently used idle ones are unloaded
+    /// to make room. Unset or 0: no limit, every model is loaded at start.
+    #[arg(long, env = "FALLOW_MODEL_MEMORY_MB")]
+    pub model_memory_mb: Option<u64>,
+    /// How long a model stays loaded without work, e.g. 30s, 5m, 1h, or `forever` (the
+    /// default); a model's own `;keep_alive=` wins.
+    #[arg(long, env = "FALLOW_KEEP_ALIVE")]
+    pub keep_alive: Option<String>,
+    /// Milliseconds a job waits for a runner that has its model loaded before a runner that
+    /// would have to load it takes it (default 2000).
+    #[arg(long, env = "FALLOW_COLD_CLAIM_AFTER_MS")]
+    pub cold_claim_after_ms: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]

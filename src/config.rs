@@ -7,6 +7,7 @@ use anyhow::Context;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// `fallow.toml`: every key optional.
 #[derive(Debug, Default, Deserialize)]
@@ -34,6 +35,9 @@ pub struct FileConfig {
     pub owner_probe: Option<String>,
     pub owner_grace_seconds: Option<u64>,
     pub lend_windows: Option<String>,
+    pub model_memory_mb: Option<u64>,
+    pub keep_alive: Option<String>,
+    pub cold_claim_after_ms: Option<u64>,
 }
 
 /// Where batch files live: a local directory, or an S3 bucket.
@@ -43,30 +47,80 @@ pub enum StoreSettings {
     S3(fallow_scheduler::store::S3Config),
 }
 
-/// A model to serve and the id it is served under.
+/// A model to serve, the id it is served under, and how it is kept warm.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelSpec {
     pub id: String,
     pub path: PathBuf,
+    /// `None` where the spec left it to the runner's default.
+    pub keep_alive: Option<Option<Duration>>,
+    pub min_warm: u32,
 }
 
 impl ModelSpec {
-    /// `PATH` (id = the file or directory stem) or `ID=PATH`.
-    pub fn parse(spec: &str) -> ModelSpec {
-        match spec.split_once('=') {
-            Some((id, path)) if !id.is_empty() && !id.contains('/') => ModelSpec {
-                id: id.to_string(),
-                path: PathBuf::from(path),
-            },
+    /// `PATH` (id = the file or directory stem) or `ID=PATH`, then optional `;key=value`
+    /// options: `keep_alive=DURATION` (or `forever`), `min_warm=N`.
+    pub fn parse(spec: &str) -> anyhow::Result<ModelSpec> {
+        let mut parts = spec.split(';');
+        let target = parts.next().unwrap_or_default().trim();
+        let (id, path) = match target.split_once('=') {
+            Some((id, path)) if !id.is_empty() && !id.contains('/') => {
+                (id.to_string(), PathBuf::from(path))
+            }
             _ => {
-                let path = PathBuf::from(spec);
-                ModelSpec {
-                    id: fallow_runner::engine::runtime::model_id_for(&path),
-                    path,
+                let path = PathBuf::from(target);
+                (fallow_runner::engine::runtime::model_id_for(&path), path)
+            }
+        };
+        let mut spec_out = ModelSpec {
+            id,
+            path,
+            keep_alive: None,
+            min_warm: 0,
+        };
+        for option in parts.map(str::trim).filter(|o| !o.is_empty()) {
+            match option.split_once('=') {
+                Some(("keep_alive", value)) => {
+                    spec_out.keep_alive = Some(parse_keep_alive(value)?);
                 }
+                Some(("min_warm", value)) => {
+                    spec_out.min_warm = value.trim().parse().with_context(|| {
+                        format!("model {spec:?}: min_warm={value:?} is not a count")
+                    })?;
+                }
+                _ => anyhow::bail!(
+                    "model {spec:?}: unknown option {option:?} (keep_alive=DURATION, min_warm=N)"
+                ),
             }
         }
+        Ok(spec_out)
     }
+}
+
+/// `30s`, `5m`, `1h`, `2d`, `250ms`, a bare number of seconds, or `forever` / `-1` (`None`).
+pub fn parse_keep_alive(value: &str) -> anyhow::Result<Option<Duration>> {
+    let value = value.trim();
+    if value == "forever" || value == "-1" {
+        return Ok(None);
+    }
+    let split = value
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let number: f64 = number
+        .parse()
+        .ok()
+        .filter(|n: &f64| n.is_finite() && *n >= 0.0)
+        .with_context(|| format!("keep_alive {value:?}: expected e.g. 30s, 5m, 1h or forever"))?;
+    let seconds = match unit {
+        "ms" => number / 1000.0,
+        "" | "s" => number,
+        "m" => number * 60.0,
+        "h" => number * 3600.0,
+        "d" => number * 86400.0,
+        _ => anyhow::bail!("keep_alive {value:?}: unknown unit {unit:?} (ms, s, m, h, d)"),
+    };
+    Ok(Some(Duration::from_secs_f64(seconds)))
 }
 
 #[derive(Debug, Clone)]
@@ -93,6 +147,11 @@ pub struct Settings {
     pub owner_grace_seconds: u64,
     /// When the runner lends the machine (parsed: a bad spec fails at start-up).
     pub lend_windows: Option<fallow_runner::worker::LendingWindows>,
+    /// Bytes the runner's resident models may take; `None`: no limit.
+    pub model_memory_bytes: Option<u64>,
+    /// Keep-alive of models whose spec names none; `None`: forever.
+    pub keep_alive: Option<Duration>,
+    pub cold_claim_after: Duration,
 }
 
 /// The local object store's directory when none is configured (git-ignored).
@@ -135,7 +194,10 @@ impl Settings {
                 .clone()
                 .or(file.redis_url)
                 .unwrap_or_else(|| "redis://127.0.0.1:6379/".to_string()),
-            models: models.iter().map(|m| ModelSpec::parse(m)).collect(),
+            models: models
+                .iter()
+                .map(|m| ModelSpec::parse(m))
+                .collect::<anyhow::Result<_>>()?,
             auth,
             slots: args.slots.or(file.slots).unwrap_or(16),
             device: match args.device.clone().or(file.device) {
@@ -175,13 +237,32 @@ impl Settings {
                 .or(file.lend_windows)
                 .map(|spec| spec.parse())
                 .transpose()?,
+            model_memory_bytes: args
+                .model_memory_mb
+                .or(file.model_memory_mb)
+                .filter(|mb| *mb > 0)
+                .map(|mb| mb << 20),
+            keep_alive: match args.keep_alive.clone().or(file.keep_alive) {
+                Some(value) => parse_keep_alive(&value).context("--keep-alive")?,
+                None => None,
+            },
+            cold_claim_after: Duration::from_millis(
+                args.cold_claim_after_ms
+                    .or(file.cold_claim_after_ms)
+                    .unwrap_or(2000),
+            ),
         })
     }
 
     /// The models to serve, falling back to the default model when none was named.
     pub fn models_or_default(&self) -> Vec<ModelSpec> {
         if self.models.is_empty() {
-            vec![ModelSpec::parse(DEFAULT_MODEL)]
+            vec![ModelSpec {
+                id: fallow_runner::engine::runtime::model_id_for(Path::new(DEFAULT_MODEL)),
+                path: PathBuf::from(DEFAULT_MODEL),
+                keep_alive: None,
+                min_warm: 0,
+            }]
         } else {
             self.models.clone()
         }
@@ -241,15 +322,42 @@ mod tests {
 
     #[test]
     fn a_model_spec_takes_its_id_from_the_file_stem() {
-        let spec = ModelSpec::parse("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let spec = ModelSpec::parse("models/SmolLM2-135M-Instruct.Q4_1.gguf").unwrap();
         assert_eq!(spec.id, "SmolLM2-135M-Instruct.Q4_1");
+        assert_eq!((spec.keep_alive, spec.min_warm), (None, 0));
     }
 
     #[test]
     fn a_model_spec_can_name_its_id() {
-        let spec = ModelSpec::parse("smol=models/a.gguf");
+        let spec = ModelSpec::parse("smol=models/a.gguf").unwrap();
         assert_eq!(spec.id, "smol");
         assert_eq!(spec.path, PathBuf::from("models/a.gguf"));
+    }
+
+    #[test]
+    fn a_model_spec_carries_its_warm_policy() {
+        let spec = ModelSpec::parse("smol=models/a.gguf;keep_alive=5m; min_warm=2").unwrap();
+        assert_eq!(spec.path, PathBuf::from("models/a.gguf"));
+        assert_eq!(spec.keep_alive, Some(Some(Duration::from_secs(300))));
+        assert_eq!(spec.min_warm, 2);
+        let forever = ModelSpec::parse("models/a.gguf;keep_alive=forever").unwrap();
+        assert_eq!(forever.keep_alive, Some(None));
+        assert!(ModelSpec::parse("models/a.gguf;keepalive=5m").is_err());
+        assert!(ModelSpec::parse("models/a.gguf;min_warm=-1").is_err());
+    }
+
+    #[test]
+    fn keep_alive_durations_take_the_usual_units() {
+        let secs = |v: &str| parse_keep_alive(v).unwrap().map(|d| d.as_secs_f64());
+        assert_eq!(secs("30s"), Some(30.0));
+        assert_eq!(secs("1.5m"), Some(90.0));
+        assert_eq!(secs("2h"), Some(7200.0));
+        assert_eq!(secs("250ms"), Some(0.25));
+        assert_eq!(secs("45"), Some(45.0));
+        assert_eq!(secs("0"), Some(0.0));
+        assert_eq!(secs("-1"), None);
+        assert!(parse_keep_alive("soon").is_err());
+        assert!(parse_keep_alive("5y").is_err());
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The runner registry: registration, heartbeats, which models are live, and the operator's
-//! states (`active`, `cordoned`, `draining`, `drained`, `yielded`, `dead`).
+//! The runner registry: registration, heartbeats, which models are live (`models`: what a
+//! runner may serve) and warm (`warm`: what it holds in memory, see `warm.rs`), and the
+//! operator's states (`active`, `cordoned`, `draining`, `drained`, `yielded`, `dead`).
 //!
 //! The `state` column is shared by two writers with different rights: the operator sets
 //! `active` (resume), `cordoned` and `draining`; the runner itself only moves between states
@@ -19,9 +20,11 @@ use uuid::Uuid;
 
 mod hints;
 mod liveness;
+mod warm;
 
 pub use hints::state_hints;
 pub use liveness::{mark_dead, DEAD_AFTER_SECS};
+pub use warm::{request_evict, set_warm, take_evictions, warm_replicas};
 
 /// The Postgres channel on which an operator's state change is announced (payload: the
 /// runner id), so the runner reacts at once instead of at its next heartbeat.
@@ -36,7 +39,11 @@ pub struct RunnerInfo {
     /// e.g. {"kind":"cpu","cores":2,"memory_bytes":…}
     pub devices: serde_json::Value,
     pub slots: i32,
+    /// The models it may serve (it loads a cold one when a job needs it).
     pub models: Vec<ModelEntry>,
+    /// The ids of those it holds in memory now.
+    #[serde(default)]
+    pub warm: Vec<String>,
 }
 
 /// A model a runner serves, as `/v1/models` lists it.
@@ -57,6 +64,8 @@ pub struct RunnerRecord {
     pub devices: serde_json::Value,
     pub slots: i32,
     pub models: Vec<ModelEntry>,
+    /// Models held in memory (loaded or loading).
+    pub warm: Vec<String>,
     pub state: String,
     pub in_flight: i32,
     pub registered_at: DateTime<Utc>,
@@ -80,14 +89,15 @@ pub async fn register(pool: &PgPool, info: &RunnerInfo) -> Result<Uuid, Schedule
 /// name it, stay its own.
 pub async fn register_as(pool: &PgPool, id: Uuid, info: &RunnerInfo) -> Result<(), SchedulerError> {
     sqlx::query(
-        "INSERT INTO runners (id, host, devices, slots, models) VALUES ($1, $2, $3, $4, $5) \
-         ON CONFLICT (id) DO NOTHING",
+        "INSERT INTO runners (id, host, devices, slots, models, warm) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
     )
     .bind(id)
     .bind(&info.host)
     .bind(&info.devices)
     .bind(info.slots.max(0))
     .bind(models_json(&info.models)?)
+    .bind(&info.warm)
     .execute(pool)
     .await?;
     Ok(())
@@ -149,7 +159,7 @@ pub async fn state(pool: &PgPool, runner: Uuid) -> Result<Option<String>, Schedu
     )
 }
 
-/// Replaces the models a runner has warm (after it loads or evicts one).
+/// Replaces the models a runner may serve.
 pub async fn set_models(
     pool: &PgPool,
     runner: Uuid,
@@ -198,7 +208,7 @@ pub async fn deregister(pool: &PgPool, runner: Uuid) -> Result<(), SchedulerErro
 /// All registered runners, oldest first.
 pub async fn list(pool: &PgPool) -> Result<Vec<RunnerRecord>, SchedulerError> {
     let rows: Vec<RunnerRow> = sqlx::query_as(
-        "SELECT id, host, devices, slots, models, state, in_flight, registered_at, \
+        "SELECT id, host, devices, slots, models, warm, state, in_flight, registered_at, \
          last_heartbeat FROM runners ORDER BY registered_at, id",
     )
     .fetch_all(pool)
@@ -209,7 +219,7 @@ pub async fn list(pool: &PgPool) -> Result<Vec<RunnerRecord>, SchedulerError> {
 /// One runner, if registered.
 pub async fn get(pool: &PgPool, runner: Uuid) -> Result<Option<RunnerRecord>, SchedulerError> {
     let row: Option<RunnerRow> = sqlx::query_as(
-        "SELECT id, host, devices, slots, models, state, in_flight, registered_at, \
+        "SELECT id, host, devices, slots, models, warm, state, in_flight, registered_at, \
          last_heartbeat FROM runners WHERE id = $1",
     )
     .bind(runner)
@@ -252,6 +262,7 @@ struct RunnerRow {
     devices: serde_json::Value,
     slots: i32,
     models: serde_json::Value,
+    warm: Vec<String>,
     state: String,
     in_flight: i32,
     registered_at: DateTime<Utc>,
@@ -267,6 +278,7 @@ impl TryFrom<RunnerRow> for RunnerRecord {
             host: row.host,
             devices: row.devices,
             slots: row.slots,
+            warm: row.warm,
             state: row.state,
             in_flight: row.in_flight,
             registered_at: row.registered_at,

@@ -3,7 +3,7 @@
 mod common;
 
 use common::TestDb;
-use fallow_scheduler::runners::{self, ModelEntry, RunnerInfo};
+use fallow_scheduler::runners::{self, RunnerInfo};
 use fallow_scheduler::tenants;
 
 #[tokio::test]
@@ -71,20 +71,7 @@ async fn keys_are_stored_only_as_hashes() {
 }
 
 fn info(models: &[&str]) -> RunnerInfo {
-    RunnerInfo {
-        host: "box-1".into(),
-        devices: serde_json::json!({"kind": "cpu", "cores": 2}),
-        slots: 4,
-        models: models
-            .iter()
-            .map(|id| ModelEntry {
-                id: id.to_string(),
-                context_length: 8192,
-                owned_by: "fallow".into(),
-                created: 1_700_000_000,
-            })
-            .collect(),
-    }
+    common::runner_info(models, models)
 }
 
 #[tokio::test]

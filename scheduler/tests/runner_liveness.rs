@@ -20,6 +20,7 @@ fn info() -> RunnerInfo {
             owned_by: "fallow".into(),
             created: 1_700_000_000,
         }],
+        warm: vec!["m".into()],
     }
 }
 

@@ -23,7 +23,7 @@ pub struct AdminClientArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum AdminRemote {
-    /// Runners: list, show, cordon, drain, resume.
+    /// Runners: list, show, cordon, drain, resume, evict a model.
     Runners {
         #[command(subcommand)]
         command: RunnersCommand,
@@ -73,6 +73,15 @@ pub enum RunnersCommand {
     /// Back to `active`.
     Resume {
         id: String,
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+    /// Unloads a model from the runner (once its jobs are done); a later job loads it again.
+    Evict {
+        id: String,
+        /// The model's id.
+        #[arg(long)]
+        model: String,
         #[command(flatten)]
         client: AdminClientArgs,
     },
@@ -145,6 +154,7 @@ const RUNNER_COLUMNS: &[Column] = &[
     Column::new("SLOTS", "/slots"),
     Column::new("IN FLIGHT", "/in_flight"),
     Column::models("MODELS", "/models"),
+    Column::models("WARM", "/warm"),
     Column::new("LAST HEARTBEAT", "/last_heartbeat"),
 ];
 
@@ -179,6 +189,13 @@ async fn runners(command: RunnersCommand) -> anyhow::Result<()> {
         RunnersCommand::Cordon { id, client } => (client, format!("/runners/{id}/cordon")),
         RunnersCommand::Drain { id, client } => (client, format!("/runners/{id}/drain")),
         RunnersCommand::Resume { id, client } => (client, format!("/runners/{id}/resume")),
+        RunnersCommand::Evict { id, model, client } => {
+            let body = serde_json::json!({ "model": model });
+            let value = AdminClient::new(&client)?
+                .call(Method::POST, &format!("/runners/{id}/evict"), Some(body))
+                .await?;
+            return print_one(&client, &value, RUNNER_COLUMNS);
+        }
     };
     let value = AdminClient::new(&client)?
         .call(Method::POST, &path, None)

@@ -81,7 +81,7 @@ impl Column {
             Some(Value::String(s)) => s.clone(),
             Some(Value::Array(items)) if self.ids => items
                 .iter()
-                .filter_map(|m| m["id"].as_str())
+                .filter_map(|m| m["id"].as_str().or(m.as_str()))
                 .collect::<Vec<_>>()
                 .join(","),
             Some(other) => other.to_string(),

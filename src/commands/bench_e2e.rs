@@ -7,7 +7,7 @@ use anyhow::Context;
 use fallow_api::{ApiConfig, AppState};
 use fallow_runner::engine::llm::EngineRequest;
 use fallow_runner::engine::runtime::{self, LoadOptions, LoadedModel};
-use fallow_runner::worker::{self, encode_chat, RunnerConfig, ServedModel};
+use fallow_runner::worker::{self, encode_chat, ModelOffer, RunnerConfig, WarmPolicy};
 use fallow_scheduler::clock::Clock;
 use fallow_scheduler::job::{ChatMessage, GenerateRequest, Role, Sampling};
 use fallow_scheduler::queue::Queue;
@@ -50,8 +50,14 @@ pub async fn e2e(args: BenchE2eArgs) -> anyhow::Result<()> {
     };
     let load = || runtime::load(&args.model, &options);
     let mut in_process = tokio::task::block_in_place(load).context("loading the model")?;
-    let served = tokio::task::block_in_place(load).context("loading the model")?;
     let model_id = runtime::model_id_for(&args.model);
+    let offer = ModelOffer::inspect(
+        &model_id,
+        args.model.clone(),
+        options.clone(),
+        WarmPolicy::default(),
+    )
+    .context("opening the model")?;
 
     let (pool, schema) = fallow_scheduler::db::fresh_schema(&args.database_url).await?;
     let queue = Queue::new(pool, Clock::system());
@@ -63,10 +69,7 @@ pub async fn e2e(args: BenchE2eArgs) -> anyhow::Result<()> {
     let runner = tokio::spawn(worker::run(
         queue.clone(),
         relay.clone(),
-        vec![ServedModel {
-            id: model_id.clone(),
-            loaded: served,
-        }],
+        vec![offer],
         RunnerConfig {
             slots: max_conc,
             ..RunnerConfig::default()

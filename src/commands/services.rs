@@ -4,8 +4,8 @@ use crate::cli::ServiceArgs;
 use crate::config::{Settings, StoreSettings};
 use anyhow::Context;
 use fallow_api::{ApiConfig, AppState};
-use fallow_runner::engine::runtime::{self, LoadOptions};
-use fallow_runner::worker::{self, RunnerConfig, ServedModel};
+use fallow_runner::engine::runtime::LoadOptions;
+use fallow_runner::worker::{self, ModelOffer, RunnerConfig, WarmPolicy};
 use fallow_scheduler::batch::{worker as batch_worker, BatchConfig, BatchWorker};
 use fallow_scheduler::clock::Clock;
 use fallow_scheduler::maintenance::{self, MaintenanceConfig};
@@ -106,8 +106,10 @@ fn batch_worker(conns: &Connections, store: ObjectStore, api: &ApiConfig) -> Bat
     BatchWorker::new(conns.queue.clone(), store, codec, config).with_relay(conns.relay.clone())
 }
 
-fn load_models(settings: &Settings) -> anyhow::Result<Vec<ServedModel>> {
-    let mut served = Vec::new();
+/// The models this runner may serve, inspected (not loaded): a bad path or a broken file
+/// stops the start here. Loading happens in the worker, within the memory budget.
+fn model_offers(settings: &Settings) -> anyhow::Result<Vec<ModelOffer>> {
+    let mut offers = Vec::new();
     for spec in settings.models_or_default() {
         let options = LoadOptions {
             kv_cache_bytes: settings.kv_cache_mb << 20,
@@ -117,20 +119,16 @@ fn load_models(settings: &Settings) -> anyhow::Result<Vec<ServedModel>> {
             device: settings.device,
             ..LoadOptions::default()
         };
-        let started = std::time::Instant::now();
-        let loaded = runtime::load(&spec.path, &options)
-            .with_context(|| format!("loading model {}", spec.path.display()))?;
-        let seconds = started.elapsed().as_secs_f64();
-        tracing::info!(model = %spec.id, device = %settings.device, seconds, "model loaded");
-        // A cold start's cost, per model (vLLM has no such metric; the name follows ours).
-        metrics::histogram!("fallow:model_load_seconds", "model_name" => spec.id.clone())
-            .record(seconds);
-        served.push(ServedModel {
-            id: spec.id,
-            loaded,
-        });
+        let policy = WarmPolicy {
+            keep_alive: spec.keep_alive.unwrap_or(settings.keep_alive),
+            min_warm: spec.min_warm,
+        };
+        let offer = ModelOffer::inspect(&spec.id, spec.path.clone(), options, policy)
+            .with_context(|| format!("opening model {}", spec.path.display()))?;
+        tracing::info!(model = %offer.id, bytes = offer.resident_bytes, device = %settings.device, "model offered");
+        offers.push(offer);
     }
-    Ok(served)
+    Ok(offers)
 }
 
 fn runner_config(settings: &Settings) -> RunnerConfig {
@@ -142,6 +140,8 @@ fn runner_config(settings: &Settings) -> RunnerConfig {
         owner_probe: settings.owner_probe.clone(),
         owner_grace: Duration::from_secs(settings.owner_grace_seconds),
         lend_windows: settings.lend_windows.clone(),
+        memory_budget: settings.model_memory_bytes,
+        cold_claim_after: settings.cold_claim_after,
         ..RunnerConfig::default()
     }
 }
@@ -155,7 +155,7 @@ pub async fn dev(args: ServiceArgs) -> anyhow::Result<()> {
     // The runner's engine metrics bind to whichever recorder exists when they are created,
     // so the api's Prometheus recorder must be installed before the runner starts.
     let _ = fallow_api::metrics::prometheus_handle();
-    let models = tokio::task::block_in_place(|| load_models(&settings))?;
+    let models = tokio::task::block_in_place(|| model_offers(&settings))?;
     let conns = connect(&settings).await?;
     let stop = shutdown_signal();
     let listener = tokio::net::TcpListener::bind(settings.listen)
@@ -232,7 +232,7 @@ pub async fn runner(args: ServiceArgs) -> anyhow::Result<()> {
             wait(stop.clone()),
         ));
     }
-    let models = tokio::task::block_in_place(|| load_models(&settings))?;
+    let models = tokio::task::block_in_place(|| model_offers(&settings))?;
     let conns = connect(&settings).await?;
     worker::run(
         conns.queue,

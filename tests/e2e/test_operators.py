@@ -169,6 +169,8 @@ def test_a_runner_yields_within_2s_of_its_probe_file_its_jobs_finish_elsewhere_a
     wait_for(lambda: pair.state(pair.b) == "yielded", timeout=10, every=0.05)
     assert time.time() - appeared < 2.0, "the runner took more than 2 s to yield"
     wait_for(lambda: not pair.running_on(pair.b), timeout=2, every=0.05)
+    yielded = admin(pair.stack, "GET", f"/runners/{pair.b}").json()
+    assert yielded["warm"] == [], "a yielded runner frees the device memory its models held"
 
     t.join(timeout=180)
     assert "value" in result, result.get("error")
@@ -193,6 +195,7 @@ def test_a_runner_yields_within_2s_of_its_probe_file_its_jobs_finish_elsewhere_a
     t2.join(timeout=120)
     assert "value" in r2, r2.get("error")
     assert pair.job(r2["value"].id)["runner_id"] == pair.b, "the returned runner claims again"
+    assert admin(pair.stack, "GET", f"/runners/{pair.b}").json()["warm"] == [MODEL_ID]
     pair.reset()
 
 

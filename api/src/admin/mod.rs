@@ -29,6 +29,7 @@ pub fn routes() -> Router<AppState> {
         .route("/runners/{id}/cordon", post(runners::cordon))
         .route("/runners/{id}/drain", post(runners::drain))
         .route("/runners/{id}/resume", post(runners::resume))
+        .route("/runners/{id}/evict", post(runners::evict))
         .route("/queue", get(jobs::queue_depth))
         .route("/jobs", get(jobs::search))
         .route("/jobs/{id}/cancel", post(jobs::cancel))

@@ -1,15 +1,18 @@
-//! `/admin/runners`: what runners there are and in which state, and the operator's three
-//! levers: cordon (claim nothing new, keep working), drain (finish in-flight work, claim
-//! nothing new, then report `drained`) and resume (`active` again). The runner learns of a
-//! change at once (a `NOTIFY`) and at its next heartbeat at the latest.
+//! `/admin/runners`: what runners there are, in which state and with which models warm, and
+//! the operator's levers: cordon (claim nothing new, keep working), drain (finish in-flight
+//! work, claim nothing new, then report `drained`), resume (`active` again) and evict (unload
+//! a model, once its jobs are done). The runner learns of a change at once (a `NOTIFY`) and
+//! at its next heartbeat at the latest.
 
 use super::auth::Admin;
 use super::{parse_id, AdminList};
 use crate::error::ApiError;
+use crate::extract::ApiJson;
 use crate::state::AppState;
 use axum::extract::{Path, State};
 use axum::Json;
 use fallow_scheduler::runners::{self, RunnerRecord};
+use serde::Deserialize;
 
 pub async fn list(
     State(state): State<AppState>,
@@ -72,4 +75,35 @@ async fn set(
         .await?
         .map(Json)
         .ok_or_else(|| ApiError::NotFound(format!("No runner with id {id}.")))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Evict {
+    model: String,
+}
+
+/// Asks the runner to unload a model (at once if idle, else when its jobs are done). The
+/// model stays on offer: a later job loads it again.
+pub async fn evict(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+    ApiJson(evict): ApiJson<Evict>,
+) -> Result<Json<RunnerRecord>, ApiError> {
+    let id = parse_id("runner", &id)?;
+    let pool = state.queue().pool();
+    let runner = runners::get(pool, id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("No runner with id {id}.")))?;
+    if !runner.models.iter().any(|m| m.id == evict.model) {
+        return Err(ApiError::invalid(
+            "model",
+            format!("Runner {id} does not serve the model `{}`.", evict.model),
+        ));
+    }
+    if !runners::request_evict(pool, id, &evict.model).await? {
+        return Err(ApiError::NotFound(format!("No runner with id {id}.")));
+    }
+    tracing::info!(runner_id = %id, model = %evict.model, "model eviction requested by an operator");
+    Ok(Json(runner))
 }

@@ -82,6 +82,7 @@ pub async fn spawn_app_on(config: ApiConfig, redis: &str) -> TestApp {
             owned_by: "fallow".into(),
             created: 1_700_000_000,
         }],
+        warm: vec![MODEL.into()],
     };
     let runner_id = runners::register(&pool, &info)
         .await

@@ -13,6 +13,7 @@
 
 pub mod backend;
 pub mod batcher;
+pub mod footprint;
 pub mod gguf;
 pub mod kv;
 pub mod llm;

@@ -5,6 +5,7 @@
 use crate::engine::backend::cpu::{kv_bytes_per_block, CpuBackend};
 use crate::engine::backend::cuda::CudaBackend;
 use crate::engine::backend::Backend;
+use crate::engine::footprint::weights_bytes;
 use crate::engine::llm::{EngineConfig, LlmEngine};
 use crate::engine::model::{self, ModelArtifacts, VocabSource};
 use crate::engine::tokenizer::{ChatTemplate, Tokenizer, GEMMA_CHAT_TEMPLATE};
@@ -113,6 +114,45 @@ pub struct ModelFrontend {
 pub struct LoadedModel {
     pub engine: LlmEngine,
     pub frontend: ModelFrontend,
+    /// Memory the weights and the KV pool take on the device.
+    pub resident_bytes: u64,
+}
+
+/// What a runner needs to know of a model before loading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelFacts {
+    /// The context length it will serve (after `max_model_len`).
+    pub context_length: usize,
+    /// Memory it will take once loaded; a CUDA KV pool sized automatically counts as empty
+    /// here (its size is known only on the device).
+    pub resident_bytes: u64,
+}
+
+/// Opens a model's files without building an engine: its context length and how much memory
+/// loading it will take.
+pub fn inspect(path: &Path, options: &LoadOptions) -> Result<ModelFacts, LoadError> {
+    let artifacts = model::open(path)?;
+    let block_size = options.block_size.max(1);
+    let per_block = kv_bytes_per_block(&artifacts.config, block_size).max(1);
+    let mut context_length = artifacts.config.context_length;
+    if options.max_model_len > 0 {
+        context_length = context_length.min(options.max_model_len);
+    }
+    Ok(ModelFacts {
+        context_length,
+        resident_bytes: weights_bytes(&artifacts.weights, options.device)
+            + (kv_blocks(options, per_block) * per_block) as u64,
+    })
+}
+
+/// KV blocks of `per_block` bytes the options ask for; 0 lets the CUDA backend size its pool
+/// from free device memory.
+fn kv_blocks(options: &LoadOptions, per_block: usize) -> usize {
+    match (options.kv_cache_bytes, options.device) {
+        (0, Device::Cuda(_)) => 0,
+        (0, Device::Cpu) => (LoadOptions::default().kv_cache_bytes / per_block).max(1),
+        (bytes, _) => (bytes / per_block).max(1),
+    }
 }
 
 /// The model id a path is served under: the file or directory stem.
@@ -130,13 +170,8 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError
     let frontend = build_frontend(&artifacts, options)?;
     let block_size = options.block_size.max(1);
     let per_block = kv_bytes_per_block(&artifacts.config, block_size).max(1);
-    // 0 bytes means automatic: the CUDA backend sizes its pool from free device memory,
-    // the CPU backend takes the default budget.
-    let num_blocks = match (options.kv_cache_bytes, options.device) {
-        (0, Device::Cuda(_)) => 0,
-        (0, Device::Cpu) => (LoadOptions::default().kv_cache_bytes / per_block).max(1),
-        (bytes, _) => (bytes / per_block).max(1),
-    };
+    let num_blocks = kv_blocks(options, per_block);
+    let weights = weights_bytes(&artifacts.weights, options.device);
     let backend: Box<dyn Backend> = match options.device {
         Device::Cpu => Box::new(
             CpuBackend::new(&artifacts, num_blocks, block_size)
@@ -154,7 +189,13 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError
     };
     let mut engine = LlmEngine::new(backend, frontend.tokenizer.clone(), config);
     engine.add_eos_ids(&artifacts.eos_ids);
-    Ok(LoadedModel { engine, frontend })
+    // The pool as the backend sized it (CUDA picks its own size when asked for 0 bytes).
+    let kv_bytes = (engine.stats().total_blocks * per_block) as u64;
+    Ok(LoadedModel {
+        engine,
+        frontend,
+        resident_bytes: weights + kv_bytes,
+    })
 }
 
 fn build_frontend(

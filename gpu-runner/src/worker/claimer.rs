@@ -2,9 +2,13 @@
 //! permit that travels with the claimed job and is returned when the job is dropped, so the
 //! runner can never hold more jobs than it has slots. It claims only while the gate is open
 //! (see `runner_state.rs`: the runner is `active` and its owner idle), checked right before
-//! every claim, so a cordon, drain or yield stops new claims at once.
+//! every claim, so a cordon, drain or yield stops new claims at once. What it claims for is
+//! the scope `models.rs` publishes: the models warm here, and cold models this runner could
+//! load, whose jobs the queue hands over only when no other runner has them warm or they
+//! have waited `cold_after`.
 
-use fallow_scheduler::queue::{ClaimedJob, Queue};
+use super::models::ClaimModels;
+use fallow_scheduler::queue::{ClaimScope, ClaimedJob, Queue};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
@@ -18,7 +22,9 @@ pub struct Claimed {
 pub struct ClaimLoop {
     pub queue: Queue,
     pub runner_id: Uuid,
-    pub models: Vec<String>,
+    pub models: watch::Receiver<ClaimModels>,
+    /// How long a job of a model warm elsewhere waits before this runner loads it.
+    pub cold_after: Duration,
     pub slots: Arc<Semaphore>,
     pub lease: Duration,
     pub poll_every: Duration,
@@ -41,9 +47,15 @@ impl ClaimLoop {
                 continue;
             }
             let limit = 1 + self.slots.available_permits() as i64;
+            let models = self.models.borrow().clone();
+            let scope = ClaimScope {
+                warm: &models.warm,
+                cold: &models.cold,
+                cold_after: self.cold_after,
+            };
             let jobs = match self
                 .queue
-                .claim(self.runner_id, &self.models, limit, self.lease)
+                .claim_in(self.runner_id, &scope, limit, self.lease)
                 .await
             {
                 Ok(jobs) => jobs,

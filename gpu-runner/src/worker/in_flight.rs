@@ -14,8 +14,8 @@ pub struct InFlight {
     pub job_id: Uuid,
     pub attempt: i32,
     pub kind: JobKind,
-    /// Which engine serves it (index into the worker's engines).
-    pub engine: usize,
+    /// The model (and so the engine) serving it.
+    pub model: String,
     choices: Vec<ChoiceState>,
     usage: Usage,
     /// Whether the client reads tokens as they come (then a job that sent any is not retried).
@@ -38,11 +38,7 @@ struct ChoiceState {
 }
 
 impl InFlight {
-    pub fn new(
-        job: &ClaimedJob,
-        engine: usize,
-        slot: Option<tokio::sync::OwnedSemaphorePermit>,
-    ) -> Self {
+    pub fn new(job: &ClaimedJob, slot: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
         let n = job.request.n.max(1) as usize;
         let wants_logprobs = job.request.sampling.logprobs;
         let choices = (0..n)
@@ -55,7 +51,7 @@ impl InFlight {
             job_id: job.id,
             attempt: job.attempt,
             kind: job.kind,
-            engine,
+            model: job.request.model.clone(),
             choices,
             usage: Usage::default(),
             client_streams: job.request.stream,
@@ -157,5 +153,12 @@ impl InFlightTable {
     }
     pub fn requests(&self) -> Vec<u64> {
         self.by_request.keys().copied().collect()
+    }
+    pub fn contains(&self, request: u64) -> bool {
+        self.by_request.contains_key(&request)
+    }
+    /// The models with jobs held: they may not be unloaded.
+    pub fn busy_models(&self) -> std::collections::HashSet<String> {
+        self.by_request.values().map(|j| j.model.clone()).collect()
     }
 }

@@ -13,24 +13,28 @@ mod devices;
 mod engine_host;
 mod in_flight;
 mod lending;
+mod models;
+mod offer;
 mod owner;
 mod prompt;
+mod residency;
 mod runner_state;
 mod telemetry;
 mod upkeep;
 
 pub use lending::{LendingError, LendingWindows};
+pub use offer::{ModelOffer, WarmPolicy};
 pub use owner::OwnerProbe;
 pub use prompt::encode_chat;
 
-use crate::engine::runtime::LoadedModel;
 use claimer::{ClaimLoop, Claimed};
-use engine_host::{EngineHost, HostCommand, HostEvent};
-use fallow_scheduler::job::JobEvent;
+use engine_host::{HostCommand, HostEvent};
+use fallow_scheduler::job::{GenerateRequest, JobEvent};
 use fallow_scheduler::queue::{JobKind, Queue};
-use fallow_scheduler::runners::{self, ModelEntry, RunnerInfo};
+use fallow_scheduler::runners::{self, RunnerInfo};
 use fallow_scheduler::stream::TokenRelay;
 use in_flight::{InFlight, InFlightTable};
+use models::{Admission, EngineKey, LoadDone, Loaded, Models};
 use runner_state::RunnerState;
 use std::future::Future;
 use std::sync::Arc;
@@ -42,11 +46,8 @@ use uuid::Uuid;
 /// `runners::DEAD_AFTER_SECS` (three of these) of silence.
 const MAX_HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
 
-/// A model this runner serves.
-pub struct ServedModel {
-    pub id: String,
-    pub loaded: LoadedModel,
-}
+/// How often idle models are checked against their keep-alive and background loads start.
+const MODELS_TICK: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct RunnerConfig {
@@ -65,6 +66,12 @@ pub struct RunnerConfig {
     pub owner_grace: Duration,
     /// When the machine is lent at all; `None` = always. Outside them the runner yields.
     pub lend_windows: Option<LendingWindows>,
+    /// Memory the resident models may take (weights + KV pools); `None`: no limit, every
+    /// model is loaded at start and stays loaded.
+    pub memory_budget: Option<u64>,
+    /// How long a job of a model warm on another runner waits for it before this runner,
+    /// which would have to load the model, takes it.
+    pub cold_claim_after: Duration,
 }
 
 impl Default for RunnerConfig {
@@ -79,6 +86,8 @@ impl Default for RunnerConfig {
             owner_every: Duration::from_millis(500),
             owner_grace: Duration::from_secs(60),
             lend_windows: None,
+            memory_budget: None,
+            cold_claim_after: Duration::from_secs(2),
         }
     }
 }
@@ -91,34 +100,27 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "localhost".to_string())
 }
 
-struct Engines {
-    ids: Vec<String>,
-    hosts: Vec<EngineHost>,
-}
-
-impl Engines {
-    fn index_of(&self, model: &str) -> Option<usize> {
-        self.ids.iter().position(|m| m == model)
-    }
-}
-
 /// Runs the worker until `shutdown` resolves, then hands held jobs back to the queue.
 pub async fn run(
     queue: Queue,
     relay: TokenRelay,
-    models: Vec<ServedModel>,
+    offers: Vec<ModelOffer>,
     config: RunnerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let (engines, entries, mut host_rx) = start_engines(models)?;
+    let (events_tx, mut host_rx) = mpsc::unbounded_channel::<(EngineKey, HostEvent)>();
+    let (loads_tx, mut loads_rx) = mpsc::unbounded_channel::<LoadDone>();
+    let (mut models, scope) = Models::new(offers, config.memory_budget, events_tx, loads_tx);
+    models.preload_now().await?;
     let info = RunnerInfo {
         host: config.host.clone(),
         devices: devices::describe(),
         slots: config.slots as i32,
-        models: entries,
+        models: models.entries(chrono::Utc::now().timestamp()),
+        warm: models.warm(),
     };
     let runner_id = runners::register(queue.pool(), &info).await?;
-    tracing::info!(%runner_id, models = ?engines.ids, slots = config.slots, "runner registered");
+    tracing::info!(%runner_id, warm = ?info.warm, slots = config.slots, "runner registered");
     let (mut state, gate) = RunnerState::new();
     let mut owner = owner_watch(&config);
     if let Some(rx) = &mut owner {
@@ -133,7 +135,8 @@ pub async fn run(
         ClaimLoop {
             queue: queue.clone(),
             runner_id,
-            models: engines.ids.clone(),
+            models: scope,
+            cold_after: config.cold_claim_after,
             slots: slots.clone(),
             lease: config.lease,
             poll_every: config.poll_every,
@@ -143,26 +146,30 @@ pub async fn run(
     );
     let mut cancels = relay.cancel_signals();
     let mut heartbeat = tokio::time::interval(config.heartbeat_every.min(MAX_HEARTBEAT_EVERY));
+    let mut models_tick = tokio::time::interval(MODELS_TICK);
     let mut worker = Worker {
         queue: queue.clone(),
         relay,
-        engines,
+        models,
         table: InFlightTable::default(),
         runner_id,
         info,
         state,
         lease: config.lease,
     };
+    worker.models_changed().await;
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             Some(claimed) = claim_rx.recv() => worker.start(claimed).await,
             Some((engine, event)) = host_rx.recv() => worker.on_engine_event(engine, event).await,
+            Some(done) = loads_rx.recv() => worker.on_load(done).await,
             Some(job) = cancels.recv() => worker.cancel(job).await,
             Some(active) = owner_changed(&mut owner) => worker.on_owner(active).await,
             Some(()) = hints.recv() => worker.refresh_state().await,
             _ = heartbeat.tick() => worker.heartbeat().await,
+            _ = models_tick.tick() => worker.tend_models().await,
         }
     }
     claim_task.abort();
@@ -173,44 +180,6 @@ pub async fn run(
         tracing::warn!(error = %e, "deregistering the runner failed");
     }
     Ok(())
-}
-
-/// Every engine's events, tagged with the engine's index.
-type HostEvents = mpsc::UnboundedReceiver<(usize, HostEvent)>;
-
-/// Starts one engine thread per model; their events arrive on one channel, tagged with the
-/// engine's index.
-fn start_engines(
-    models: Vec<ServedModel>,
-) -> anyhow::Result<(Engines, Vec<ModelEntry>, HostEvents)> {
-    let (host_tx, host_rx) = mpsc::unbounded_channel::<(usize, HostEvent)>();
-    let mut engines = Engines {
-        ids: Vec::new(),
-        hosts: Vec::new(),
-    };
-    let mut entries = Vec::new();
-    let created = chrono::Utc::now().timestamp();
-    for (index, model) in models.into_iter().enumerate() {
-        entries.push(ModelEntry {
-            id: model.id.clone(),
-            context_length: model.loaded.frontend.context_length as u32,
-            owned_by: "fallow".to_string(),
-            created,
-        });
-        let (host, mut events) =
-            EngineHost::spawn(model.loaded.engine, model.loaded.frontend, &model.id)?;
-        let tx = host_tx.clone();
-        tokio::spawn(async move {
-            while let Some(ev) = events.recv().await {
-                if tx.send((index, ev)).is_err() {
-                    return;
-                }
-            }
-        });
-        engines.ids.push(model.id);
-        engines.hosts.push(host);
-    }
-    Ok((engines, entries, host_rx))
 }
 
 /// Starts watching the owner (its probe, if one is configured and can run here) and the
@@ -251,7 +220,7 @@ async fn owner_changed(owner: &mut Option<watch::Receiver<bool>>) -> Option<bool
 struct Worker {
     queue: Queue,
     relay: TokenRelay,
-    engines: Engines,
+    models: Models,
     table: InFlightTable,
     runner_id: Uuid,
     /// Kept to register again if the registry forgot this runner.
@@ -269,20 +238,40 @@ impl Worker {
                 .await;
             return;
         }
-        let Some(engine) = self.engines.index_of(&job.request.model) else {
-            // Claims are filtered to our models, so this is a bug, not a user error.
-            self.fail_job(job.id, job.attempt, "model not served by this runner", true)
-                .await;
-            return;
-        };
         tracing::debug!(job_id = %job.id, attempt = job.attempt, "job claimed");
         if job.attempt == 1 {
             let waited = (chrono::Utc::now() - job.created_at).num_milliseconds() as f64 / 1e3;
             telemetry::record_queue_time(&job.request.model, waited);
         }
-        let request = Box::new(job.request.clone());
-        let id = self.table.insert(InFlight::new(&job, engine, Some(slot)));
-        if !self.engines.hosts[engine].send(HostCommand::Add { id, request }) {
+        let id = self.table.insert(InFlight::new(&job, Some(slot)));
+        let busy = self.table.busy_models();
+        match self.models.admit(id, &job.request, &busy) {
+            Admission::Ready => self.send_to_engine(id, Box::new(job.request)).await,
+            Admission::Waiting => self.models_changed().await,
+            Admission::NoRoom => {
+                // Memory was taken between the claim and now: another runner, or this one
+                // later, will serve it.
+                self.table.remove(id);
+                self.release(
+                    job.id,
+                    job.attempt,
+                    false,
+                    "no_room",
+                    "No memory to load the model.",
+                )
+                .await;
+                self.models_changed().await;
+            }
+        }
+    }
+
+    /// Hands a held job to its model's engine.
+    async fn send_to_engine(&mut self, id: u64, request: Box<GenerateRequest>) {
+        let sent = self
+            .models
+            .host(&request.model)
+            .is_some_and(|host| host.send(HostCommand::Add { id, request }));
+        if !sent {
             if let Some(job) = self.table.remove(id) {
                 self.fail_job(job.job_id, job.attempt, "engine stopped", true)
                     .await;
@@ -290,7 +279,58 @@ impl Worker {
         }
     }
 
-    async fn on_engine_event(&mut self, engine: usize, event: HostEvent) {
+    /// A model's load finished: its waiting jobs go to the new engine, or back to the queue.
+    async fn on_load(&mut self, done: LoadDone) {
+        match self.models.finish_load(done) {
+            Loaded::Ready(waiting) => {
+                for (id, request) in waiting {
+                    if self.table.contains(id) {
+                        self.send_to_engine(id, request).await;
+                    }
+                }
+            }
+            Loaded::Failed { waiting, error } => {
+                let message = format!("The model could not be loaded: {error}");
+                for (id, _) in waiting {
+                    if let Some(job) = self.table.remove(id) {
+                        self.end_with_error(job, "model_load_failed", &message, true)
+                            .await;
+                    }
+                }
+            }
+            Loaded::Stale => {}
+        }
+        self.models_changed().await;
+    }
+
+    /// The set of resident models may have changed: publish the claim scope and the
+    /// registry's warm list.
+    async fn models_changed(&mut self) {
+        let busy = self.table.busy_models();
+        self.models.publish_scope(&busy);
+        let warm = self.models.warm();
+        if warm != self.info.warm {
+            if let Err(e) = runners::set_warm(self.queue.pool(), self.runner_id, &warm).await {
+                tracing::warn!(error = %e, "publishing the warm models failed");
+            }
+            self.info.warm = warm;
+        }
+    }
+
+    /// Every second: keep-alive expiry, deferred evictions, background loads.
+    async fn tend_models(&mut self) {
+        if !self.state.may_claim() {
+            return; // yielded, cordoned or draining: no loads meanwhile
+        }
+        let busy = self.table.busy_models();
+        self.models.tick(&busy);
+        self.models_changed().await;
+    }
+
+    async fn on_engine_event(&mut self, engine: EngineKey, event: HostEvent) {
+        if !self.models.is_current(&engine) {
+            return; // an engine since unloaded; its jobs are gone
+        }
         match event {
             HostEvent::Admitted { id, prompt_tokens } => {
                 if let Some(job) = self.table.get_mut(id) {
@@ -318,15 +358,17 @@ impl Worker {
             }
             HostEvent::Step(outputs) => self.on_step(outputs).await,
             HostEvent::Failed { message } => {
-                tracing::error!(%message, engine, "engine failed");
+                tracing::error!(%message, model = %engine.model, "engine failed");
                 for id in self.table.requests() {
-                    if self.table.get_mut(id).map(|j| j.engine) == Some(engine) {
+                    if self.table.get_mut(id).map(|j| j.model == engine.model) == Some(true) {
                         if let Some(job) = self.table.remove(id) {
                             self.end_with_error(job, "engine_error", &message, true)
                                 .await;
                         }
                     }
                 }
+                self.models.engine_failed(&engine.model);
+                self.models_changed().await;
             }
         }
     }
@@ -357,7 +399,7 @@ impl Worker {
         for request in finished {
             if let Some(job) = self.table.remove(request) {
                 let completion = job.completion();
-                telemetry::record_prefix_cache(&self.engines.ids[job.engine], &completion.usage);
+                telemetry::record_prefix_cache(&job.model, &completion.usage);
                 events.push((
                     job.job_id,
                     JobEvent::Final {
@@ -384,6 +426,7 @@ impl Worker {
             }
         }
         self.append(&events).await;
+        let finished_any = !done.is_empty();
         for (job, completion) in done {
             let queue = self.queue.clone();
             // Completing off the loop keeps the next step's tokens flowing.
@@ -395,6 +438,9 @@ impl Worker {
                 }
                 drop(job);
             });
+        }
+        if finished_any {
+            self.models_changed().await; // idle models may now make room for others
         }
         if self.state.registry() == "draining" && self.table.leases().is_empty() {
             self.reconcile().await; // drained: tell the operator now, not at the heartbeat
@@ -408,7 +454,9 @@ impl Worker {
         let Some(job) = self.table.remove(request) else {
             return;
         };
-        self.engines.hosts[job.engine].send(HostCommand::Abort { id: request });
+        if let Some(host) = self.models.host(&job.model) {
+            host.send(HostCommand::Abort { id: request });
+        }
         let partial = job.completion();
         self.append(&[(
             job_id,

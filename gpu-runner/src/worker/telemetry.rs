@@ -5,7 +5,8 @@
 //!
 //! Engine gauges are per model (`model_name`): a sequence count and the KV cache usage,
 //! published by the engine thread after every step. Inter-token latency and queue time are
-//! per model histograms, recorded as jobs are claimed and their tokens arrive. Prefix-cache counters are in tokens, as
+//! per model histograms, recorded as jobs are claimed and their tokens arrive. Model loads
+//! (seconds, resident bytes) and unloads (with the reason) are recorded by `models.rs`. Prefix-cache counters are in tokens, as
 //! vLLM's are: `queries` counts prompt tokens, `hits` those served from cached blocks.
 
 use crate::engine::llm::EngineStats;
@@ -22,6 +23,12 @@ pub const PREFIX_HITS: &str = "fallow:prefix_cache_hits_total";
 pub const INTER_TOKEN_LATENCY: &str = "fallow:inter_token_latency_seconds";
 /// Time from a request's creation to its first claim by a runner.
 pub const QUEUE_TIME: &str = "fallow:request_queue_time_seconds";
+/// A cold start's cost, per model (vLLM has no such metric; the name follows ours).
+pub const MODEL_LOAD_SECONDS: &str = "fallow:model_load_seconds";
+/// Models unloaded, per model and reason (`budget`, `keep_alive`, `operator`, `yield`).
+pub const MODEL_EVICTIONS: &str = "fallow:model_evictions_total";
+/// Memory a resident model takes (weights + KV pool); 0 once unloaded.
+pub const MODEL_RESIDENT_BYTES: &str = "fallow:model_resident_bytes";
 
 /// One model's engine gauges, resolved once so a step publishes without allocating.
 pub struct EngineGauges {
@@ -60,6 +67,20 @@ pub fn inter_token_latency(model: &str) -> metrics::Histogram {
 /// Records how long a job waited in the queue before its first claim.
 pub fn record_queue_time(model: &str, seconds: f64) {
     metrics::histogram!(QUEUE_TIME, "model_name" => model.to_string()).record(seconds.max(0.0));
+}
+
+/// Records a finished model load.
+pub fn record_model_load(model: &str, seconds: f64, resident_bytes: u64) {
+    metrics::histogram!(MODEL_LOAD_SECONDS, "model_name" => model.to_string()).record(seconds);
+    metrics::gauge!(MODEL_RESIDENT_BYTES, "model_name" => model.to_string())
+        .set(resident_bytes as f64);
+}
+
+/// Records that a model was unloaded, and why.
+pub fn record_model_unload(model: &str, reason: &'static str) {
+    metrics::counter!(MODEL_EVICTIONS, "model_name" => model.to_string(), "reason" => reason)
+        .increment(1);
+    metrics::gauge!(MODEL_RESIDENT_BYTES, "model_name" => model.to_string()).set(0.0);
 }
 
 /// Counts one finished job's prompt against the prefix cache.

@@ -1,7 +1,8 @@
 //! The worker's upkeep with the control plane: the heartbeat (liveness, lease renewal,
 //! cancellations, the registry state), an operator's state hint, the runner's own state
-//! reports (`yielded`, `active`, `drained`), the owner probe's verdict, and handing jobs back
-//! to the queue when the runner steps aside or shuts down.
+//! reports (`yielded`, `active`, `drained`), operators' eviction requests, the owner probe's
+//! verdict (a yield also unloads every model, freeing the device's memory), and handing jobs
+//! back to the queue when the runner steps aside or shuts down.
 
 use super::engine_host::HostCommand;
 use super::{Worker, YIELD_MESSAGE};
@@ -25,6 +26,8 @@ impl Worker {
             }
             Err(e) => tracing::warn!(error = %e, "runner heartbeat failed"),
         }
+        self.take_evictions().await;
+        self.count_replicas().await;
         self.reconcile().await;
         if leases.is_empty() {
             return;
@@ -53,19 +56,56 @@ impl Worker {
             return;
         };
         if let Some(job) = self.table.remove(request) {
-            self.engines.hosts[job.engine].send(HostCommand::Abort { id: request });
+            self.abort_in_engine(&job.model, request);
             tracing::warn!(%job_id, "lost the lease of a job; dropped it");
         }
     }
 
-    /// An operator changed this runner's state: read it now rather than at the heartbeat.
+    /// Drops a request from its model's engine (a no-op while the model is still loading:
+    /// the job simply is no longer in the table when the load finishes).
+    pub(super) fn abort_in_engine(&self, model: &str, request: u64) {
+        if let Some(host) = self.models.host(model) {
+            host.send(HostCommand::Abort { id: request });
+        }
+    }
+
+    /// An operator changed this runner's state or asked it to unload a model: read both now
+    /// rather than at the heartbeat.
     pub(super) async fn refresh_state(&mut self) {
         match runners::state(self.queue.pool(), self.runner_id).await {
             Ok(Some(state)) => self.state.set_registry(state),
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "reading the runner state failed"),
         }
+        self.take_evictions().await;
         self.reconcile().await;
+    }
+
+    /// Carries out the operator's eviction requests.
+    async fn take_evictions(&mut self) {
+        match runners::take_evictions(self.queue.pool(), self.runner_id).await {
+            Ok(models) if models.is_empty() => {}
+            Ok(models) => {
+                let busy = self.table.busy_models();
+                for model in models {
+                    tracing::info!(%model, "the operator asked to unload a model");
+                    self.models.request_evict(&model, &busy);
+                }
+                self.models_changed().await;
+            }
+            Err(e) => tracing::warn!(error = %e, "reading eviction requests failed"),
+        }
+    }
+
+    /// Refreshes the warm replica counts the `min_warm` policy needs.
+    async fn count_replicas(&mut self) {
+        if !self.models.wants_replica_counts() {
+            return;
+        }
+        match runners::warm_replicas(self.queue.pool()).await {
+            Ok(counts) => self.models.set_replicas(counts),
+            Err(e) => tracing::warn!(error = %e, "counting warm replicas failed"),
+        }
     }
 
     /// Reports the state this runner owns (`yielded`, back to `active`, `drained`).
@@ -90,7 +130,12 @@ impl Worker {
         self.state.set_owner_active(active);
         if active {
             self.hand_back_all("runner_yielded", YIELD_MESSAGE).await;
+            // The owner needs the device's memory too, not only its time.
+            self.models.unload_all("yield");
+        } else {
+            self.models.preload_later();
         }
+        self.models_changed().await;
         self.reconcile().await;
         tracing::info!(
             owner_active = active,
@@ -104,7 +149,7 @@ impl Worker {
     pub(super) async fn hand_back_all(&mut self, code: &str, message: &str) {
         for id in self.table.requests() {
             if let Some(job) = self.table.remove(id) {
-                self.engines.hosts[job.engine].send(HostCommand::Abort { id });
+                self.abort_in_engine(&job.model, id);
                 let streamed = job.streamed && job.client_streams;
                 self.release(job.job_id, job.attempt, streamed, code, message)
                     .await;

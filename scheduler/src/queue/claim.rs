@@ -1,16 +1,30 @@
 //! Claiming jobs and keeping their leases alive.
 //!
 //! A runner claims at most its free slots in one statement, then renews the leases of what
-//! it holds on every heartbeat. A lease that is not renewed expires and the reaper takes the
+//! it holds on every heartbeat. Claims prefer models the runner holds warm: a job of a model
+//! it would have to load goes to it only when no other runner holds that model warm, or
+//! after the job has waited a while. A lease that is not renewed expires and the reaper takes the
 //! job back (see `housekeeping.rs`).
 
 use super::rows::ClaimedRow;
 use super::{ClaimedJob, Queue};
+use crate::runners::LIVE_WITHIN_SECS;
 use crate::SchedulerError;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use std::collections::HashSet;
 use std::time::Duration;
 use uuid::Uuid;
+
+/// Which models a claim may take jobs for: those the runner holds in memory (warm) and
+/// those it could load (cold).
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimScope<'a> {
+    pub warm: &'a [String],
+    pub cold: &'a [String],
+    /// How long a job of a model warm on another runner waits for that runner before a cold
+    /// runner takes it (and loads the model).
+    pub cold_after: Duration,
+}
 
 /// What a heartbeat learned about the jobs a runner holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -24,7 +38,8 @@ pub struct LeaseRenewal {
 
 impl Queue {
     /// Claims up to `limit` runnable jobs for one of `models`, in priority then age order,
-    /// in one statement (`FOR UPDATE SKIP LOCKED`), setting the lease.
+    /// in one statement (`FOR UPDATE SKIP LOCKED`), setting the lease. Every model counts as
+    /// warm (see [`claim_in`](Self::claim_in)).
     pub async fn claim(
         &self,
         runner_id: Uuid,
@@ -32,20 +47,50 @@ impl Queue {
         limit: i64,
         lease: Duration,
     ) -> Result<Vec<ClaimedJob>, SchedulerError> {
+        let scope = ClaimScope {
+            warm: models,
+            cold: &[],
+            cold_after: Duration::ZERO,
+        };
+        self.claim_in(runner_id, &scope, limit, lease).await
+    }
+
+    /// Claims up to `limit` runnable jobs within `scope`: any job of a warm model, and a job of
+    /// a cold model only when no other live, active runner holds that model warm or once it
+    /// has waited `cold_after`.
+    pub async fn claim_in(
+        &self,
+        runner_id: Uuid,
+        scope: &ClaimScope<'_>,
+        limit: i64,
+        lease: Duration,
+    ) -> Result<Vec<ClaimedJob>, SchedulerError> {
+        // The query scans once per model, so a repeated model would only waste the limit;
+        // a model both warm and cold is warm.
+        let mut models: Vec<(&str, bool)> = scope
+            .warm
+            .iter()
+            .map(|m| (m.as_str(), true))
+            .chain(scope.cold.iter().map(|m| (m.as_str(), false)))
+            .collect();
+        models.sort_unstable_by(|a, b| a.0.cmp(b.0).then(b.1.cmp(&a.1)));
+        models.dedup_by(|later, first| later.0 == first.0);
         if limit <= 0 || models.is_empty() {
             return Ok(Vec::new());
         }
-        // The query scans once per model, so a repeated model would only waste the limit.
-        let mut distinct: Vec<&str> = models.iter().map(String::as_str).collect();
-        distinct.sort_unstable();
-        distinct.dedup();
+        let (names, warm): (Vec<&str>, Vec<bool>) = models.into_iter().unzip();
         let now = self.clock.now();
+        let cold_before =
+            now - ChronoDuration::from_std(scope.cold_after).unwrap_or(ChronoDuration::days(365));
         let mut rows: Vec<ClaimedRow> = sqlx::query_as(include_str!("queries/claim.sql"))
-            .bind(&distinct)
+            .bind(&names)
             .bind(now)
             .bind(limit)
             .bind(runner_id)
             .bind(lease_end(now, lease))
+            .bind(&warm)
+            .bind(cold_before)
+            .bind(LIVE_WITHIN_SECS as f64)
             .fetch_all(&self.pool)
             .await?;
         rows.sort_by(|a, b| {

@@ -32,7 +32,7 @@ mod rows;
 mod search;
 mod wake;
 
-pub use claim::LeaseRenewal;
+pub use claim::{ClaimScope, LeaseRenewal};
 pub use search::{JobFilter, JobSummary, QueueDepth, MAX_SEARCH_LIMIT};
 
 /// Interactive requests outrank batch ones. Lower priority values are served first.

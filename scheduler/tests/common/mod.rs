@@ -7,6 +7,7 @@ use fallow_scheduler::clock::Clock;
 use fallow_scheduler::db;
 use fallow_scheduler::job::{ChatMessage, Completion, GenerateRequest, Role, Sampling, Usage};
 use fallow_scheduler::queue::{JobKind, NewJob, Queue};
+use fallow_scheduler::runners::{ModelEntry, RunnerInfo};
 use sqlx::PgPool;
 
 pub struct TestDb {
@@ -91,4 +92,30 @@ pub fn completion(text: &str) -> Completion {
 
 pub fn models(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
+}
+
+/// A runner that may serve `may_serve` and holds `warm` in memory.
+pub fn runner_info(may_serve: &[&str], warm: &[&str]) -> RunnerInfo {
+    RunnerInfo {
+        host: "box-1".into(),
+        devices: serde_json::json!([{"kind": "cpu", "cores": 2}]),
+        slots: 4,
+        models: may_serve
+            .iter()
+            .map(|id| ModelEntry {
+                id: id.to_string(),
+                context_length: 8192,
+                owned_by: "fallow".into(),
+                created: 1_700_000_000,
+            })
+            .collect(),
+        warm: warm.iter().map(|id| id.to_string()).collect(),
+    }
+}
+
+/// Registers a runner as [`runner_info`] describes it.
+pub async fn register_runner(pool: &PgPool, may_serve: &[&str], warm: &[&str]) -> uuid::Uuid {
+    fallow_scheduler::runners::register(pool, &runner_info(may_serve, warm))
+        .await
+        .expect("register a runner")
 }

@@ -48,6 +48,43 @@ impl Weights {
     pub fn lm_head(&self) -> &QMatrix {
         self.output.as_ref().unwrap_or(&self.token_embd)
     }
+
+    /// Every weight matrix (the LM head once, even when tied).
+    pub fn matrices(&self) -> impl Iterator<Item = &QMatrix> {
+        let per_layer = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        std::iter::once(&self.token_embd)
+            .chain(self.output.as_ref())
+            .chain(per_layer)
+    }
+
+    /// Elements of every vector (norms, biases, RoPE factors).
+    pub fn vector_elements(&self) -> usize {
+        let per_layer: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let optional = [
+                    &l.bq,
+                    &l.bk,
+                    &l.bv,
+                    &l.q_norm,
+                    &l.k_norm,
+                    &l.post_attn_norm,
+                    &l.post_ffn_norm,
+                ];
+                l.attn_norm.len()
+                    + l.ffn_norm.len()
+                    + optional
+                        .iter()
+                        .map(|v| v.as_ref().map_or(0, Vec::len))
+                        .sum::<usize>()
+            })
+            .sum();
+        per_layer + self.output_norm.len() + self.rope_freq_factors.as_ref().map_or(0, Vec::len)
+    }
 }
 
 /// The role of a tensor, independent of how a format names it.

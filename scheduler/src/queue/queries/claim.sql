@@ -9,9 +9,15 @@
 -- $1 must not repeat a model.
 -- A registered runner claims only while its registry state is 'active': a cordon, drain or
 -- yield that committed before this statement began stops it here, whatever the runner knows.
+--
+-- Warm models first: $6[i] says whether this runner holds $1[i] in memory. A job for a model
+-- it would have to load (cold) is taken only when no other live, active runner holds that
+-- model warm, or once the job was created before $7 (it has waited long enough that a cold
+-- start beats waiting longer for the warm runners). $8: seconds of silence after which a
+-- runner is not live.
 WITH candidates AS (
     SELECT c.id, c.priority, c.created_at
-    FROM unnest($1::text[]) AS m(model)
+    FROM unnest($1::text[], $6::bool[]) AS m(model, warm)
     CROSS JOIN LATERAL (
         SELECT id, priority, created_at
         FROM jobs
@@ -19,6 +25,17 @@ WITH candidates AS (
           AND model = m.model
           AND run_after <= $2
           AND NOT EXISTS (SELECT 1 FROM runners r WHERE r.id = $4 AND r.state <> 'active')
+          AND (
+              m.warm
+              OR created_at <= $7
+              OR NOT EXISTS (
+                  SELECT 1 FROM runners r
+                  WHERE r.id <> $4
+                    AND r.state = 'active'
+                    AND r.warm @> ARRAY[m.model]
+                    AND r.last_heartbeat > now() - make_interval(secs => $8)
+              )
+          )
         ORDER BY priority, created_at, id
         LIMIT $3
         FOR UPDATE SKIP LOCKED
