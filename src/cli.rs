@@ -144,6 +144,13 @@ pub struct ServiceArgs {
     /// would have to load it takes it (default 2000).
     #[arg(long, env = "FALLOW_COLD_CLAIM_AFTER_MS")]
     pub cold_claim_after_ms: Option<u64>,
+    /// The group of runners this one belongs to (e.g. one office's workstations).
+    #[arg(long, env = "FALLOW_POOL")]
+    pub pool: Option<String>,
+    /// At most this share (0–1) of the pool's runners is lent at once, e.g. 0.5; the others
+    /// yield as if their owners were active. Every runner of a pool should be given the same.
+    #[arg(long, env = "FALLOW_POOL_MAX_SHARE")]
+    pub pool_max_share: Option<f64>,
 }
 
 #[derive(Subcommand, Debug)]

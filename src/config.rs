@@ -38,6 +38,8 @@ pub struct FileConfig {
     pub model_memory_mb: Option<u64>,
     pub keep_alive: Option<String>,
     pub cold_claim_after_ms: Option<u64>,
+    pub pool: Option<String>,
+    pub pool_max_share: Option<f64>,
 }
 
 /// Where batch files live: a local directory, or an S3 bucket.
@@ -152,6 +154,9 @@ pub struct Settings {
     /// Keep-alive of models whose spec names none; `None`: forever.
     pub keep_alive: Option<Duration>,
     pub cold_claim_after: Duration,
+    pub pool: String,
+    /// Checked to lie in (0, 1].
+    pub pool_max_share: Option<f64>,
 }
 
 /// The local object store's directory when none is configured (git-ignored).
@@ -251,6 +256,19 @@ impl Settings {
                     .or(file.cold_claim_after_ms)
                     .unwrap_or(2000),
             ),
+            pool: args
+                .pool
+                .clone()
+                .or(file.pool)
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| fallow_scheduler::runners::DEFAULT_POOL.to_string()),
+            pool_max_share: match args.pool_max_share.or(file.pool_max_share) {
+                Some(share) if share > 0.0 && share <= 1.0 => Some(share),
+                Some(share) => {
+                    anyhow::bail!("--pool-max-share {share} is not a share in (0, 1]")
+                }
+                None => None,
+            },
         })
     }
 

@@ -20,10 +20,12 @@ use uuid::Uuid;
 
 mod hints;
 mod liveness;
+mod pools;
 mod warm;
 
 pub use hints::state_hints;
 pub use liveness::{mark_dead, DEAD_AFTER_SECS};
+pub use pools::pool_turn;
 pub use warm::{request_evict, set_warm, take_evictions, warm_replicas};
 
 /// The Postgres channel on which an operator's state change is announced (payload: the
@@ -44,6 +46,16 @@ pub struct RunnerInfo {
     /// The ids of those it holds in memory now.
     #[serde(default)]
     pub warm: Vec<String>,
+    /// The operator's group of runners it belongs to (see `pools.rs`).
+    #[serde(default = "default_pool")]
+    pub pool: String,
+}
+
+/// The pool of runners that name none.
+pub const DEFAULT_POOL: &str = "default";
+
+fn default_pool() -> String {
+    DEFAULT_POOL.to_string()
 }
 
 /// A model a runner serves, as `/v1/models` lists it.
@@ -66,6 +78,7 @@ pub struct RunnerRecord {
     pub models: Vec<ModelEntry>,
     /// Models held in memory (loaded or loading).
     pub warm: Vec<String>,
+    pub pool: String,
     pub state: String,
     pub in_flight: i32,
     pub registered_at: DateTime<Utc>,
@@ -89,8 +102,8 @@ pub async fn register(pool: &PgPool, info: &RunnerInfo) -> Result<Uuid, Schedule
 /// name it, stay its own.
 pub async fn register_as(pool: &PgPool, id: Uuid, info: &RunnerInfo) -> Result<(), SchedulerError> {
     sqlx::query(
-        "INSERT INTO runners (id, host, devices, slots, models, warm) \
-         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
+        "INSERT INTO runners (id, host, devices, slots, models, warm, pool) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
     )
     .bind(id)
     .bind(&info.host)
@@ -98,6 +111,7 @@ pub async fn register_as(pool: &PgPool, id: Uuid, info: &RunnerInfo) -> Result<(
     .bind(info.slots.max(0))
     .bind(models_json(&info.models)?)
     .bind(&info.warm)
+    .bind(&info.pool)
     .execute(pool)
     .await?;
     Ok(())
@@ -208,7 +222,7 @@ pub async fn deregister(pool: &PgPool, runner: Uuid) -> Result<(), SchedulerErro
 /// All registered runners, oldest first.
 pub async fn list(pool: &PgPool) -> Result<Vec<RunnerRecord>, SchedulerError> {
     let rows: Vec<RunnerRow> = sqlx::query_as(
-        "SELECT id, host, devices, slots, models, warm, state, in_flight, registered_at, \
+        "SELECT id, host, devices, slots, models, warm, pool, state, in_flight, registered_at, \
          last_heartbeat FROM runners ORDER BY registered_at, id",
     )
     .fetch_all(pool)
@@ -219,7 +233,7 @@ pub async fn list(pool: &PgPool) -> Result<Vec<RunnerRecord>, SchedulerError> {
 /// One runner, if registered.
 pub async fn get(pool: &PgPool, runner: Uuid) -> Result<Option<RunnerRecord>, SchedulerError> {
     let row: Option<RunnerRow> = sqlx::query_as(
-        "SELECT id, host, devices, slots, models, warm, state, in_flight, registered_at, \
+        "SELECT id, host, devices, slots, models, warm, pool, state, in_flight, registered_at, \
          last_heartbeat FROM runners WHERE id = $1",
     )
     .bind(runner)
@@ -263,6 +277,7 @@ struct RunnerRow {
     slots: i32,
     models: serde_json::Value,
     warm: Vec<String>,
+    pool: String,
     state: String,
     in_flight: i32,
     registered_at: DateTime<Utc>,
@@ -279,6 +294,7 @@ impl TryFrom<RunnerRow> for RunnerRecord {
             devices: row.devices,
             slots: row.slots,
             warm: row.warm,
+            pool: row.pool,
             state: row.state,
             in_flight: row.in_flight,
             registered_at: row.registered_at,

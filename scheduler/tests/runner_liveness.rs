@@ -21,6 +21,7 @@ fn info() -> RunnerInfo {
             created: 1_700_000_000,
         }],
         warm: vec!["m".into()],
+        pool: runners::DEFAULT_POOL.into(),
     }
 }
 

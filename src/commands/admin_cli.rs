@@ -150,6 +150,7 @@ pub enum KeysRemote {
 const RUNNER_COLUMNS: &[Column] = &[
     Column::new("ID", "/id"),
     Column::new("HOST", "/host"),
+    Column::new("POOL", "/pool"),
     Column::new("STATE", "/state"),
     Column::new("SLOTS", "/slots"),
     Column::new("IN FLIGHT", "/in_flight"),

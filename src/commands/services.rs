@@ -142,6 +142,8 @@ fn runner_config(settings: &Settings) -> RunnerConfig {
         lend_windows: settings.lend_windows.clone(),
         memory_budget: settings.model_memory_bytes,
         cold_claim_after: settings.cold_claim_after,
+        pool: settings.pool.clone(),
+        pool_max_share: settings.pool_max_share,
         ..RunnerConfig::default()
     }
 }

@@ -49,6 +49,17 @@ def spawn(command: str, stack: "Stack", *extra: str) -> subprocess.Popen:
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
+def stop_process(proc: subprocess.Popen) -> None:
+    """Stops a process started by `spawn`: SIGTERM (a runner hands its jobs back), then kill."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class Stack:
     """One `fallow` process and its database."""
 

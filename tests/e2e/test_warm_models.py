@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack, wait_for
+from conftest import FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack, spawn, stop_process, wait_for
 
 GEMMA_PATH = ROOT / "models" / "gemma-3-270m-Q4_K_M.gguf"
 GEMMA_ID = "gemma"
@@ -103,23 +103,15 @@ def two_runners():
     room for one, so it preloads Gemma and has SmolLM2 cold."""
     stack = Stack().start()
     a = runners(stack)[0]["id"]
-    log = open(ROOT / "target" / f"e2e-{stack.database}-runner-b.log", "w")
-    runner_b = subprocess.Popen(
-        [FALLOW, "runner", "--database-url", stack.database_url, "--redis-url", stack.redis_url,
-         "--model", f"{GEMMA_ID}={GEMMA_PATH}", "--model", str(MODEL_PATH), "--kv-cache-mb", "64",
-         "--model-memory-mb", BUDGET_FOR_ONE, "--slots", "4"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    runner_b = spawn("runner", stack, "--model", f"{GEMMA_ID}={GEMMA_PATH}", "--model", str(MODEL_PATH),
+                     "--kv-cache-mb", "64", "--model-memory-mb", BUDGET_FOR_ONE, "--slots", "4")
     try:
         ids = wait_for(lambda: (lambda ids: ids if len(ids) == 2 else None)([r["id"] for r in runners(stack)]),
                        timeout=120)
         b = next(i for i in ids if i != a)
         yield stack, a, b
     finally:
-        runner_b.terminate()
-        try:
-            runner_b.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            runner_b.kill()
+        stop_process(runner_b)
         stack.stop()
 
 

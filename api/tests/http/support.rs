@@ -83,6 +83,7 @@ pub async fn spawn_app_on(config: ApiConfig, redis: &str) -> TestApp {
             created: 1_700_000_000,
         }],
         warm: vec![MODEL.into()],
+        pool: runners::DEFAULT_POOL.into(),
     };
     let runner_id = runners::register(&pool, &info)
         .await

@@ -72,6 +72,10 @@ pub struct RunnerConfig {
     /// How long a job of a model warm on another runner waits for it before this runner,
     /// which would have to load the model, takes it.
     pub cold_claim_after: Duration,
+    /// The operator's group this runner belongs to.
+    pub pool: String,
+    /// At most this share (0–1) of the pool's runners is lent at once; `None`: no limit.
+    pub pool_max_share: Option<f64>,
 }
 
 impl Default for RunnerConfig {
@@ -88,11 +92,15 @@ impl Default for RunnerConfig {
             lend_windows: None,
             memory_budget: None,
             cold_claim_after: Duration::from_secs(2),
+            pool: runners::DEFAULT_POOL.to_string(),
+            pool_max_share: None,
         }
     }
 }
 
 const YIELD_MESSAGE: &str = "The GPU's owner needed the machine back, so the runner stepped aside.";
+const POOL_MESSAGE: &str =
+    "The runner's pool already lends its share of machines, so the runner stepped aside.";
 
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -111,22 +119,26 @@ pub async fn run(
     let (events_tx, mut host_rx) = mpsc::unbounded_channel::<(EngineKey, HostEvent)>();
     let (loads_tx, mut loads_rx) = mpsc::unbounded_channel::<LoadDone>();
     let (mut models, scope) = Models::new(offers, config.memory_budget, events_tx, loads_tx);
-    models.preload_now().await?;
+    let mut owner = owner_watch(&config);
+    // Closed until the probe's first look.
+    let owner_active = owner.as_mut().is_some_and(|rx| *rx.borrow_and_update());
+    if owner_active {
+        models.preload_later(); // the owner has the machine: load when it is lent
+    } else {
+        models.preload_now().await?;
+    }
     let info = RunnerInfo {
         host: config.host.clone(),
         devices: devices::describe(),
         slots: config.slots as i32,
         models: models.entries(chrono::Utc::now().timestamp()),
         warm: models.warm(),
+        pool: config.pool.clone(),
     };
     let runner_id = runners::register(queue.pool(), &info).await?;
     tracing::info!(%runner_id, warm = ?info.warm, slots = config.slots, "runner registered");
     let (mut state, gate) = RunnerState::new();
-    let mut owner = owner_watch(&config);
-    if let Some(rx) = &mut owner {
-        // Closed until the probe's first look.
-        state.set_owner_active(*rx.borrow_and_update());
-    }
+    state.set_owner_active(owner_active);
     let mut hints = runners::state_hints(queue.pool().clone(), runner_id);
 
     let slots = Arc::new(Semaphore::new(config.slots));
@@ -156,8 +168,10 @@ pub async fn run(
         info,
         state,
         lease: config.lease,
+        pool_max_share: config.pool_max_share,
     };
     worker.models_changed().await;
+    worker.check_pool_turn().await;
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -227,6 +241,7 @@ struct Worker {
     info: RunnerInfo,
     state: RunnerState,
     lease: Duration,
+    pool_max_share: Option<f64>,
 }
 
 impl Worker {

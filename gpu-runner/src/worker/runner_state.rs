@@ -1,12 +1,12 @@
-//! What this runner may do right now, from two sources: the registry row's `state` (the
+//! What this runner may do right now, from three sources: the registry row's `state` (the
 //! operator's cordon/drain/resume, learnt on every heartbeat and at once through a
-//! `NOTIFY`, see `runners::state_hints`) and the owner probe. The claim loop only looks at
-//! the gate this publishes: claiming is allowed only while the row says `active` and the
-//! owner is idle.
+//! `NOTIFY`, see `runners::state_hints`), the owner probe, and its pool's turn (at most a
+//! share of a pool is lent at once, see `runners::pool_turn`). The machine is lent while
+//! the owner is idle and it is the runner's turn. The claim loop only looks at the gate this
+//! publishes: claiming is allowed only while the row says `active` and the machine is lent.
 //!
 //! The runner also reports the states it owns back to the registry ([`Reconcile`]): `yielded`
-//! while the owner is active, `active` again afterwards, and `drained` once a drain has no
-//! work left. Those writes are conditional (`runners::report_state`), so an operator's
+//! while not lent, `active` again afterwards, and `drained` once a drain has no work left. Those writes are conditional (`runners::report_state`), so an operator's
 //! decision always wins.
 
 use tokio::sync::watch;
@@ -22,6 +22,8 @@ pub struct RunnerState {
     /// The registry row's state as last read.
     registry: String,
     owner_active: bool,
+    /// False while the pool has its share of runners lent without this one.
+    pool_turn: bool,
     gate: watch::Sender<bool>,
 }
 
@@ -33,6 +35,7 @@ impl RunnerState {
         let state = RunnerState {
             registry: "active".to_string(),
             owner_active: false,
+            pool_turn: true,
             gate,
         };
         state.publish();
@@ -60,19 +63,32 @@ impl RunnerState {
         self.publish();
     }
 
+    pub fn set_pool_turn(&mut self, turn: bool) {
+        if turn != self.pool_turn {
+            tracing::info!(turn, "the runner's turn in its pool changed");
+        }
+        self.pool_turn = turn;
+        self.publish();
+    }
+
+    /// Whether the machine is lent: its owner is idle and it is this runner's turn.
+    pub fn lent(&self) -> bool {
+        !self.owner_active && self.pool_turn
+    }
+
     /// Whether new jobs may be claimed.
     pub fn may_claim(&self) -> bool {
-        self.registry == "active" && !self.owner_active
+        self.registry == "active" && self.lent()
     }
 
     /// The report the registry needs, given the jobs held now.
     pub fn reconcile(&self, in_flight: usize) -> Option<Reconcile> {
         match self.registry.as_str() {
-            "active" if self.owner_active => Some(Reconcile {
+            "active" if !self.lent() => Some(Reconcile {
                 from: &["active"],
                 to: "yielded",
             }),
-            "yielded" if !self.owner_active => Some(Reconcile {
+            "yielded" if self.lent() => Some(Reconcile {
                 from: &["yielded"],
                 to: "active",
             }),
@@ -131,5 +147,19 @@ mod tests {
         state.set_registry("cordoned".to_string());
         state.set_owner_active(true);
         assert_eq!(state.reconcile(0), None, "the operator's cordon stands");
+    }
+
+    #[test]
+    fn a_runner_out_of_its_pools_turn_yields_like_one_whose_owner_is_back() {
+        let (mut state, gate) = RunnerState::new();
+        state.set_pool_turn(false);
+        assert!(!*gate.borrow() && !state.lent());
+        assert_eq!(state.reconcile(0).map(|r| r.to), Some("yielded"));
+        state.set_registry("yielded".to_string());
+        state.set_pool_turn(true);
+        assert!(state.lent());
+        assert_eq!(state.reconcile(0).map(|r| r.to), Some("active"));
+        state.set_owner_active(true);
+        assert!(!state.lent(), "its turn does not overrule the owner");
     }
 }

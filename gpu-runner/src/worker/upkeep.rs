@@ -5,7 +5,7 @@
 //! back to the queue when the runner steps aside or shuts down.
 
 use super::engine_host::HostCommand;
-use super::{Worker, YIELD_MESSAGE};
+use super::{Worker, POOL_MESSAGE, YIELD_MESSAGE};
 use fallow_scheduler::job::JobEvent;
 use fallow_scheduler::queue::FailOutcome;
 use fallow_scheduler::runners;
@@ -28,6 +28,7 @@ impl Worker {
         }
         self.take_evictions().await;
         self.count_replicas().await;
+        self.check_pool_turn().await;
         self.reconcile().await;
         if leases.is_empty() {
             return;
@@ -123,25 +124,56 @@ impl Worker {
         }
     }
 
-    /// The owner probe's verdict changed. Active: stop claiming (the gate closes at once),
-    /// hand every held job back, report `yielded`. Idle again (after the grace period):
-    /// report `active`, which reopens the gate.
+    /// The owner probe's verdict changed: the machine may no longer (or again) be lent.
+    /// The pool hears of it at once, so another member can take this runner's place.
     pub(super) async fn on_owner(&mut self, active: bool) {
+        let was_lent = self.state.lent();
         self.state.set_owner_active(active);
-        if active {
-            self.hand_back_all("runner_yielded", YIELD_MESSAGE).await;
-            // The owner needs the device's memory too, not only its time.
-            self.models.unload_all("yield");
-        } else {
-            self.models.preload_later();
-        }
-        self.models_changed().await;
-        self.reconcile().await;
+        self.after_lending_change(was_lent).await;
+        self.check_pool_turn().await;
         tracing::info!(
             owner_active = active,
             state = self.state.registry(),
             "owner activity handled"
         );
+    }
+
+    /// Reports whether the owner is idle and learns whether it is this runner's turn to be
+    /// lent (only with a maximum pool share).
+    pub(super) async fn check_pool_turn(&mut self) {
+        let Some(share) = self.pool_max_share else {
+            return;
+        };
+        let owner_idle = !self.state.owner_active();
+        match runners::pool_turn(self.queue.pool(), self.runner_id, owner_idle, share).await {
+            Ok(turn) => {
+                let was_lent = self.state.lent();
+                self.state.set_pool_turn(turn);
+                self.after_lending_change(was_lent).await;
+            }
+            Err(e) => tracing::warn!(error = %e, "asking for the pool's turn failed"),
+        }
+    }
+
+    /// Not lent any more: stop claiming (the gate closed already), hand every held job back,
+    /// unload the models, report `yielded`. Lent again: report `active`, which reopens the
+    /// gate, and load the models again in the background.
+    async fn after_lending_change(&mut self, was_lent: bool) {
+        let lent = self.state.lent();
+        if was_lent && !lent {
+            let message = if self.state.owner_active() {
+                YIELD_MESSAGE
+            } else {
+                POOL_MESSAGE
+            };
+            self.hand_back_all("runner_yielded", message).await;
+            // The owner needs the device's memory too, not only its time.
+            self.models.unload_all("yield");
+            self.models_changed().await;
+        } else if !was_lent && lent {
+            self.models.preload_later();
+        }
+        self.reconcile().await;
     }
 
     /// Hands every held job back to the queue (fenced, no attempt used up): the owner

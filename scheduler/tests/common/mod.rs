@@ -110,6 +110,7 @@ pub fn runner_info(may_serve: &[&str], warm: &[&str]) -> RunnerInfo {
             })
             .collect(),
         warm: warm.iter().map(|id| id.to_string()).collect(),
+        pool: fallow_scheduler::runners::DEFAULT_POOL.into(),
     }
 }
 
