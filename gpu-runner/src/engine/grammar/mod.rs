@@ -4,6 +4,8 @@
 //!
 //! - [`vocab`]: the tokenizer's per-token bytes as llguidance's token trie.
 //! - [`matcher`]: one sequence's grammar state (mask, advance).
+//! - [`slot`]: the compiler, built on a background thread so the engine never waits for it
+//!   unless a constrained request comes first.
 //!
 //! How it is used by the loop ([`crate::engine::llm`]): a request's constraint is compiled
 //! once ([`Grammars::compile`], cached by constraint), each choice gets its own clone; before
@@ -17,6 +19,7 @@
 //! consumed, and sampling resumes where the grammar was.
 
 mod matcher;
+mod slot;
 mod vocab;
 
 use std::collections::HashMap;
@@ -27,6 +30,7 @@ use llguidance::toktrie::SimpleVob;
 use llguidance::{Matcher, ParserFactory};
 
 pub use matcher::{Advance, SeqGrammar};
+pub use slot::GrammarSlot;
 
 use crate::engine::tokenizer::Tokenizer;
 

@@ -147,9 +147,9 @@ fn gemma3_json_schema_walks_follow_the_schema() {
 
 #[test]
 fn regex_walks_match_the_whole_pattern() {
+    let re = regex::Regex::new(r"^\d{3}-(yes|no)$").unwrap();
     for tok in [smollm2(), gemma3()].into_iter().flatten() {
         let mut g = grammars(tok);
-        let re = regex::Regex::new(r"^\d{3}-(yes|no)$").unwrap();
         let constraint = Constraint::Regex {
             pattern: r"\d{3}-(yes|no)".into(),
         };

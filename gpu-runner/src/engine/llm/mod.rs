@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use crate::engine::backend::{Backend, LogitsMode, SeqSlice, StepOutput};
 use crate::engine::batcher::{Batcher, BatcherConfig, ScheduledStep, SeqId};
-use crate::engine::grammar::{Grammars, SeqGrammar};
+use crate::engine::grammar::{GrammarSlot, SeqGrammar};
 use crate::engine::kv::BlockManager;
 use crate::engine::sampler::{Sampler, SeqSampler};
 use crate::engine::stop::{StopConditions, StopMatcher};
@@ -58,8 +58,8 @@ pub struct LlmEngine {
     sampler: Sampler,
     requests: HashMap<u64, RequestState>,
     choices: HashMap<SeqId, Choice>,
-    /// Built at the first constrained request (the vocabulary trie costs tens of ms).
-    grammars: Option<Grammars>,
+    /// The grammar compiler, built in the background from the first request on.
+    grammars: GrammarSlot,
     eos_ids: Vec<u32>,
     next_seq: SeqId,
     next_arrival: u64,
@@ -88,7 +88,7 @@ impl LlmEngine {
             sampler: Sampler::new(),
             requests: HashMap::new(),
             choices: HashMap::new(),
-            grammars: None,
+            grammars: GrammarSlot::default(),
             eos_ids,
             next_seq: 0,
             next_arrival: 0,
@@ -133,6 +133,7 @@ impl LlmEngine {
             return Err(EngineError::DuplicateRequest(request.id));
         }
         let max_tokens = request::validate(&request, self.limits())?;
+        self.grammars.start(&self.tokenizer, &self.eos_ids);
         let stop_regexes = StopRegexes::compile(&request.sampling.stop_regex)
             .map_err(EngineError::InvalidRequest)?;
         let grammar = match &request.sampling.constraint {
@@ -211,20 +212,15 @@ impl LlmEngine {
         Ok(())
     }
 
-    /// A fresh grammar state for `constraint`, building the model's grammar vocabulary on
-    /// first use.
+    /// A fresh grammar state for `constraint` (waiting for the grammar vocabulary if it is
+    /// still being built).
     fn compile_grammar(
         &mut self,
         constraint: &fallow_scheduler::job::Constraint,
     ) -> Result<SeqGrammar, EngineError> {
-        let grammars = match &mut self.grammars {
-            Some(g) => g,
-            slot => slot.insert(
-                Grammars::new(self.tokenizer.clone(), &self.eos_ids)
-                    .map_err(|e| EngineError::Internal(e.to_string()))?,
-            ),
-        };
-        grammars
+        self.grammars
+            .get(&self.tokenizer, &self.eos_ids)
+            .map_err(|e| EngineError::Internal(e.to_string()))?
             .compile(constraint)
             .map_err(|e| EngineError::InvalidRequest(e.to_string()))
     }
