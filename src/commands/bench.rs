@@ -16,6 +16,11 @@ struct Round {
     decode_tps: f64,
     aggregate_tps: f64,
     ttft_ms: f64,
+    /// Tokens generated (a grammar may end a sequence before `gen_tokens`).
+    generated: usize,
+    /// Process CPU time (all threads) per generated token: less sensitive than tokens/s to
+    /// other load on the machine.
+    cpu_ms_per_token: f64,
 }
 
 pub fn engine(args: BenchEngineArgs) -> anyhow::Result<()> {
@@ -47,8 +52,15 @@ pub fn engine(args: BenchEngineArgs) -> anyhow::Result<()> {
     let mut model = runtime::load(&args.model, &options)
         .with_context(|| format!("loading {}", args.model.display()))?;
     println!(
-        "{:>11} {:>11} {:>14} {:>14} {:>16} {:>10}",
-        "concurrency", "constraint", "prefill tok/s", "decode tok/s", "aggregate tok/s", "TTFT ms"
+        "{:>11} {:>11} {:>14} {:>14} {:>16} {:>10} {:>9} {:>12}",
+        "concurrency",
+        "constraint",
+        "prefill tok/s",
+        "decode tok/s",
+        "aggregate tok/s",
+        "TTFT ms",
+        "generated",
+        "CPU ms/tok"
     );
     let mut next_id = 0u64;
     for &conc in &args.concurrency {
@@ -58,9 +70,10 @@ pub fn engine(args: BenchEngineArgs) -> anyhow::Result<()> {
             let constrained = run_round(&mut model, &args, conc, Some(constraint), &mut next_id)?;
             print_round(conc, "json", &constrained);
             println!(
-                "{:>11} constrained/unconstrained decode tok/s: {:.3}",
+                "{:>11} constrained/unconstrained: decode tok/s {:.3}, CPU per token {:.3}",
                 conc,
-                constrained.decode_tps / free.decode_tps.max(1e-9)
+                constrained.decode_tps / free.decode_tps.max(1e-9),
+                constrained.cpu_ms_per_token / free.cpu_ms_per_token.max(1e-9)
             );
         }
     }
@@ -78,6 +91,7 @@ fn run_round(
 ) -> anyhow::Result<Round> {
     let vocab = model.frontend.tokenizer.vocab_size() as u32;
     let started = Instant::now();
+    let cpu_started = process_cpu_seconds();
     for i in 0..conc {
         *next_id += 1;
         // Distinct prompts so nothing is served from the prefix cache.
@@ -125,14 +139,37 @@ fn run_round(
         decode_tps: decode_tokens as f64 / decode_time,
         aggregate_tps: generated as f64 / total,
         ttft_ms: first_token_at.map(|d| d.as_secs_f64() * 1e3).unwrap_or(0.0),
+        generated,
+        cpu_ms_per_token: (process_cpu_seconds() - cpu_started) * 1e3 / generated.max(1) as f64,
     })
 }
 
 fn print_round(conc: usize, constraint: &str, round: &Round) {
     println!(
-        "{:>11} {:>11} {:>14.1} {:>14.1} {:>16.1} {:>10.1}",
-        conc, constraint, round.prefill_tps, round.decode_tps, round.aggregate_tps, round.ttft_ms
+        "{:>11} {:>11} {:>14.1} {:>14.1} {:>16.1} {:>10.1} {:>9} {:>12.2}",
+        conc,
+        constraint,
+        round.prefill_tps,
+        round.decode_tps,
+        round.aggregate_tps,
+        round.ttft_ms,
+        round.generated,
+        round.cpu_ms_per_token
     );
+}
+
+/// User + system CPU seconds of this process so far (Linux; 0 elsewhere).
+fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: f64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse::<f64>().ok())
+        .sum();
+    ticks / 100.0
 }
 
 fn peak_rss_mib() -> f64 {
