@@ -330,4 +330,46 @@ mod tests {
         let lark = "start: \"a\" | \"b\"";
         assert_eq!(gbnf_to_lark(lark).unwrap(), lark);
     }
+
+    /// llama.cpp's `grammars/json.gbnf`, as clients copy it.
+    const LLAMA_CPP_JSON: &str = r#"
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+
+object ::=
+  "{" ws (
+            string ":" ws value
+    ("," ws string ":" ws value)*
+  )? "}" ws
+
+array  ::=
+  "[" ws (
+            value
+    ("," ws value)*
+  )? "]" ws
+
+string ::=
+  "\"" (
+    [^"\\\x7F\x00-\x1F] |
+    "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) # escapes
+  )* "\"" ws
+
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+
+# Optional space: by convention, applied in this grammar after literal chars when allowed
+ws ::= | " " | "\n" [ \t]{0,20}
+"#;
+
+    #[test]
+    fn llama_cpps_json_grammar_converts_and_compiles() {
+        let lark = gbnf_to_lark(LLAMA_CPP_JSON).unwrap();
+        let constraint = fallow_scheduler::job::Constraint::Lark {
+            grammar: lark.clone(),
+        };
+        assert_eq!(
+            fallow_scheduler::grammar::check(&constraint),
+            Ok(()),
+            "{lark}"
+        );
+    }
 }
