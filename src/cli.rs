@@ -321,4 +321,8 @@ pub struct BenchEngineArgs {
     /// Where the model runs: cpu, cuda, cuda:N, or auto (a GPU when one is usable).
     #[arg(long, default_value = "cpu")]
     pub device: fallow_runner::engine::runtime::Device,
+    /// Also run every concurrency under this JSON schema (constrained decoding) and print
+    /// the constrained/unconstrained decode ratio.
+    #[arg(long)]
+    pub json_schema: Option<PathBuf>,
 }

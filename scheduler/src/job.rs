@@ -64,6 +64,30 @@ pub struct Sampling {
     pub logprobs: bool,
     /// 0..=20
     pub top_logprobs: u32,
+    /// A grammar the output must follow; `None` = free text.
+    #[serde(default)]
+    pub constraint: Option<Constraint>,
+    /// The choice stops when its generated text matches any of these regexes (SGLang
+    /// `stop_regex`; `finish_reason: stop`).
+    #[serde(default)]
+    pub stop_regex: Vec<String>,
+}
+
+/// A grammar the generated text must follow (constrained decoding).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Constraint {
+    /// Any JSON object (`response_format: json_object`).
+    JsonObject,
+    /// JSON valid against the schema (`response_format: json_schema`).
+    JsonSchema {
+        schema: serde_json::Value,
+        strict: bool,
+    },
+    /// The whole output matches the regex (SGLang `regex`).
+    Regex { pattern: String },
+    /// A grammar in llguidance's Lark syntax (SGLang `ebnf` is converted to it; tool-call grammars are built in it).
+    Lark { grammar: String },
 }
 
 impl Default for Sampling {
@@ -86,6 +110,8 @@ impl Default for Sampling {
             skip_special_tokens: true,
             logprobs: false,
             top_logprobs: 0,
+            constraint: None,
+            stop_regex: Vec::new(),
         }
     }
 }

@@ -171,3 +171,29 @@ impl BatchCodec for ChatBatchCodec {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn line(extra: serde_json::Value) -> Result<LineRequest, (Option<String>, String)> {
+        let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        if let (Some(obj), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+            obj.extend(extra.clone());
+        }
+        ChatBatchCodec::new(&crate::ApiConfig::default()).parse_body(CHAT_ENDPOINT, body)
+    }
+
+    #[test]
+    fn a_batch_line_gets_the_same_constraint_checks_as_a_request() {
+        let ok = line(json!({"response_format": {"type": "json_object"}})).unwrap();
+        assert_eq!(
+            ok.request.sampling.constraint,
+            Some(fallow_scheduler::job::Constraint::JsonObject)
+        );
+        let (param, message) = line(json!({"regex": "(unclosed"})).unwrap_err();
+        assert_eq!(param.as_deref(), Some("regex"));
+        assert!(message.contains("regular expression"), "{message}");
+    }
+}

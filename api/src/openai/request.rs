@@ -46,7 +46,14 @@ pub struct ChatCompletionRequest {
     pub tool_choice: Option<Value>,
     pub functions: Option<Vec<Value>>,
     pub function_call: Option<Value>,
+    /// `text`, `json_object` or `json_schema` (checked in `validate::constraint`).
     pub response_format: Option<Value>,
+    /// SGLang: the whole output matches this regex.
+    pub regex: Option<String>,
+    /// SGLang: the output follows this GBNF grammar (converted to llguidance's Lark).
+    pub ebnf: Option<String>,
+    /// SGLang: stop when the generated text matches one of these regexes.
+    pub stop_regex: Option<StopSpec>,
     /// Accepted for compatibility; not used.
     pub user: Option<String>,
     #[serde(flatten)]

@@ -2,6 +2,8 @@
 //! [`GenerateRequest`]. Every rule names the parameter it checks and the limit it enforces,
 //! so a client can fix its request from the error alone.
 
+mod constraint;
+mod gbnf;
 mod messages;
 mod sampling;
 
@@ -137,13 +139,11 @@ fn validate_priority(priority: Option<i64>) -> Result<i32, ApiError> {
     Ok(i32::try_from(priority).unwrap_or(0))
 }
 
-/// Structured-output extensions of vLLM and SGLang. They arrive as unknown fields; ignoring
-/// them would silently return unconstrained text, so they are refused.
-const CONSTRAINT_FIELDS: [&str; 8] = [
-    "regex",
-    "ebnf",
+/// Structured-output extensions of vLLM and SGLang not offered (`response_format`, `regex`,
+/// `ebnf` and `stop_regex` are). They arrive as unknown fields; ignoring them would silently
+/// return unconstrained text, so they are refused.
+const CONSTRAINT_FIELDS: [&str; 5] = [
     "structural_tag",
-    "stop_regex",
     "guided_json",
     "guided_regex",
     "guided_choice",
@@ -172,25 +172,6 @@ fn reject_unsupported(wire: &ChatCompletionRequest) -> Result<(), ApiError> {
             "functions",
             "Function calling is not supported by this server yet; send the request without `functions`.",
         ));
-    }
-    if let Some(format) = wire.response_format.as_ref().filter(|f| !f.is_null()) {
-        match format.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some(kind) => {
-                return Err(ApiError::invalid(
-                    "response_format.type",
-                    format!(
-                        "`response_format.type` `{kind}` is not supported yet; only `text` is."
-                    ),
-                ))
-            }
-            None => {
-                return Err(ApiError::invalid(
-                    "response_format",
-                    "`response_format` must be an object with a string `type`.",
-                ))
-            }
-        }
     }
     Ok(())
 }

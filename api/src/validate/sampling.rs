@@ -51,6 +51,8 @@ pub(super) fn validate_sampling(
         skip_special_tokens: wire.skip_special_tokens.unwrap_or(true),
         logprobs,
         top_logprobs,
+        constraint: super::constraint::validate_constraint(wire)?,
+        stop_regex: super::constraint::validate_stop_regex(wire)?,
     })
 }
 

@@ -8,13 +8,16 @@
 //!   detokenizer, chat templates.
 //! - [`kv`]: the paged KV block manager with prefix caching (pure bookkeeping).
 //! - [`batcher`]: continuous batching under one token budget per step (pure).
-//! - [`sampler`]: logits → token, penalties, logprobs; [`stop`]: stop-string matching.
+//! - [`sampler`]: logits → token, penalties, logprobs; [`stop`]: stop-string matching;
+//!   [`stop_regex`]: `stop_regex` matching.
+//! - [`grammar`]: constrained decoding (llguidance): a constraint → per-sequence token masks.
 //! - [`llm`]: the engine loop tying them together.
 
 pub mod backend;
 pub mod batcher;
 pub mod footprint;
 pub mod gguf;
+pub mod grammar;
 pub mod kv;
 pub mod llm;
 pub mod model;
@@ -22,4 +25,5 @@ pub mod quant;
 pub mod runtime;
 pub mod sampler;
 pub mod stop;
+pub mod stop_regex;
 pub mod tokenizer;

@@ -102,26 +102,30 @@ pub enum TokenStop {
     StopToken(u32),
     /// `max_tokens` (or the context) reached; the token itself is kept.
     Length,
+    /// The request's grammar is complete and allows nothing more; the token is kept.
+    GrammarComplete,
 }
 
 impl TokenStop {
     pub fn finish_reason(self) -> FinishReason {
         match self {
-            TokenStop::Eos(_) | TokenStop::StopToken(_) => FinishReason::Stop,
+            TokenStop::Eos(_) | TokenStop::StopToken(_) | TokenStop::GrammarComplete => {
+                FinishReason::Stop
+            }
             TokenStop::Length => FinishReason::Length,
         }
     }
 
     /// Whether the token's text belongs in the output (not for stop tokens).
     pub fn keeps_text(self) -> bool {
-        matches!(self, TokenStop::Length)
+        matches!(self, TokenStop::Length | TokenStop::GrammarComplete)
     }
 
     /// The `matched_stop` to report.
     pub fn matched(self) -> Option<serde_json::Value> {
         match self {
             TokenStop::StopToken(id) => Some(serde_json::Value::from(id)),
-            TokenStop::Eos(_) | TokenStop::Length => None,
+            TokenStop::Eos(_) | TokenStop::Length | TokenStop::GrammarComplete => None,
         }
     }
 }

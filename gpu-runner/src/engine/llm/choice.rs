@@ -4,11 +4,13 @@
 use fallow_scheduler::job::{FinishReason, TokenLogprob};
 
 use super::output::token_logprob;
+use crate::engine::grammar::{Advance, SeqGrammar};
 use crate::engine::sampler::{Sampled, SeqSampler};
 use crate::engine::stop::{StopConditions, StopMatcher, TokenStop};
+use crate::engine::stop_regex::RegexStop;
 use crate::engine::tokenizer::{IncrementalDecoder, Tokenizer};
 
-/// A choice's sampler, detokenizer and stop state.
+/// A choice's sampler, detokenizer, grammar and stop state.
 #[derive(Debug)]
 pub(super) struct Choice {
     pub request_id: u64,
@@ -16,7 +18,10 @@ pub(super) struct Choice {
     pub sampler: SeqSampler,
     pub decoder: IncrementalDecoder,
     pub matcher: StopMatcher,
+    pub regex_stop: RegexStop,
     pub conditions: StopConditions,
+    /// The constraint's state for this choice (its own copy); `None` = free text.
+    pub grammar: Option<SeqGrammar>,
     pub want_logprobs: bool,
 }
 
@@ -31,11 +36,11 @@ pub(super) struct ChoiceDelta {
 
 impl Choice {
     /// Folds in a token the sampler just chose (and counted). A stop token ends the choice
-    /// without text; a stop string ends it with the text before the match; at the end,
-    /// held-back text is released.
+    /// without text; a stop string ends it with the text before the match; a complete
+    /// grammar ends it with the token's text; at the end, held-back text is released.
     pub(super) fn absorb(&mut self, tokenizer: &Tokenizer, sampled: &Sampled) -> ChoiceDelta {
         let generated = self.sampler.num_generated();
-        let token_stop = self.conditions.check(sampled.token, generated);
+        let token_stop = self.grammar_stop(sampled.token, generated);
         let allow_stop_strings = self.conditions.allows_stop(generated);
         let mut delta = ChoiceDelta {
             logprobs: self.want_logprobs.then(Vec::new),
@@ -68,7 +73,37 @@ impl Choice {
         if let Some(index) = matched {
             delta.finish = Some(FinishReason::Stop);
             delta.matched_stop = self.matcher.stop(index).map(serde_json::Value::from);
+        } else if let Some(m) = self.regex_stop.push(&delta.text, allow_stop_strings) {
+            delta.text.truncate(m.keep);
+            delta.finish = Some(FinishReason::Stop);
+            delta.matched_stop = Some(serde_json::Value::from(m.pattern));
         }
         delta
+    }
+
+    /// The token-level stop for `token`, with the grammar advanced by it: a grammar that can
+    /// go no further ends the choice (`stop`, even at `max_tokens`). One that fails (it should
+    /// not: the token came from its mask) ends the choice too, rather than going on
+    /// unconstrained.
+    fn grammar_stop(&mut self, token: u32, generated: usize) -> Option<TokenStop> {
+        let token_stop = self.conditions.check(token, generated);
+        let Some(grammar) = self.grammar.as_mut() else {
+            return token_stop;
+        };
+        if matches!(
+            token_stop,
+            Some(TokenStop::Eos(_) | TokenStop::StopToken(_))
+        ) {
+            return token_stop;
+        }
+        match grammar.advance(token) {
+            Ok(Advance::Continue) => token_stop,
+            Ok(Advance::Complete) => Some(TokenStop::GrammarComplete),
+            Err(e) => {
+                tracing::warn!(error = %e, token, "grammar rejected a sampled token");
+                self.grammar = None;
+                Some(TokenStop::GrammarComplete)
+            }
+        }
     }
 }

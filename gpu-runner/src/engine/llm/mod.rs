@@ -3,9 +3,13 @@
 //! - **schedule**: the [`Batcher`] picks decodes, prefill chunks and admissions under one
 //!   token budget and allocates their KV blocks.
 //! - **run**: one [`Backend::forward`] over every scheduled slice.
-//! - **postprocess**: per sequence that got logits: sample ([`Sampler`]), detokenize
+//! - **postprocess**: per sequence that got logits: sample ([`Sampler`], under the
+//!   sequence's grammar mask if it has one — [`crate::engine::grammar`]), detokenize
 //!   incrementally, check stop tokens / stop strings / length ([`crate::engine::stop`]),
 //!   emit a [`SeqOutput`], and free a finished sequence's blocks at once.
+//!
+//! Grammar masks need no logits, so the masks of a step's constrained sequences are
+//! computed in parallel on another thread while the backend runs the forward pass.
 //!
 //! A request with `n > 1` runs one sequence per choice. With the prefix cache on, choices
 //! 1.. are held back until choice 0 has produced a token, by which time its prompt's full
@@ -13,19 +17,22 @@
 
 mod choice;
 mod error;
+mod masks;
 mod output;
 mod postprocess;
 use postprocess::Row;
 mod request;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::engine::backend::{Backend, LogitsMode, SeqSlice, StepOutput};
 use crate::engine::batcher::{Batcher, BatcherConfig, ScheduledStep, SeqId};
+use crate::engine::grammar::{GrammarSlot, SeqGrammar};
 use crate::engine::kv::BlockManager;
 use crate::engine::sampler::{Sampler, SeqSampler};
 use crate::engine::stop::{StopConditions, StopMatcher};
+use crate::engine::stop_regex::{RegexStop, StopRegexes};
 use crate::engine::tokenizer::{IncrementalDecoder, Tokenizer};
 
 use choice::Choice;
@@ -51,6 +58,8 @@ pub struct LlmEngine {
     sampler: Sampler,
     requests: HashMap<u64, RequestState>,
     choices: HashMap<SeqId, Choice>,
+    /// The grammar compiler, built in the background from the first request on.
+    grammars: GrammarSlot,
     eos_ids: Vec<u32>,
     next_seq: SeqId,
     next_arrival: u64,
@@ -79,6 +88,7 @@ impl LlmEngine {
             sampler: Sampler::new(),
             requests: HashMap::new(),
             choices: HashMap::new(),
+            grammars: GrammarSlot::default(),
             eos_ids,
             next_seq: 0,
             next_arrival: 0,
@@ -123,6 +133,13 @@ impl LlmEngine {
             return Err(EngineError::DuplicateRequest(request.id));
         }
         let max_tokens = request::validate(&request, self.limits())?;
+        self.grammars.start(&self.tokenizer, &self.eos_ids);
+        let stop_regexes = StopRegexes::compile(&request.sampling.stop_regex)
+            .map_err(EngineError::InvalidRequest)?;
+        let grammar = match &request.sampling.constraint {
+            Some(constraint) => Some(self.compile_grammar(constraint)?),
+            None => None,
+        };
         let arrival = self.next_arrival;
         self.next_arrival += 1;
         let mut state = RequestState {
@@ -138,6 +155,8 @@ impl LlmEngine {
             live: Vec::new(),
             pending: Vec::new(),
             first_token_seen: false,
+            grammar,
+            stop_regexes,
         };
         let hold_back = self.config.enable_prefix_cache && request.n > 1;
         let first_wave = if hold_back { 1 } else { request.n };
@@ -183,12 +202,27 @@ impl LlmEngine {
                 sampler: SeqSampler::new(params, index, &state.prompt, &self.eos_ids),
                 decoder: IncrementalDecoder::new(params.skip_special_tokens),
                 matcher: StopMatcher::new(&params.stop),
+                regex_stop: RegexStop::new(state.stop_regexes.clone()),
                 conditions: StopConditions::new(params, &self.eos_ids, state.max_tokens),
+                grammar: state.grammar.clone(),
                 want_logprobs: params.logprobs,
             },
         );
         state.live.push(seq);
         Ok(())
+    }
+
+    /// A fresh grammar state for `constraint` (waiting for the grammar vocabulary if it is
+    /// still being built).
+    fn compile_grammar(
+        &mut self,
+        constraint: &fallow_scheduler::job::Constraint,
+    ) -> Result<SeqGrammar, EngineError> {
+        self.grammars
+            .get(&self.tokenizer, &self.eos_ids)
+            .map_err(|e| EngineError::Internal(e.to_string()))?
+            .compile(constraint)
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))
     }
 
     /// Drops a request and frees its blocks now. Unknown ids are ignored (it may have
@@ -274,7 +308,24 @@ impl LlmEngine {
                 logits: mode,
             });
         }
-        let out = self.backend.forward_step(&slices)?;
+        let mut grammars: Vec<&mut SeqGrammar> = Vec::new();
+        if self.requests.values().any(|r| r.grammar.is_some()) {
+            let sampled: HashSet<SeqId> = step
+                .seqs
+                .iter()
+                .zip(&modes)
+                .filter(|(_, &mode)| mode == LogitsMode::Last)
+                .map(|(entry, _)| entry.seq_id)
+                .collect();
+            grammars.extend(
+                self.choices
+                    .iter_mut()
+                    .filter(|(seq, _)| sampled.contains(seq))
+                    .filter_map(|(_, choice)| choice.grammar.as_mut()),
+            );
+        }
+        let backend = &mut self.backend;
+        let out = masks::overlapped(grammars, || backend.forward_step(&slices))?;
         let rows = modes.iter().filter(|&&m| m == LogitsMode::Last).count();
         let greedy = modes.iter().filter(|&&m| m == LogitsMode::Argmax).count();
         let expected = rows * self.backend.config().vocab_size;

@@ -22,7 +22,14 @@ impl LlmEngine {
             return Ok(None);
         };
         let sampled = match row {
-            Row::Logits(logits) => self.sampler.sample(logits, &mut choice.sampler),
+            Row::Logits(logits) => {
+                let allowed = choice.grammar.as_mut().and_then(|g| {
+                    g.prepare_mask();
+                    g.mask_words()
+                });
+                self.sampler
+                    .sample_constrained(logits, &mut choice.sampler, allowed)
+            }
             Row::Greedy(token) => self.sampler.take_greedy(token, &mut choice.sampler),
         };
         let delta = choice.absorb(&self.tokenizer, &sampled);

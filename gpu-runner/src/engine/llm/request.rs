@@ -5,6 +5,8 @@ use fallow_scheduler::job::{Sampling, Usage};
 
 use super::EngineError;
 use crate::engine::batcher::SeqId;
+use crate::engine::grammar::SeqGrammar;
+use crate::engine::stop_regex::StopRegexes;
 
 /// One generation request: a tokenized prompt and `n` choices to sample from it.
 #[derive(Debug, Clone)]
@@ -110,6 +112,9 @@ pub(super) struct RequestState {
     pub pending: Vec<u32>,
     /// Whether choice 0 has produced a token (its prompt blocks are committed).
     pub first_token_seen: bool,
+    /// The compiled constraint, fresh; each choice starts from a clone.
+    pub grammar: Option<SeqGrammar>,
+    pub stop_regexes: StopRegexes,
 }
 
 impl RequestState {

@@ -182,3 +182,5 @@ fn choice(
 
 #[path = "tests_behaviour.rs"]
 mod behaviour;
+#[path = "tests_constrained.rs"]
+mod constrained;

@@ -7,6 +7,8 @@
 //! every token so the hot path allocates nothing.
 //!
 //! Processing order for one row of logits:
+//! 0. A constrained sequence's grammar mask ([`crate::engine::grammar`]) sets every token
+//!    the grammar does not allow to −∞, before anything else.
 //! 1. `logit_bias` is added; NaN logits become −∞.
 //! 2. Until `min_tokens` tokens exist, EOS (unless `ignore_eos`) and `stop_token_ids` are
 //!    masked to −∞.
@@ -15,7 +17,9 @@
 //! 4. **Logprobs** are the log-softmax of these processed logits, *before* temperature and
 //!    top-k/top-p/min-p truncation: the model's distribution as the request shaped it, not
 //!    an artefact of the sampling knobs (OpenAI's convention). −∞ is reported as −9999.0,
-//!    as OpenAI does, so the value stays valid JSON.
+//!    as OpenAI does, so the value stays valid JSON. Under a grammar they are the
+//!    *constrained* distribution: renormalised over the allowed tokens, disallowed
+//!    alternatives never listed with a finite value.
 //! 5. Selection: temperature < 1e-5 is greedy (arg max, ties to the lowest id); otherwise
 //!    logits are divided by the temperature, then min-p, top-k and top-p cut the candidate
 //!    set, and one uniform draw from the sequence's RNG picks a token.
@@ -103,10 +107,14 @@ impl SeqSampler {
     }
 
     /// Whether the next token is the plain argmax of the raw logits: greedy, no logprobs,
-    /// and no processing that would move a logit (bias, `min_tokens` masking, penalties).
+    /// and no processing that would move a logit (grammar mask, bias, `min_tokens` masking,
+    /// penalties).
     /// Such a sequence can take its token from the device ([`Sampler::take_greedy`]).
     pub fn only_needs_argmax(&self) -> bool {
-        self.is_greedy() && !self.params.logprobs && penalties::change_nothing(self)
+        self.is_greedy()
+            && !self.params.logprobs
+            && self.params.constraint.is_none()
+            && penalties::change_nothing(self)
     }
 
     fn record(&mut self, token: u32) {
@@ -142,12 +150,26 @@ impl Sampler {
     /// Picks the next token of `seq` from one row of raw model logits and records it in the
     /// sequence's history. An empty row yields token 0 rather than a panic.
     pub fn sample(&mut self, raw_logits: &[f32], seq: &mut SeqSampler) -> Sampled {
+        self.sample_constrained(raw_logits, seq, None)
+    }
+
+    /// [`Sampler::sample`] restricted to the tokens set in `allowed` (bit `t % 32` of word
+    /// `t / 32`; ids past its end are disallowed), a grammar's mask.
+    pub fn sample_constrained(
+        &mut self,
+        raw_logits: &[f32],
+        seq: &mut SeqSampler,
+        allowed: Option<&[u32]>,
+    ) -> Sampled {
         self.logits.clear();
         self.logits.extend(
             raw_logits
                 .iter()
                 .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l }),
         );
+        if let Some(words) = allowed {
+            mask_disallowed(&mut self.logits, words);
+        }
         penalties::apply(&mut self.logits, seq);
         let want_logprobs = seq.params.logprobs;
         let normaliser = want_logprobs.then(|| logprobs::log_normaliser(&self.logits));
@@ -175,6 +197,21 @@ impl Sampler {
             token,
             logprob,
             top,
+        }
+    }
+}
+
+/// Sets the logits of tokens not in `allowed` to −∞, a 32-token word at a time.
+fn mask_disallowed(logits: &mut [f32], allowed: &[u32]) {
+    for (index, chunk) in logits.chunks_mut(32).enumerate() {
+        let bits = allowed.get(index).copied().unwrap_or(0);
+        if bits == u32::MAX {
+            continue;
+        }
+        for (bit, logit) in chunk.iter_mut().enumerate() {
+            if bits >> bit & 1 == 0 {
+                *logit = f32::NEG_INFINITY;
+            }
         }
     }
 }

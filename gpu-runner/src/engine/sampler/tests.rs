@@ -286,3 +286,49 @@ fn only_plain_greedy_sequences_can_take_their_token_from_the_device() {
     Sampler::new().take_greedy(4, &mut s);
     assert!(s.only_needs_argmax());
 }
+
+#[test]
+fn a_grammar_mask_leaves_only_allowed_tokens_to_sample() {
+    let p = Sampling {
+        temperature: 5.0,
+        seed: Some(1),
+        logprobs: true,
+        top_logprobs: 5,
+        ..Sampling::default()
+    };
+    let mut sampler = Sampler::new();
+    let mut s = SeqSampler::new(&p, 0, &[], &[EOS]);
+    // Tokens 2 and 7 allowed; the row prefers 4.
+    let allowed = [(1u32 << 2) | (1 << 7)];
+    for _ in 0..50 {
+        let out = sampler.sample_constrained(&row(4), &mut s, Some(&allowed));
+        assert!(out.token == 2 || out.token == 7, "{}", out.token);
+        // Logprobs are the constrained distribution: the two allowed tokens hold all mass.
+        let mass: f32 = out
+            .top
+            .iter()
+            .filter(|(_, lp)| *lp > MIN_LOGPROB)
+            .map(|(_, lp)| lp.exp())
+            .sum();
+        assert!((mass - 1.0).abs() < 1e-4, "{:?}", out.top);
+    }
+}
+
+#[test]
+fn ids_past_the_mask_are_disallowed() {
+    let mut sampler = Sampler::new();
+    let mut s = seq(&params());
+    // A mask of one word covers ids 0..32; a 40-token row's best id 35 is outside it.
+    let logits: Vec<f32> = (0..40).map(|t| if t == 35 { 10.0 } else { 0.0 }).collect();
+    let out = sampler.sample_constrained(&logits, &mut s, Some(&[1 << 3]));
+    assert_eq!(out.token, 3);
+}
+
+#[test]
+fn a_constrained_sequence_never_takes_the_devices_argmax() {
+    let p = Sampling {
+        constraint: Some(fallow_scheduler::job::Constraint::JsonObject),
+        ..params()
+    };
+    assert!(!seq(&p).only_needs_argmax());
+}
