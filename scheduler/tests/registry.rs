@@ -82,6 +82,8 @@ fn info(models: &[&str]) -> RunnerInfo {
                 context_length: 8192,
                 owned_by: "fallow".into(),
                 created: 1_700_000_000,
+                tool_parser: None,
+                reasoning_parser: None,
             })
             .collect(),
     }

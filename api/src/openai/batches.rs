@@ -4,10 +4,10 @@
 
 use crate::error::ApiError;
 use crate::openai::request::ChatCompletionRequest;
-use crate::openai::response::{completion_id, ChatCompletion};
+use crate::openai::response::ChatCompletion;
 use crate::validate::{validate_chat, Limits, BATCH_PRIORITY_BASE};
 use fallow_scheduler::batch::{batch_id, file_id, BatchCodec, BatchRecord, LineError, LineRequest};
-use fallow_scheduler::job::Completion;
+use fallow_scheduler::job::{Completion, OutputFormat};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -109,6 +109,9 @@ impl ChatBatchCodec {
                 // The engine refuses a prompt that does not fit its model; that request then
                 // ends in the error file like any other failure.
                 context_length: u32::MAX,
+                // Lines are validated without the model catalog: tool calls are read in the
+                // default syntax and reasoning is left in the content.
+                parsers: Default::default(),
             },
         }
     }
@@ -148,14 +151,11 @@ impl BatchCodec for ChatBatchCodec {
         job: Uuid,
         created: i64,
         model: &str,
+        output: &OutputFormat,
         completion: &Completion,
     ) -> serde_json::Value {
-        let body = ChatCompletion::from_completion(
-            completion_id(job),
-            created,
-            model.to_owned(),
-            completion,
-        );
+        let body =
+            ChatCompletion::from_completion(job, created, model.to_owned(), completion, output);
         serde_json::to_value(body).unwrap_or(serde_json::Value::Null)
     }
 

@@ -8,6 +8,10 @@ const LIMITS: Limits = Limits {
     max_messages: 4,
     max_n: 3,
     context_length: 2048,
+    parsers: ModelParsers {
+        tool: None,
+        reasoning: None,
+    },
 };
 
 fn request(extra: serde_json::Value) -> ChatCompletionRequest {
@@ -292,11 +296,6 @@ fn stream_options_are_honoured_only_when_streaming() {
 
 #[test]
 fn unsupported_features_are_refused_loudly() {
-    assert_rejected(
-        json!({"tools": [{"type": "function"}]}),
-        "tools",
-        "not supported",
-    );
     assert_rejected(
         json!({"response_format": {"type": "json_object"}}),
         "response_format.type",

@@ -81,6 +81,8 @@ pub async fn spawn_app_on(config: ApiConfig, redis: &str) -> TestApp {
             context_length: CONTEXT,
             owned_by: "fallow".into(),
             created: 1_700_000_000,
+            tool_parser: None,
+            reasoning_parser: None,
         }],
     };
     let runner_id = runners::register(&pool, &info)

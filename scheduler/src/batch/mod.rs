@@ -62,12 +62,14 @@ pub trait BatchCodec: Send + Sync + 'static {
         endpoint: &str,
         body: serde_json::Value,
     ) -> Result<LineRequest, (Option<String>, String)>;
-    /// The response body of a finished job, as the synchronous endpoint would answer it.
+    /// The response body of a finished job, as the synchronous endpoint would answer it
+    /// (`output`: how the request asked its text to be read).
     fn response_body(
         &self,
         job: Uuid,
         created: i64,
         model: &str,
+        output: &crate::job::OutputFormat,
         completion: &Completion,
     ) -> serde_json::Value;
     /// Status code and error body for a job that failed with `code`/`message`.

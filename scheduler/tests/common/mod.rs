@@ -43,6 +43,8 @@ pub fn request(model: &str) -> GenerateRequest {
             content: Some("Say hello.".to_string()),
             name: None,
             tool_call_id: None,
+            tool_calls: Vec::new(),
+            reasoning_content: None,
         }],
         sampling: Sampling::default(),
         n: 1,
@@ -50,6 +52,8 @@ pub fn request(model: &str) -> GenerateRequest {
         continue_final_message: false,
         stream: false,
         chat_template_kwargs: Default::default(),
+        tools: Vec::new(),
+        output: Default::default(),
     }
 }
 
