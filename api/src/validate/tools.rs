@@ -161,12 +161,14 @@ fn function(at: &str, f: &Value) -> Result<Value, ApiError> {
     let name_at = format!("{at}.name");
     match f.get("name").and_then(Value::as_str) {
         Some(name) if valid_name(name) => {}
-        Some(name) => return Err(ApiError::invalid(
-            &name_at,
-            format!(
+        Some(name) => {
+            return Err(ApiError::invalid(
+                &name_at,
+                format!(
                 "`{name_at}` is `{name}`; a function name is 1 to 64 letters, digits, `_` or `-`."
             ),
-        )),
+            ))
+        }
         None => {
             return Err(ApiError::invalid(
                 &name_at,

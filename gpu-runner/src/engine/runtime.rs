@@ -7,7 +7,7 @@ use crate::engine::backend::cuda::CudaBackend;
 use crate::engine::backend::Backend;
 use crate::engine::llm::{EngineConfig, LlmEngine};
 use crate::engine::model::{self, ModelArtifacts, VocabSource};
-use crate::engine::tokenizer::{ChatTemplate, Tokenizer, GEMMA_CHAT_TEMPLATE};
+use crate::engine::tokenizer::{ChatTemplate, OutputSyntax, Tokenizer, GEMMA_CHAT_TEMPLATE};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -68,6 +68,11 @@ pub struct LoadOptions {
     /// Caps the model's context length (0 = the model's own).
     pub max_model_len: usize,
     pub device: Device,
+    /// The model's tool-call syntax (`hermes`, `llama3_json`, `mistral`) when its chat
+    /// template does not reveal it, or reveals it wrongly; `None` = detect.
+    pub tool_parser: Option<String>,
+    /// The model's reasoning syntax (`qwen3`, `deepseek_r1`); `None` = detect.
+    pub reasoning_parser: Option<String>,
 }
 
 impl Default for LoadOptions {
@@ -81,6 +86,8 @@ impl Default for LoadOptions {
             chat_template_file: None,
             max_model_len: 0,
             device: Device::Cpu,
+            tool_parser: None,
+            reasoning_parser: None,
         }
     }
 }
@@ -107,6 +114,9 @@ pub struct ModelFrontend {
     pub tokenizer: Arc<Tokenizer>,
     pub template: ChatTemplate,
     pub context_length: usize,
+    /// How the model writes tool calls and reasoning (published with the model, for the
+    /// api's parsers).
+    pub output_syntax: OutputSyntax,
 }
 
 /// A loaded model: its engine and its frontend.
@@ -182,6 +192,10 @@ fn build_frontend(
     };
     let template = ChatTemplate::new(&source, &tokenizer.bos_text(), &tokenizer.eos_text())
         .map_err(|e| LoadError::Template(e.to_string()))?;
+    let output_syntax = OutputSyntax::detect(&source).overridden(
+        options.tool_parser.as_deref(),
+        options.reasoning_parser.as_deref(),
+    );
     let mut context_length = artifacts.config.context_length;
     if options.max_model_len > 0 {
         context_length = context_length.min(options.max_model_len);
@@ -190,5 +204,6 @@ fn build_frontend(
         tokenizer: Arc::new(tokenizer),
         template,
         context_length,
+        output_syntax,
     })
 }

@@ -196,6 +196,8 @@ fn start_engines(
             context_length: model.loaded.frontend.context_length as u32,
             owned_by: "fallow".to_string(),
             created,
+            tool_parser: model.loaded.frontend.output_syntax.tool_parser.clone(),
+            reasoning_parser: model.loaded.frontend.output_syntax.reasoning_parser.clone(),
         });
         let (host, mut events) =
             EngineHost::spawn(model.loaded.engine, model.loaded.frontend, &model.id)?;

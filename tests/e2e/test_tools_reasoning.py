@@ -1,0 +1,171 @@
+"""Tool calling and reasoning with the official OpenAI SDK against a real stack. The tiny default
+model cannot be relied on to call a tool, so the stack serves it with a fixture chat template
+(`fixtures/think_tools.jinja`) that shows the Hermes tool-call format and opens a `<think>` block:
+reasoning is then deterministic (everything up to `</think>` is reasoning), and the tool tests
+assert the shapes, the multi-turn rendering and that streamed and non-streamed answers agree."""
+
+import json
+from pathlib import Path
+
+import openai
+import pytest
+
+from conftest import MODEL_ID, Stack
+
+TEMPLATE = Path(__file__).resolve().parent / "fixtures" / "think_tools.jinja"
+QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@pytest.fixture(scope="module")
+def tool_client():
+    stack = Stack("--chat-template", str(TEMPLATE)).start()
+    try:
+        yield openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    finally:
+        stack.stop()
+
+
+def extra(obj, name):
+    """A non-standard field of an SDK object (`reasoning_content`, `reasoning`)."""
+    return (getattr(obj, "model_extra", None) or {}).get(name)
+
+
+def streamed(client, **kwargs):
+    """Runs a streamed request and folds its chunks into (content, reasoning, calls, finish, usage)."""
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    content, reasoning, calls, finish = "", "", {}, None
+    for chunk in chunks:
+        for choice in chunk.choices:
+            delta = choice.delta
+            content += delta.content or ""
+            assert extra(delta, "reasoning") == extra(delta, "reasoning_content")
+            reasoning += extra(delta, "reasoning_content") or ""
+            for call in delta.tool_calls or []:
+                entry = calls.setdefault(call.index, {"id": call.id, "name": None, "arguments": ""})
+                if call.function.name:
+                    entry["name"] = call.function.name
+                entry["arguments"] += call.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return content, reasoning, [calls[i] for i in sorted(calls)], finish, chunks[-1].usage
+
+
+def test_reasoning_opened_by_the_template_is_split_off_and_counted(tool_client):
+    r = tool_client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=16, temperature=0)
+    message = r.choices[0].message
+    reasoning = extra(message, "reasoning_content")
+    assert isinstance(reasoning, str) and reasoning
+    assert extra(message, "reasoning") == reasoning
+    details = r.usage.completion_tokens_details
+    assert details is not None and 0 < details.reasoning_tokens <= r.usage.completion_tokens
+    if "</think>" not in reasoning:
+        assert message.content == ""
+
+
+def test_streamed_reasoning_matches_the_non_streamed_answer(tool_client):
+    kwargs = dict(model=MODEL_ID, messages=QUESTION, max_tokens=16, temperature=0, tools=TOOLS)
+    sync = tool_client.chat.completions.create(**kwargs)
+    content, reasoning, calls, finish, usage = streamed(tool_client, **kwargs)
+    message = sync.choices[0].message
+    assert reasoning == (extra(message, "reasoning_content") or "")
+    assert content == (message.content or "")
+    sync_calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                  for c in message.tool_calls or []]
+    assert calls == sync_calls
+    assert finish == sync.choices[0].finish_reason
+    assert usage.completion_tokens_details.reasoning_tokens == sync.usage.completion_tokens_details.reasoning_tokens
+
+
+def test_stream_reasoning_false_sends_the_reasoning_in_one_delta(tool_client):
+    stream = tool_client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=12, temperature=0,
+                                                 stream=True, extra_body={"stream_reasoning": False})
+    pieces = [extra(c.choices[0].delta, "reasoning_content") for c in stream if c.choices]
+    pieces = [p for p in pieces if p]
+    assert len(pieces) == 1
+
+
+def test_thinking_off_or_separate_reasoning_false_leaves_reasoning_out(tool_client):
+    off = tool_client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=8, temperature=0,
+                                              extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert extra(off.choices[0].message, "reasoning_content") is None
+    assert off.choices[0].message.content
+    kept = tool_client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=8, temperature=0,
+                                               extra_body={"separate_reasoning": False})
+    assert extra(kept.choices[0].message, "reasoning_content") is None
+    assert kept.usage.completion_tokens_details is None
+
+
+def test_tools_reach_the_template(tool_client):
+    plain = tool_client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=1, temperature=0)
+    with_tools = tool_client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=1,
+                                                     temperature=0, tools=TOOLS)
+    assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens + 20
+    # `tool_choice: none` keeps them out of the prompt.
+    none = tool_client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=1, temperature=0,
+                                               tools=TOOLS, tool_choice="none")
+    assert none.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_a_multi_turn_conversation_with_a_tool_result_renders_and_runs(tool_client):
+    messages = QUESTION + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_abc", "type": "function",
+             "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
+        {"role": "tool", "tool_call_id": "call_abc", "content": "18 C and sunny"},
+    ]
+    r = tool_client.chat.completions.create(model=MODEL_ID, messages=messages, tools=TOOLS, max_tokens=8,
+                                            temperature=0)
+    shorter = tool_client.chat.completions.create(model=MODEL_ID, messages=QUESTION, tools=TOOLS, max_tokens=1,
+                                                  temperature=0)
+    assert r.usage.prompt_tokens > shorter.usage.prompt_tokens + 10
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # The assistant's answer goes back in as the next turn, reasoning included.
+    message = r.choices[0].message.model_dump(exclude_none=True)
+    again = tool_client.chat.completions.create(
+        model=MODEL_ID, messages=messages + [message, {"role": "user", "content": "Thanks!"}],
+        tools=TOOLS, max_tokens=4, temperature=0)
+    assert again.usage.prompt_tokens > r.usage.prompt_tokens
+
+
+def test_tool_call_shapes_when_the_model_calls(tool_client):
+    r = tool_client.chat.completions.create(model=MODEL_ID, messages=QUESTION, tools=TOOLS, max_tokens=48,
+                                            temperature=0, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    choice = r.choices[0]
+    for call in choice.message.tool_calls or []:
+        assert call.id.startswith("call_") and call.type == "function"
+        assert isinstance(call.function.arguments, str)
+    if choice.message.tool_calls:
+        assert choice.finish_reason in ("tool_calls", "length")
+    else:
+        assert choice.finish_reason in ("stop", "length")
+
+
+def test_legacy_functions_are_accepted_and_answered_in_their_shape(tool_client):
+    r = tool_client.chat.completions.create(
+        model=MODEL_ID, max_tokens=8, temperature=0,
+        messages=QUESTION + [
+            {"role": "assistant", "content": None,
+             "function_call": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+            {"role": "function", "name": "get_weather", "content": "18 C"}],
+        functions=[TOOLS[0]["function"]], function_call="auto")
+    choice = r.choices[0]
+    assert choice.message.tool_calls is None
+    if choice.message.function_call is not None:
+        assert choice.finish_reason in ("function_call", "length")
+        assert choice.message.function_call.name
+    else:
+        assert choice.finish_reason in ("stop", "length")
+
+
+def test_a_tool_choice_naming_an_unknown_function_is_a_400(tool_client):
+    with pytest.raises(openai.BadRequestError) as err:
+        tool_client.chat.completions.create(model=MODEL_ID, messages=QUESTION, tools=TOOLS, max_tokens=1,
+                                            tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert err.value.body["param"] == "tool_choice"
+    with pytest.raises(openai.BadRequestError) as err:
+        tool_client.chat.completions.create(
+            model=MODEL_ID, messages=QUESTION, max_tokens=1,
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}])
+    assert err.value.body["param"] == "tools[0].function.parameters.type"
