@@ -122,3 +122,66 @@ fn reasoning(text: String) -> Delta {
         ..Delta::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn format(legacy: bool, stream_reasoning: bool) -> OutputFormat {
+        OutputFormat {
+            tool_parser: Some("hermes".into()),
+            legacy_functions: legacy,
+            single_tool_call: legacy,
+            reasoning_parser: Some("qwen3".into()),
+            stream_reasoning,
+        }
+    }
+
+    fn json_of(deltas: Vec<Delta>) -> Vec<Value> {
+        deltas
+            .into_iter()
+            .map(|d| serde_json::to_value(d).unwrap_or_default())
+            .collect()
+    }
+
+    const TEXT: &str =
+        "<think>hm</think><tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>";
+
+    #[test]
+    fn a_call_streams_as_a_start_with_id_and_name_then_arguments() {
+        let mut choice = StreamChoice::new(&format(false, true), 1, 0);
+        let mut deltas = json_of(choice.feed(TEXT, 9));
+        deltas.extend(json_of(choice.finish()));
+        let id = crate::parsers::tool_calls::call_id(1, 0, 0);
+        assert_eq!(
+            deltas,
+            [
+                json!({"reasoning_content": "hm", "reasoning": "hm"}),
+                json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
+                                       "function": {"name": "f", "arguments": ""}}]}),
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\": 1}"}}]}),
+            ]
+        );
+        assert!(choice.called());
+        assert_eq!(choice.reasoning_tokens(), Some(9));
+    }
+
+    #[test]
+    fn legacy_calls_stream_as_function_call_and_held_reasoning_comes_whole() {
+        let mut choice = StreamChoice::new(&format(true, false), 1, 0);
+        let mut deltas = Vec::new();
+        for piece in ["<think>h", "m</thi", "nk>", &TEXT[17..]] {
+            deltas.extend(json_of(choice.feed(piece, 1)));
+        }
+        deltas.extend(json_of(choice.finish()));
+        assert_eq!(
+            deltas,
+            [
+                json!({"reasoning_content": "hm", "reasoning": "hm"}),
+                json!({"function_call": {"name": "f", "arguments": ""}}),
+                json!({"function_call": {"arguments": "{\"a\": 1}"}}),
+            ]
+        );
+    }
+}

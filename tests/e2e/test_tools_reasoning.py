@@ -1,8 +1,9 @@
-"""Tool calling and reasoning with the official OpenAI SDK against a real stack. The tiny default
-model cannot be relied on to call a tool, so the stack serves it with a fixture chat template
-(`fixtures/think_tools.jinja`) that shows the Hermes tool-call format and opens a `<think>` block:
-reasoning is then deterministic (everything up to `</think>` is reasoning), and the tool tests
-assert the shapes, the multi-turn rendering and that streamed and non-streamed answers agree."""
+"""Tool calling and reasoning with the official OpenAI SDK against a real stack. The stack serves
+the tiny default model with a fixture chat template (`fixtures/think_tools.jinja`) that shows the
+Hermes tool-call format with an example and opens a `<think>` block, so the runner detects the
+`hermes` and `deepseek_r1` parsers from it. Reasoning is then deterministic (everything up to
+`</think>` is reasoning); with `separate_reasoning: false` the same output is read as content, and
+at temperature 0 the model writes a real `<tool_call>` for "Weather in Paris?"."""
 
 import json
 from pathlib import Path
@@ -129,17 +130,47 @@ def test_a_multi_turn_conversation_with_a_tool_result_renders_and_runs(tool_clie
     assert again.usage.prompt_tokens > r.usage.prompt_tokens
 
 
-def test_tool_call_shapes_when_the_model_calls(tool_client):
-    r = tool_client.chat.completions.create(model=MODEL_ID, messages=QUESTION, tools=TOOLS, max_tokens=48,
-                                            temperature=0, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+# At temperature 0 the model answers this with a `<tool_call>` (inside what the template opened
+# as reasoning, so reasoning is kept in the content for the tool parser to read it).
+CALLING = dict(model=MODEL_ID, messages=[{"role": "user", "content": "Weather in Paris?"}], max_tokens=64,
+               temperature=0, stop=["</tool_call>"], extra_body={"separate_reasoning": False})
+
+
+def test_the_models_tool_call_is_parsed_alike_streamed_and_not(tool_client):
+    sync = tool_client.chat.completions.create(tools=TOOLS, **CALLING)
+    choice = sync.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function"
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    content, reasoning, calls, finish, _ = streamed(tool_client, tools=TOOLS, **CALLING)
+    assert (content, reasoning, finish) == ("", "", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in calls] == [("get_weather", call.function.arguments)]
+    assert calls[0]["id"].startswith("call_")
+
+
+def test_the_models_call_and_its_result_go_back_in_for_the_next_turn(tool_client):
+    first = tool_client.chat.completions.create(tools=TOOLS, **CALLING)
+    call = first.choices[0].message.tool_calls[0]
+    messages = CALLING["messages"] + [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"},
+    ]
+    second = tool_client.chat.completions.create(model=MODEL_ID, messages=messages, tools=TOOLS, max_tokens=8,
+                                                 temperature=0)
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + 20
+    assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_a_legacy_function_call_is_answered_as_function_call(tool_client):
+    r = tool_client.chat.completions.create(functions=[TOOLS[0]["function"]], **CALLING)
     choice = r.choices[0]
-    for call in choice.message.tool_calls or []:
-        assert call.id.startswith("call_") and call.type == "function"
-        assert isinstance(call.function.arguments, str)
-    if choice.message.tool_calls:
-        assert choice.finish_reason in ("tool_calls", "length")
-    else:
-        assert choice.finish_reason in ("stop", "length")
+    assert choice.finish_reason == "function_call"
+    assert choice.message.tool_calls is None
+    assert choice.message.function_call.name == "get_weather"
+    assert json.loads(choice.message.function_call.arguments) == {"city": "Paris"}
 
 
 def test_legacy_functions_are_accepted_and_answered_in_their_shape(tool_client):

@@ -84,15 +84,16 @@ impl ChoiceParser {
     }
 
     /// Feeds a delta of `tokens` tokens (when known). A delta counts as reasoning when the
-    /// reasoning was open at its start or is open at its end, so the tokens of `<think>`
-    /// and `</think>` count too.
+    /// reasoning was open at its start or is open at its end (so the tokens of `<think>`
+    /// and `</think>` count too) or it carried reasoning text.
     pub fn feed(&mut self, text: &str, tokens: Option<u32>) -> Vec<Piece> {
         let (entry, pieces) = match self.reasoning.as_mut() {
             Some(splitter) => (splitter.in_reasoning(), splitter.feed(text)),
             None => (false, vec![Piece::Content(text.to_owned())]),
         };
         let exit = self.reasoning.as_ref().is_some_and(|s| s.in_reasoning());
-        if entry || exit {
+        let carried = pieces.iter().any(|p| matches!(p, Piece::Reasoning(_)));
+        if entry || exit || carried {
             self.reasoning_tokens += tokens.unwrap_or(0);
         }
         self.through_tools(pieces)
