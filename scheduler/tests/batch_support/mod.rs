@@ -23,6 +23,7 @@ impl BatchCodec for TestCodec {
         &self,
         _endpoint: &str,
         body: Value,
+        _models: &[fallow_scheduler::runners::ModelEntry],
     ) -> Result<LineRequest, (Option<String>, String)> {
         let model = body["model"]
             .as_str()
