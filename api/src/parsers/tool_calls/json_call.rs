@@ -37,7 +37,7 @@ enum State {
 
 /// The extent of one JSON value, found without parsing it.
 #[derive(Debug, Default)]
-struct ValueScan {
+pub(super) struct ValueScan {
     depth: u32,
     in_string: bool,
     escaped: bool,
@@ -46,7 +46,7 @@ struct ValueScan {
 }
 
 #[derive(Debug, PartialEq, Eq)]
-enum ValueStep {
+pub(super) enum ValueStep {
     /// The character belongs to the value, which goes on.
     Inside,
     /// The character was the value's last.
@@ -56,7 +56,7 @@ enum ValueStep {
 }
 
 impl ValueScan {
-    fn push(&mut self, c: char) -> ValueStep {
+    pub(super) fn push(&mut self, c: char) -> ValueStep {
         if !self.started {
             self.started = true;
             match c {

@@ -1,12 +1,14 @@
 //! Mistral: `[TOOL_CALLS]` then a JSON array of call objects
-//! (`[{"name": "f", "arguments": {…}}, …]`), after optional text. (`[TOOL_CALLS]` is a
-//! special token: requests that parse it keep special tokens in the output.)
+//! (`[{"name": "f", "arguments": {…}}, …]`), after optional text; tokenizers v11 and later
+//! write each call as `[TOOL_CALLS]f[ARGS]{…}` instead. (`[TOOL_CALLS]` is a special token:
+//! requests that parse it keep special tokens in the output.)
 
-use super::json_call::{CallStep, JsonCall};
+use super::json_call::{CallStep, JsonCall, ValueScan, ValueStep};
 use super::{CallSink, Syntax};
 use crate::parsers::markers::{MarkerWatch, Watch};
 
 const OPEN: &str = "[TOOL_CALLS]";
+const ARGS: &str = "[ARGS]";
 
 enum Mode {
     Content,
@@ -22,6 +24,13 @@ enum Mode {
     },
     /// After an element: `,` or `]`.
     AfterItem,
+    /// v11: the function's name, up to `[ARGS]`; `raw` is given back if no `[ARGS]` follows.
+    Name {
+        name: String,
+        raw: String,
+    },
+    /// v11: the arguments object, reported as it arrives.
+    Args(ValueScan),
 }
 
 pub struct Mistral {
@@ -53,11 +62,45 @@ impl Syntax for Mistral {
                 raw.push(c);
                 if c == '[' {
                     self.mode = Mode::Item;
+                } else if c.is_alphanumeric() || c == '_' || c == '-' {
+                    self.mode = Mode::Name {
+                        name: c.to_string(),
+                        raw: std::mem::take(raw),
+                    };
                 } else if !c.is_whitespace() {
                     out.content(raw);
                     self.mode = Mode::Content;
                 }
             }
+            Mode::Name { name, raw } => {
+                raw.push(c);
+                let mut released = String::new();
+                match self.watch.push(c, &[ARGS], &mut released) {
+                    Watch::Matched(_) => {
+                        out.start(name);
+                        self.mode = Mode::Args(ValueScan::default());
+                    }
+                    Watch::Text => {
+                        name.push_str(&released);
+                        if name.chars().any(|c| c.is_whitespace()) || name.len() > 64 {
+                            out.content(raw);
+                            self.watch.take();
+                            self.mode = Mode::Content;
+                        }
+                    }
+                }
+            }
+            Mode::Args(scan) => match scan.push(c) {
+                ValueStep::Inside => out.args_char(c),
+                ValueStep::Last => {
+                    out.args_char(c);
+                    self.mode = Mode::Content;
+                }
+                ValueStep::After => {
+                    self.mode = Mode::Content;
+                    self.push(c, out);
+                }
+            },
             Mode::Item => match c {
                 '{' => {
                     let mut call = JsonCall::default();
@@ -101,7 +144,11 @@ impl Syntax for Mistral {
                     out.content(raw);
                 }
             }
-            Mode::Item | Mode::AfterItem => {}
+            Mode::Name { raw, .. } => {
+                self.watch.take();
+                out.content(raw);
+            }
+            Mode::Item | Mode::AfterItem | Mode::Args(_) => {}
         }
     }
 }

@@ -172,3 +172,21 @@ fn call_ids_are_stable_per_job_choice_and_index() {
     assert_ne!(id, super::call_id(1, 1, 0));
     assert_ne!(id, super::call_id(2, 0, 0));
 }
+
+#[test]
+fn mistral_v11_calls_are_name_then_args() {
+    let m = parse(
+        "mistral",
+        "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]noop[ARGS]{}",
+    );
+    assert_eq!(m.content, "");
+    assert_eq!(
+        m.tool_calls,
+        [
+            call(0, "get_weather", "{\"city\": \"Paris\"}"),
+            call(1, "noop", "{}")
+        ]
+    );
+    let text = "[TOOL_CALLS]not a call";
+    assert_eq!(parse("mistral", text).content, text);
+}
