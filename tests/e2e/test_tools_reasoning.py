@@ -200,3 +200,33 @@ def test_a_tool_choice_naming_an_unknown_function_is_a_400(tool_client):
             model=MODEL_ID, messages=QUESTION, max_tokens=1,
             tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}])
     assert err.value.body["param"] == "tools[0].function.parameters.type"
+
+
+def test_a_batch_line_reads_tool_calls_and_reasoning_like_a_sync_answer(tool_client):
+    import time
+
+    body = {"model": MODEL_ID, "tools": TOOLS, "messages": CALLING["messages"], "max_tokens": 64,
+            "temperature": 0, "stop": ["</tool_call>"], "separate_reasoning": False}
+    thinking = {"model": MODEL_ID, "messages": QUESTION, "max_tokens": 16, "temperature": 0}
+    lines = [{"custom_id": name, "method": "POST", "url": "/v1/chat/completions", "body": b}
+             for name, b in (("call", body), ("think", thinking))]
+    content = ("\n".join(json.dumps(l) for l in lines) + "\n").encode()
+    upload = tool_client.files.create(file=("tools.jsonl", content, "application/jsonl"), purpose="batch")
+    batch = tool_client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                       completion_window="24h")
+    deadline = time.time() + 240
+    while batch.status not in ("completed", "failed", "expired", "cancelled") and time.time() < deadline:
+        time.sleep(0.5)
+        batch = tool_client.batches.retrieve(batch.id)
+    assert batch.status == "completed", batch
+    out = {l["custom_id"]: l["response"]["body"]
+           for l in map(json.loads, tool_client.files.content(batch.output_file_id).text.splitlines())}
+    sync = tool_client.chat.completions.create(tools=TOOLS, **CALLING)
+    choice = out["call"]["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    [call] = choice["message"]["tool_calls"]
+    assert (call["function"]["name"], call["function"]["arguments"]) == \
+        ("get_weather", sync.choices[0].message.tool_calls[0].function.arguments)
+    think = out["think"]
+    assert think["choices"][0]["message"]["reasoning_content"]
+    assert think["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
