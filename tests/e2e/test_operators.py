@@ -266,7 +266,7 @@ def test_admin_endpoints_reject_tenant_keys_and_accept_the_admin_token():
         runners = admin(s, "GET", "/runners", token=ADMIN_TOKEN).json()["data"]
         assert len(runners) == 1 and runners[0]["state"] == "active"
         table = cli("runners", "list", "--url", s.base_url, "--token", ADMIN_TOKEN).stdout
-        assert table.splitlines()[0].split()[:3] == ["ID", "HOST", "STATE"]
+        assert table.splitlines()[0].split()[:4] == ["ID", "HOST", "POOL", "STATE"]
         assert runners[0]["id"] in table and MODEL_ID in table
 
         # Keys over the admin API: create, list (prefix only), limit, revoke.
