@@ -106,6 +106,16 @@ impl Models {
         loads: mpsc::UnboundedSender<LoadDone>,
     ) -> (Models, watch::Receiver<ClaimModels>) {
         let (scope, scope_rx) = watch::channel(ClaimModels::default());
+        if let Some(budget) = budget {
+            for offer in offers.iter().filter(|o| o.resident_bytes > budget) {
+                tracing::warn!(
+                    model = %offer.id,
+                    bytes = offer.resident_bytes,
+                    budget,
+                    "this model alone exceeds the memory budget: this runner will never load it"
+                );
+            }
+        }
         let models = Models {
             offers,
             residency: Residency::new(budget),
