@@ -64,7 +64,8 @@ pub struct ServiceArgs {
     #[arg(long, env = "FALLOW_REDIS_URL")]
     pub redis_url: Option<String>,
     /// A model to serve: a GGUF file or an HF directory, optionally `id=PATH`, optionally
-    /// followed by `;keep_alive=DURATION` and `;min_warm=N`. Repeatable.
+    /// followed by `;keep_alive=DURATION`, `;min_warm=N`, `;tool_parser=NAME` and
+    /// `;reasoning_parser=NAME`. Repeatable.
     #[arg(long = "model", env = "FALLOW_MODELS", value_delimiter = ',')]
     pub models: Vec<String>,
     /// Require API keys.

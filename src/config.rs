@@ -4,6 +4,8 @@
 
 use crate::cli::ServiceArgs;
 use anyhow::Context;
+use fallow_api::parsers::reasoning::REASONING_PARSERS;
+use fallow_api::parsers::tool_calls::TOOL_PARSERS;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -57,6 +59,9 @@ pub struct ModelSpec {
     /// `None` where the spec left it to the runner's default.
     pub keep_alive: Option<Option<Duration>>,
     pub min_warm: u32,
+    /// Override the tool-call / reasoning syntax read off the chat template.
+    pub tool_parser: Option<String>,
+    pub reasoning_parser: Option<String>,
 }
 
 impl ModelSpec {
@@ -79,6 +84,8 @@ impl ModelSpec {
             path,
             keep_alive: None,
             min_warm: 0,
+            tool_parser: None,
+            reasoning_parser: None,
         };
         for option in parts.map(str::trim).filter(|o| !o.is_empty()) {
             match option.split_once('=') {
@@ -90,12 +97,29 @@ impl ModelSpec {
                         format!("model {spec:?}: min_warm={value:?} is not a count")
                     })?;
                 }
+                Some(("tool_parser", value)) => {
+                    spec_out.tool_parser = Some(known(value, &TOOL_PARSERS, spec)?)
+                }
+                Some(("reasoning_parser", value)) => {
+                    spec_out.reasoning_parser = Some(known(value, &REASONING_PARSERS, spec)?)
+                }
                 _ => anyhow::bail!(
-                    "model {spec:?}: unknown option {option:?} (keep_alive=DURATION, min_warm=N)"
+                    "model {spec:?}: unknown option {option:?} (keep_alive=DURATION, min_warm=N, \
+                     tool_parser=NAME, reasoning_parser=NAME)"
                 ),
             }
         }
         Ok(spec_out)
+    }
+}
+
+/// `value` if it is one of the `names` the api's parsers know.
+fn known(value: &str, names: &[&str], spec: &str) -> anyhow::Result<String> {
+    let value = value.trim();
+    if names.contains(&value) {
+        Ok(value.to_string())
+    } else {
+        anyhow::bail!("model {spec:?}: unknown parser {value:?} (one of {names:?})")
     }
 }
 
@@ -280,6 +304,8 @@ impl Settings {
                 path: PathBuf::from(DEFAULT_MODEL),
                 keep_alive: None,
                 min_warm: 0,
+                tool_parser: None,
+                reasoning_parser: None,
             }]
         } else {
             self.models.clone()
@@ -358,6 +384,11 @@ mod tests {
         assert_eq!(spec.path, PathBuf::from("models/a.gguf"));
         assert_eq!(spec.keep_alive, Some(Some(Duration::from_secs(300))));
         assert_eq!(spec.min_warm, 2);
+        let parsers =
+            ModelSpec::parse("q=/m/q.gguf;tool_parser=llama3_json;reasoning_parser=qwen3").unwrap();
+        assert_eq!(parsers.tool_parser.as_deref(), Some("llama3_json"));
+        assert_eq!(parsers.reasoning_parser.as_deref(), Some("qwen3"));
+        assert!(ModelSpec::parse("q=/m/q.gguf;tool_parser=xml").is_err());
         let forever = ModelSpec::parse("models/a.gguf;keep_alive=forever").unwrap();
         assert_eq!(forever.keep_alive, Some(None));
         assert!(ModelSpec::parse("models/a.gguf;keepalive=5m").is_err());

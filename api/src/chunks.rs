@@ -1,16 +1,21 @@
 //! Turns a job's stream entries into OpenAI `chat.completion.chunk`s, exactly in OpenAI's
 //! order: per choice a first chunk with `delta: {"role":"assistant","content":""}`, then
 //! content deltas, then a chunk with an empty delta and the `finish_reason`; with
-//! `include_usage` a last chunk with `choices: []` and the usage; then `[DONE]`. Pure
-//! bookkeeping, no I/O, so the sequence is unit-tested directly.
+//! `include_usage` a last chunk with `choices: []` and the usage; then `[DONE]`. Each
+//! choice's text goes through the job's parsers ([`StreamChoice`]): reasoning and tool-call
+//! deltas take the place of content where the model wrote them. Pure bookkeeping, no I/O,
+//! so the sequence is unit-tested directly.
 
 use crate::error::ApiError;
 use crate::openai::response::{
-    finish_reason_str, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice, Delta, UsageOut,
+    choice_finish_reason, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice, Delta, UsageOut,
     SYSTEM_FINGERPRINT,
 };
+use crate::stream_choice::StreamChoice;
 use crate::validate::Delivery;
-use fallow_scheduler::job::{Completion, FinishReason, JobEvent, TokenLogprob, Usage};
+use fallow_scheduler::job::{
+    Completion, FinishReason, JobEvent, OutputFormat, TokenLogprob, Usage,
+};
 use fallow_scheduler::stream::StreamEntry;
 
 /// One SSE event to send. `id` is the Redis entry id it came from (for `Last-Event-ID`).
@@ -36,10 +41,16 @@ pub struct ChunkBuilder {
     /// Bytes of text already sent per choice, to send only the rest from `Final`.
     sent_len: Vec<usize>,
     finished: Vec<bool>,
+    /// Each choice's parsers (plain content unless [`ChunkBuilder::with_output`] says
+    /// otherwise).
+    parsed: Vec<StreamChoice>,
     usage: Usage,
     attempt: Option<i32>,
     content_sent: bool,
     done: bool,
+    /// Entries up to this id were sent before (a resumed stream being replayed).
+    replay_through: Option<(u64, u64)>,
+    replayed: bool,
     /// Set when the job itself ended the stream (`Final`: the finish reason of the first
     /// choice and the usage; `Error`: `None` inside).
     job_outcome: Option<Option<(FinishReason, Usage)>>,
@@ -67,12 +78,34 @@ impl ChunkBuilder {
             // text to it (it would duplicate), only its finish chunks.
             sent_len: vec![if resumed { usize::MAX } else { 0 }; n],
             finished: vec![false; n],
+            parsed: (0..n as u32)
+                .map(|i| StreamChoice::new(&OutputFormat::default(), 0, i))
+                .collect(),
             usage: Usage::default(),
             attempt: None,
             content_sent: resumed,
             done: false,
+            replay_through: None,
+            replayed: false,
             job_outcome: None,
         }
+    }
+
+    /// Reads the job's text as its output format says (`job` seeds the call ids).
+    pub fn with_output(mut self, format: &OutputFormat, job: uuid::Uuid) -> Self {
+        self.parsed = (0..self.finished.len() as u32)
+            .map(|i| StreamChoice::new(format, job.as_u128(), i))
+            .collect();
+        self
+    }
+
+    /// Resumes a stream after the entry `after` by replaying it from the start: the entries
+    /// up to `after` only rebuild the parsers' state (a tool call or reasoning block may
+    /// span the resume point), later ones are sent. Build with `resumed: false` and follow
+    /// the stream from `"0"`.
+    pub fn replaying_through(mut self, after: &str) -> Self {
+        self.replay_through = parse_entry_id(after).filter(|&at| at != (0, 0));
+        self
     }
 
     /// Whether the stream has ended (a `Final` or an error was turned into frames).
@@ -97,10 +130,36 @@ impl ChunkBuilder {
     }
 
     pub fn on_entry(&mut self, entry: &StreamEntry) -> Vec<Frame> {
-        let mut out = Vec::new();
         if self.done {
-            return out;
+            return Vec::new();
         }
+        if let Some(through) = self.replay_through {
+            match parse_entry_id(&entry.id) {
+                Some(at) if at <= through => {
+                    let ends =
+                        matches!(entry.event, JobEvent::Final { .. } | JobEvent::Error { .. });
+                    if !ends || self.replayed {
+                        // The client has these frames; they only rebuild the parsers' state.
+                        self.replayed = true;
+                        let mut frames = self.process(entry);
+                        frames.retain(|f| matches!(f.payload, Payload::Done));
+                        return frames;
+                    }
+                    // The stream is gone and the job's row answered: the client has an
+                    // unknown prefix of the text, so only the finish chunks are sent.
+                    self.replay_through = None;
+                    self.roles_sent = true;
+                    self.content_sent = true;
+                    self.sent_len.iter_mut().for_each(|s| *s = usize::MAX);
+                }
+                _ => self.replay_through = None,
+            }
+        }
+        self.process(entry)
+    }
+
+    fn process(&mut self, entry: &StreamEntry) -> Vec<Frame> {
+        let mut out = Vec::new();
         let id = Some(entry.id.clone());
         if !self.roles_sent && !matches!(entry.event, JobEvent::Error { .. }) {
             self.roles_sent = true;
@@ -108,6 +167,7 @@ impl ChunkBuilder {
                 let delta = Delta {
                     role: Some("assistant"),
                     content: Some(String::new()),
+                    ..Delta::default()
                 };
                 out.push(self.frame(id.clone(), index, delta, None, None));
             }
@@ -130,12 +190,16 @@ impl ChunkBuilder {
                 finish_reason,
                 usage,
             } => {
+                let tokens = usage
+                    .completion_tokens
+                    .saturating_sub(self.usage.completion_tokens);
                 self.usage = *usage;
                 self.on_delta(
                     &mut out,
                     &id,
                     *index,
                     text,
+                    tokens,
                     logprobs.as_ref(),
                     *finish_reason,
                 );
@@ -170,12 +234,14 @@ impl ChunkBuilder {
         ]
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn on_delta(
         &mut self,
         out: &mut Vec<Frame>,
         id: &Option<String>,
         index: u32,
         text: &str,
+        tokens: u32,
         logprobs: Option<&Vec<TokenLogprob>>,
         finish: Option<FinishReason>,
     ) {
@@ -184,23 +250,49 @@ impl ChunkBuilder {
             tracing::debug!(index, "ignoring a delta for an unknown or finished choice");
             return;
         }
-        if !text.is_empty() || logprobs.is_some() {
-            self.sent_len[i] = self.sent_len[i].saturating_add(text.len());
+        self.sent_len[i] = self.sent_len[i].saturating_add(text.len());
+        let mut deltas = self.parsed[i].feed(text, tokens);
+        if deltas.is_empty() && logprobs.is_some() {
+            // Text held back by a parser still has its logprobs to deliver.
+            deltas.push(Delta {
+                content: Some(String::new()),
+                ..Delta::default()
+            });
+        }
+        let mut logprobs = logprobs.map(|l| ChoiceLogprobs { content: l.clone() });
+        for delta in deltas {
             self.content_sent = true;
-            let delta = Delta {
-                role: None,
-                content: Some(text.to_owned()),
-            };
-            let logprobs = logprobs.map(|l| ChoiceLogprobs { content: l.clone() });
-            out.push(self.frame(id.clone(), index, delta, logprobs, None));
+            out.push(self.frame(id.clone(), index, delta, logprobs.take(), None));
         }
         if let Some(reason) = finish {
-            self.finished[i] = true;
-            out.push(self.frame(id.clone(), index, Delta::default(), None, Some(reason)));
+            self.finish_choice(out, id, index, reason);
         }
     }
 
+    /// The choice's held-back deltas, then its finish chunk.
+    fn finish_choice(
+        &mut self,
+        out: &mut Vec<Frame>,
+        id: &Option<String>,
+        index: u32,
+        reason: FinishReason,
+    ) {
+        let i = index as usize;
+        for delta in self.parsed[i].finish() {
+            self.content_sent = true;
+            out.push(self.frame(id.clone(), index, delta, None, None));
+        }
+        self.finished[i] = true;
+        let choice = &self.parsed[i];
+        let reason = choice_finish_reason(reason, choice.called(), choice.legacy());
+        out.push(self.frame(id.clone(), index, Delta::default(), None, Some(reason)));
+    }
+
     fn on_final(&mut self, out: &mut Vec<Frame>, id: &Option<String>, completion: &Completion) {
+        let mut unattributed = completion
+            .usage
+            .completion_tokens
+            .saturating_sub(self.usage.completion_tokens);
         self.usage = completion.usage;
         for choice in &completion.choices {
             let i = choice.index as usize;
@@ -211,26 +303,19 @@ impl ChunkBuilder {
             // that expired) is sent in one piece before the finish chunk.
             let sent = self.sent_len[i];
             if choice.text.len() > sent && choice.text.is_char_boundary(sent) {
-                let delta = Delta {
-                    role: None,
-                    content: Some(choice.text[sent..].to_owned()),
-                };
-                self.content_sent = true;
-                out.push(self.frame(id.clone(), choice.index, delta, None, None));
+                let rest = &choice.text[sent..];
+                self.sent_len[i] = choice.text.len();
+                for delta in self.parsed[i].feed(rest, std::mem::take(&mut unattributed)) {
+                    self.content_sent = true;
+                    out.push(self.frame(id.clone(), choice.index, delta, None, None));
+                }
             }
-            self.finished[i] = true;
-            out.push(self.frame(
-                id.clone(),
-                choice.index,
-                Delta::default(),
-                None,
-                Some(choice.finish_reason),
-            ));
+            self.finish_choice(out, id, choice.index, choice.finish_reason);
         }
         if self.delivery.include_usage {
             out.push(Frame {
                 id: id.clone(),
-                payload: Payload::Chunk(self.chunk(Vec::new(), Some(Some(self.usage.into())))),
+                payload: Payload::Chunk(self.chunk(Vec::new(), Some(Some(self.usage_out())))),
             });
         }
         out.push(Frame {
@@ -245,19 +330,29 @@ impl ChunkBuilder {
         self.job_outcome = Some(Some((first, completion.usage)));
     }
 
+    /// The usage so far, with the reasoning tokens when reasoning is split off.
+    fn usage_out(&self) -> UsageOut {
+        let reasoning = self
+            .parsed
+            .iter()
+            .filter_map(StreamChoice::reasoning_tokens)
+            .reduce(|a, b| a + b);
+        UsageOut::with_reasoning(self.usage, reasoning)
+    }
+
     fn frame(
         &self,
         id: Option<String>,
         index: u32,
         delta: Delta,
         logprobs: Option<ChoiceLogprobs>,
-        finish: Option<FinishReason>,
+        finish: Option<&'static str>,
     ) -> Frame {
         let choice = ChunkChoice {
             index,
             delta,
             logprobs,
-            finish_reason: finish.map(finish_reason_str),
+            finish_reason: finish,
         };
         Frame {
             id,
@@ -267,7 +362,7 @@ impl ChunkBuilder {
 
     fn usage_field(&self) -> Option<Option<UsageOut>> {
         if self.delivery.continuous_usage {
-            Some(Some(self.usage.into()))
+            Some(Some(self.usage_out()))
         } else if self.delivery.include_usage {
             Some(None)
         } else {
@@ -290,6 +385,12 @@ impl ChunkBuilder {
             usage,
         }
     }
+}
+
+/// A Redis stream entry id, `<ms>-<seq>` (or `<ms>`), as a comparable pair.
+fn parse_entry_id(id: &str) -> Option<(u64, u64)> {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    Some((ms.parse().ok()?, seq.parse().ok()?))
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! - [`config`]: the tier's limits and switches ([`ApiConfig`]).
 //! - [`openai`]: OpenAI's wire format (lenient requests, exact responses).
 //! - [`validate`]: wire request → the scheduler's validated `GenerateRequest`.
+//! - [`parsers`]: a model's raw text → reasoning, tool calls and content (pure, incremental).
 //! - [`error`]: the one error type and its one table to status codes and OpenAI envelopes.
 //! - [`extract`]: a JSON body extractor that answers in that envelope (never 422).
 //! - [`auth`]: Bearer key → tenant.
@@ -12,6 +13,7 @@
 //! - [`catalog`]: the live models, briefly cached.
 //! - [`follow`]: following a job's Redis stream, with a deadline and a Postgres fallback.
 //! - [`chunks`]: stream entries → `chat.completion.chunk`s, in OpenAI's order.
+//! - [`stream_choice`]: one streamed choice through the parsers, as OpenAI's deltas.
 //! - [`sse`]: chunks → server-sent events; the job's body stream.
 //! - [`cancel`]: cancel a job when its client goes away (a drop guard).
 //! - [`metrics`]: Prometheus metrics with vLLM-style names.
@@ -29,10 +31,12 @@ pub mod extract;
 pub mod follow;
 pub mod metrics;
 pub mod openai;
+pub mod parsers;
 pub mod routes;
 pub mod server;
 pub mod sse;
 pub mod state;
+pub mod stream_choice;
 pub mod validate;
 
 pub use config::ApiConfig;

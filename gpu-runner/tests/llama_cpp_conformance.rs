@@ -96,6 +96,8 @@ fn message(v: &Value) -> ChatMessage {
         content: v["content"].as_str().map(str::to_string),
         name: None,
         tool_call_id: None,
+        tool_calls: Vec::new(),
+        reasoning_content: None,
     }
 }
 
@@ -122,6 +124,8 @@ fn chat_request(messages: Vec<ChatMessage>) -> GenerateRequest {
         continue_final_message: false,
         stream: false,
         chat_template_kwargs: Default::default(),
+        tools: Vec::new(),
+        output: Default::default(),
     }
 }
 

@@ -37,6 +37,53 @@ pub struct ChatMessage {
     pub name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// The calls an assistant turn made (its `tool_calls`, or a legacy `function_call`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// An assistant turn's reasoning (`reasoning_content` or `reasoning` on the wire), for
+    /// templates that render it (Qwen3 keeps the latest turn's thinking).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+}
+
+/// One function call of an earlier assistant turn, as the client sent it back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as the JSON text the model wrote (OpenAI sends a string).
+    pub arguments: String,
+}
+
+/// How a job's raw text is turned into an OpenAI message: which parsers run and how
+/// reasoning is delivered. The runner ignores it; the api applies it to the stream, the
+/// stored result and batch lines alike, so the same job always reads the same way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OutputFormat {
+    /// The tool-call syntax to parse (`hermes`, `llama3_json`, `mistral`); `None` when the
+    /// request offered no tools (or `tool_choice` was `none`): the text stays content.
+    pub tool_parser: Option<String>,
+    /// Report calls the legacy way (`message.function_call`, finish reason `function_call`).
+    pub legacy_functions: bool,
+    /// At most one call is reported (`parallel_tool_calls: false`, or legacy functions).
+    pub single_tool_call: bool,
+    /// The reasoning syntax to split off (`qwen3`, `deepseek_r1`); `None` = no reasoning.
+    pub reasoning_parser: Option<String>,
+    /// `stream_reasoning`: `false` sends the reasoning in one delta once it is complete.
+    pub stream_reasoning: bool,
+}
+
+impl Default for OutputFormat {
+    fn default() -> Self {
+        OutputFormat {
+            tool_parser: None,
+            legacy_functions: false,
+            single_tool_call: false,
+            reasoning_parser: None,
+            stream_reasoning: true,
+        }
+    }
 }
 
 /// Sampling controls, validated (ranges checked, defaults filled).
@@ -133,6 +180,13 @@ pub struct GenerateRequest {
     /// Extra variables for the chat template (`chat_template_kwargs`).
     #[serde(default)]
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// The functions the model may call, as chat templates read them (Hugging Face's
+    /// `tools`: `{"type": "function", "function": {name, description, parameters}}`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<serde_json::Value>,
+    /// How the api presents the output (tool calls, reasoning).
+    #[serde(default)]
+    pub output: OutputFormat,
 }
 
 /// Why a choice stopped, in OpenAI's words.

@@ -66,6 +66,14 @@ pub struct ModelEntry {
     pub owned_by: String,
     /// Unix seconds when the runner loaded it.
     pub created: i64,
+    /// The tool-call syntax the model writes (`hermes`, `llama3_json`, `mistral`), as the
+    /// runner read it from the chat template or its configuration; `None` = unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_parser: Option<String>,
+    /// The reasoning syntax (`qwen3`: `<think>…</think>` when the model opens it,
+    /// `deepseek_r1`: the template opened `<think>`); `None` = the model does not reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_parser: Option<String>,
 }
 
 /// A registered runner, as operators see it.

@@ -254,7 +254,7 @@ fn batch_request() -> fallow_scheduler::job::GenerateRequest {
     use fallow_scheduler::batch::BatchCodec;
     let body: Value = serde_json::from_str(&line("x", MODEL)).unwrap();
     TestCodec
-        .parse_body("/v1/chat/completions", body["body"].clone())
+        .parse_body("/v1/chat/completions", body["body"].clone(), &[])
         .unwrap()
         .request
 }

@@ -19,6 +19,8 @@ fn info() -> RunnerInfo {
             context_length: 8192,
             owned_by: "fallow".into(),
             created: 1_700_000_000,
+            tool_parser: None,
+            reasoning_parser: None,
         }],
         warm: vec!["m".into()],
         pool: runners::DEFAULT_POOL.into(),

@@ -145,6 +145,8 @@ fn run_in_process(
                 content: Some(prompt_for(i)),
                 name: None,
                 tool_call_id: None,
+                tool_calls: Vec::new(),
+                reasoning_content: None,
             }],
             sampling: sampling(max_tokens),
             n: 1,
@@ -152,6 +154,8 @@ fn run_in_process(
             continue_final_message: false,
             stream: false,
             chat_template_kwargs: Default::default(),
+            tools: Vec::new(),
+            output: Default::default(),
         };
         let prompt = encode_chat(&model.frontend, &request).map_err(|(_, m)| anyhow::anyhow!(m))?;
         model

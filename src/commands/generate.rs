@@ -39,6 +39,8 @@ fn chat_request(messages: Vec<ChatMessage>, sampling: Sampling) -> GenerateReque
         continue_final_message: false,
         stream: false,
         chat_template_kwargs: Default::default(),
+        tools: Vec::new(),
+        output: Default::default(),
     }
 }
 
@@ -78,6 +80,8 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             content: Some(args.prompt.clone()),
             name: None,
             tool_call_id: None,
+            tool_calls: Vec::new(),
+            reasoning_content: None,
         };
         encode_chat(
             &model.frontend,
@@ -134,5 +138,7 @@ fn message(role: Role, text: &str) -> ChatMessage {
         content: Some(text.to_string()),
         name: None,
         tool_call_id: None,
+        tool_calls: Vec::new(),
+        reasoning_content: None,
     }
 }

@@ -117,6 +117,8 @@ fn model_offers(settings: &Settings) -> anyhow::Result<Vec<ModelOffer>> {
             chat_template_file: settings.chat_template.clone(),
             max_model_len: settings.max_model_len,
             device: settings.device,
+            tool_parser: spec.tool_parser.clone(),
+            reasoning_parser: spec.reasoning_parser.clone(),
             ..LoadOptions::default()
         };
         let policy = WarmPolicy {

@@ -4,10 +4,11 @@
 
 use crate::error::ApiError;
 use crate::openai::request::ChatCompletionRequest;
-use crate::openai::response::{completion_id, ChatCompletion};
-use crate::validate::{validate_chat, Limits, BATCH_PRIORITY_BASE};
+use crate::openai::response::ChatCompletion;
+use crate::validate::{validate_chat, Limits, ModelParsers, BATCH_PRIORITY_BASE};
 use fallow_scheduler::batch::{batch_id, file_id, BatchCodec, BatchRecord, LineError, LineRequest};
-use fallow_scheduler::job::Completion;
+use fallow_scheduler::job::{Completion, OutputFormat};
+use fallow_scheduler::runners::ModelEntry;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -109,6 +110,8 @@ impl ChatBatchCodec {
                 // The engine refuses a prompt that does not fit its model; that request then
                 // ends in the error file like any other failure.
                 context_length: u32::MAX,
+                // Set per line from the line's model (`parse_body`).
+                parsers: Default::default(),
             },
         }
     }
@@ -119,6 +122,7 @@ impl BatchCodec for ChatBatchCodec {
         &self,
         endpoint: &str,
         body: serde_json::Value,
+        models: &[ModelEntry],
     ) -> Result<LineRequest, (Option<String>, String)> {
         if endpoint != CHAT_ENDPOINT {
             return Err((None, format!("The endpoint `{endpoint}` is not supported.")));
@@ -130,7 +134,20 @@ impl BatchCodec for ChatBatchCodec {
                 format!("Invalid value for `{path}`: {}", e.into_inner()),
             )
         })?;
-        let valid = validate_chat(wire, &self.limits).map_err(|e| {
+        // The line's model, as its runner published it: tool calls and reasoning are read in
+        // its syntax, exactly as for a synchronous request.
+        let model = wire.model.as_deref().map(str::trim);
+        let limits = match models.iter().find(|m| Some(m.id.as_str()) == model) {
+            Some(entry) => Limits {
+                parsers: ModelParsers {
+                    tool: entry.tool_parser.clone(),
+                    reasoning: entry.reasoning_parser.clone(),
+                },
+                ..self.limits.clone()
+            },
+            None => self.limits.clone(),
+        };
+        let valid = validate_chat(wire, &limits).map_err(|e| {
             let (_, envelope) = e.status_and_body();
             (envelope.error.param, envelope.error.message)
         })?;
@@ -148,14 +165,11 @@ impl BatchCodec for ChatBatchCodec {
         job: Uuid,
         created: i64,
         model: &str,
+        output: &OutputFormat,
         completion: &Completion,
     ) -> serde_json::Value {
-        let body = ChatCompletion::from_completion(
-            completion_id(job),
-            created,
-            model.to_owned(),
-            completion,
-        );
+        let body =
+            ChatCompletion::from_completion(job, created, model.to_owned(), completion, output);
         serde_json::to_value(body).unwrap_or(serde_json::Value::Null)
     }
 
@@ -175,14 +189,65 @@ impl BatchCodec for ChatBatchCodec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fallow_scheduler::job::{ChoiceResult, FinishReason, Usage};
     use serde_json::json;
+
+    fn thinker() -> ModelEntry {
+        ModelEntry {
+            id: "thinker".into(),
+            context_length: 4096,
+            owned_by: "fallow".into(),
+            created: 0,
+            tool_parser: Some("hermes".into()),
+            reasoning_parser: Some("qwen3".into()),
+        }
+    }
+
+    #[test]
+    fn a_batch_line_is_read_in_its_models_syntax_like_a_synchronous_answer() {
+        let codec = ChatBatchCodec::new(&crate::ApiConfig::default());
+        let body = json!({"model": "thinker", "messages": [{"role": "user", "content": "hi"}],
+                          "tools": [{"type": "function", "function": {"name": "f"}}]});
+        let line = codec
+            .parse_body(CHAT_ENDPOINT, body, &[thinker()])
+            .unwrap_or_else(|(_, e)| panic!("{e}"));
+        let output = &line.request.output;
+        assert_eq!(output.reasoning_parser.as_deref(), Some("qwen3"));
+        assert_eq!(output.tool_parser.as_deref(), Some("hermes"));
+        let done = Completion {
+            choices: vec![ChoiceResult {
+                index: 0,
+                text:
+                    "<think>hm</think><tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>"
+                        .into(),
+                finish_reason: FinishReason::Stop,
+                matched_stop: None,
+                logprobs: None,
+            }],
+            usage: Usage {
+                prompt_tokens: 3,
+                completion_tokens: 10,
+                cached_tokens: 0,
+            },
+        };
+        let body = codec.response_body(Uuid::nil(), 0, "thinker", output, &done);
+        let choice = &body["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(choice["message"]["reasoning_content"], "hm");
+        assert_eq!(choice["message"]["content"], serde_json::Value::Null);
+        assert_eq!(
+            choice["message"]["tool_calls"][0]["function"]["arguments"],
+            "{}"
+        );
+        assert!(body["usage"]["completion_tokens_details"]["reasoning_tokens"].as_u64() > Some(0));
+    }
 
     fn line(extra: serde_json::Value) -> Result<LineRequest, (Option<String>, String)> {
         let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
         if let (Some(obj), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
             obj.extend(extra.clone());
         }
-        ChatBatchCodec::new(&crate::ApiConfig::default()).parse_body(CHAT_ENDPOINT, body)
+        ChatBatchCodec::new(&crate::ApiConfig::default()).parse_body(CHAT_ENDPOINT, body, &[])
     }
 
     #[test]

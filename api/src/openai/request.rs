@@ -42,10 +42,21 @@ pub struct ChatCompletionRequest {
     pub reasoning_effort: Option<String>,
     /// Lower is served first; default 0.
     pub priority: Option<i64>,
+    /// Function tools, checked one by one by validation (errors name `tools[i]…`).
     pub tools: Option<Vec<Value>>,
+    /// `none`, `auto`, `required` or `{"type": "function", "function": {"name": …}}`.
     pub tool_choice: Option<Value>,
+    /// Whether a turn may call several tools (default true).
+    pub parallel_tool_calls: Option<bool>,
+    /// The legacy form of `tools`: bare function definitions.
     pub functions: Option<Vec<Value>>,
+    /// The legacy `tool_choice`: `none`, `auto` or `{"name": …}`.
     pub function_call: Option<Value>,
+    /// SGLang: split the reasoning off into `reasoning_content` (default true).
+    pub separate_reasoning: Option<bool>,
+    /// SGLang: stream reasoning deltas as they come (default true); `false` sends the
+    /// reasoning in one delta once it is complete.
+    pub stream_reasoning: Option<bool>,
     /// `text`, `json_object` or `json_schema` (checked in `validate::constraint`).
     pub response_format: Option<Value>,
     /// SGLang: the whole output matches this regex.
@@ -93,6 +104,10 @@ pub struct WireMessage {
     pub tool_call_id: Option<String>,
     pub tool_calls: Option<Vec<Value>>,
     pub function_call: Option<Value>,
+    /// An earlier assistant turn's reasoning, sent back (vLLM/SGLang name it
+    /// `reasoning_content`, others `reasoning`).
+    pub reasoning_content: Option<String>,
+    pub reasoning: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }

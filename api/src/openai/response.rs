@@ -2,7 +2,8 @@
 //! `chat.completion.chunk` objects. Field order and null-versus-absent follow OpenAI's
 //! responses, because some clients are strict about both.
 
-use fallow_scheduler::job::{Completion, FinishReason, TokenLogprob, Usage};
+use crate::parsers::{OutputCollector, ParsedChoice, ParsedMessage};
+use fallow_scheduler::job::{Completion, FinishReason, OutputFormat, TokenLogprob, Usage};
 use serde::Serialize;
 
 /// `system_fingerprint`: identifies the server build that produced a response.
@@ -22,12 +23,41 @@ pub fn finish_reason_str(reason: FinishReason) -> &'static str {
     }
 }
 
+/// The finish reason of a choice that may have called tools: a natural stop after a call is
+/// `tool_calls` (`function_call` for legacy functions), as OpenAI reports it.
+pub fn choice_finish_reason(reason: FinishReason, called: bool, legacy: bool) -> &'static str {
+    match (reason, called, legacy) {
+        (FinishReason::Stop, true, false) => "tool_calls",
+        (FinishReason::Stop, true, true) => "function_call",
+        _ => finish_reason_str(reason),
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct UsageOut {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub total_tokens: u32,
     pub prompt_tokens_details: PromptTokensDetails,
+    /// Present when the model's reasoning was split off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionTokensDetails {
+    pub reasoning_tokens: u32,
+}
+
+impl UsageOut {
+    /// The usage with the reasoning tokens of all choices (`None`: reasoning not split).
+    pub fn with_reasoning(usage: Usage, reasoning_tokens: Option<u32>) -> Self {
+        UsageOut {
+            completion_tokens_details: reasoning_tokens
+                .map(|reasoning_tokens| CompletionTokensDetails { reasoning_tokens }),
+            ..usage.into()
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -44,6 +74,7 @@ impl From<Usage> for UsageOut {
             prompt_tokens_details: PromptTokensDetails {
                 cached_tokens: usage.cached_tokens,
             },
+            completion_tokens_details: None,
         }
     }
 }
@@ -75,29 +106,127 @@ pub struct Choice {
     pub matched_stop: Option<serde_json::Value>,
 }
 
+/// The answer's message. `reasoning_content` (vLLM, SGLang) and `reasoning` (OpenRouter,
+/// Lilac) carry the same text, so clients of either convention find it.
 #[derive(Debug, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+    /// The legacy form of one call (requests with `functions`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub function_call: Option<FunctionOut>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallOut {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionOut,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionOut {
+    pub name: String,
+    /// The arguments as JSON text.
+    pub arguments: String,
+}
+
+impl AssistantMessage {
+    /// The message of a parsed choice: content `null` when the turn only called tools.
+    pub fn from_parsed(message: ParsedMessage, legacy: bool) -> Self {
+        let content = if message.content.is_empty() && !message.tool_calls.is_empty() {
+            None
+        } else {
+            Some(message.content)
+        };
+        let mut calls = message.tool_calls.into_iter().map(|call| ToolCallOut {
+            id: call.id,
+            kind: "function",
+            function: FunctionOut {
+                name: call.name,
+                arguments: call.arguments,
+            },
+        });
+        let (tool_calls, function_call) = if legacy {
+            (Vec::new(), calls.next().map(|call| call.function))
+        } else {
+            (calls.collect(), None)
+        };
+        AssistantMessage {
+            role: "assistant",
+            content,
+            reasoning_content: message.reasoning.clone(),
+            reasoning: message.reasoning,
+            tool_calls,
+            function_call,
+        }
+    }
 }
 
 impl ChatCompletion {
-    /// The response for a finished job.
-    pub fn from_completion(id: String, created: i64, model: String, done: &Completion) -> Self {
+    /// The response for a finished job whose deltas were not seen (a stored result, a batch
+    /// line): its text is parsed whole.
+    pub fn from_completion(
+        job: uuid::Uuid,
+        created: i64,
+        model: String,
+        done: &Completion,
+        format: &OutputFormat,
+    ) -> Self {
+        let n = done.choices.len() as u32;
+        let parsed = OutputCollector::new(format, job, n).finish(done);
+        Self::from_parsed(completion_id(job), created, model, done, parsed, format)
+    }
+
+    /// The response from a finished job and its parsed choices.
+    pub fn from_parsed(
+        id: String,
+        created: i64,
+        model: String,
+        done: &Completion,
+        parsed: Vec<ParsedChoice>,
+        format: &OutputFormat,
+    ) -> Self {
+        let mut reasoning_tokens: Option<u32> = None;
+        let mut parsed = parsed.into_iter();
         let choices = done
             .choices
             .iter()
-            .map(|choice| Choice {
-                index: choice.index,
-                message: AssistantMessage {
-                    role: "assistant",
-                    content: Some(choice.text.clone()),
-                },
-                logprobs: choice.logprobs.as_ref().map(|content| ChoiceLogprobs {
-                    content: content.clone(),
-                }),
-                finish_reason: finish_reason_str(choice.finish_reason),
-                matched_stop: choice.matched_stop.clone(),
+            .map(|choice| {
+                let ParsedChoice {
+                    message,
+                    reasoning_tokens: tokens,
+                } = parsed.next().unwrap_or(ParsedChoice {
+                    message: ParsedMessage {
+                        content: choice.text.clone(),
+                        ..ParsedMessage::default()
+                    },
+                    reasoning_tokens: None,
+                });
+                if let Some(tokens) = tokens {
+                    *reasoning_tokens.get_or_insert(0) += tokens;
+                }
+                let called = !message.tool_calls.is_empty();
+                Choice {
+                    index: choice.index,
+                    message: AssistantMessage::from_parsed(message, format.legacy_functions),
+                    logprobs: choice.logprobs.as_ref().map(|content| ChoiceLogprobs {
+                        content: content.clone(),
+                    }),
+                    finish_reason: choice_finish_reason(
+                        choice.finish_reason,
+                        called,
+                        format.legacy_functions,
+                    ),
+                    matched_stop: choice.matched_stop.clone(),
+                }
             })
             .collect();
         ChatCompletion {
@@ -106,7 +235,7 @@ impl ChatCompletion {
             created,
             model,
             choices,
-            usage: done.usage.into(),
+            usage: UsageOut::with_reasoning(done.usage, reasoning_tokens),
             system_fingerprint: SYSTEM_FINGERPRINT,
         }
     }
@@ -140,4 +269,31 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub function_call: Option<FunctionDelta>,
+}
+
+/// A call in a stream: the first delta of a call has its `id`, `type` and `function.name`
+/// (with `arguments: ""`); later ones only `index` and more `function.arguments`.
+#[derive(Debug, Serialize)]
+pub struct ToolCallDelta {
+    pub index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionDelta,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub arguments: String,
 }

@@ -10,9 +10,10 @@ use crate::extract::ApiJson;
 use crate::follow::JobFollower;
 use crate::openai::request::ChatCompletionRequest;
 use crate::openai::response::{completion_id, finish_reason_str, ChatCompletion};
+use crate::parsers::{OutputCollector, ParsedChoice};
 use crate::sse::{sse_response, JobStream};
 use crate::state::AppState;
-use crate::validate::{requested_model, validate_chat, Limits, ValidChat};
+use crate::validate::{requested_model, validate_chat, Limits, ModelParsers, ValidChat};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -56,6 +57,10 @@ pub async fn create_chat_completion(
                 0 => u32::MAX,
                 n => n,
             },
+            parsers: ModelParsers {
+                tool: entry.tool_parser.clone(),
+                reasoning: entry.reasoning_parser.clone(),
+            },
         };
         let valid = validate_chat(wire, &limits)?;
         admit(&state, &caller).await?;
@@ -70,12 +75,15 @@ pub async fn create_chat_completion(
         if valid.delivery.stream {
             stream_job(&state, job, created, model, &valid, started).await
         } else {
-            let body = await_completion(&state, job, started).await?;
-            Ok(Json(ChatCompletion::from_completion(
+            let (body, parsed) = await_completion(&state, job, &valid, started).await?;
+            let format = &valid.request.output;
+            Ok(Json(ChatCompletion::from_parsed(
                 completion_id(job),
                 created,
                 model,
                 &body,
+                parsed,
+                format,
             ))
             .into_response())
         }
@@ -156,7 +164,8 @@ async fn stream_job(
         valid.request.n,
         valid.delivery,
         false,
-    );
+    )
+    .with_output(&valid.request.output, job);
     let stream = JobStream {
         follower,
         builder,
@@ -179,15 +188,18 @@ fn refusal(entries: &[StreamEntry]) -> Option<(String, String)> {
     None
 }
 
-/// Waits for the job's `Final` (or `Error`). If this future is dropped first — the client
-/// hung up — or the deadline passes, the guard cancels the job.
+/// Waits for the job's `Final` (or `Error`), parsing the deltas as they come (they carry
+/// the token counts of the reasoning). If this future is dropped first — the client hung
+/// up — or the deadline passes, the guard cancels the job.
 async fn await_completion(
     state: &AppState,
     job: Uuid,
+    valid: &ValidChat,
     started: Instant,
-) -> Result<Completion, ApiError> {
+) -> Result<(Completion, Vec<ParsedChoice>), ApiError> {
     let mut guard = CancelOnDrop::new(state.queue().clone(), state.relay().clone(), job);
     let mut follower = follower(state, job);
+    let mut collector = OutputCollector::new(&valid.request.output, job, valid.request.n);
     let mut first_token = false;
     loop {
         for entry in follower.next_batch().await? {
@@ -204,18 +216,24 @@ async fn await_completion(
                         e2e,
                         &completion.usage,
                     );
-                    return Ok(completion);
+                    let parsed = collector.finish(&completion);
+                    return Ok((completion, parsed));
                 }
                 JobEvent::Error { code, message } => {
                     guard.disarm();
                     return Err(ApiError::JobFailed { code, message });
                 }
-                JobEvent::Delta { .. } if !first_token => {
-                    first_token = true;
-                    metrics::histogram!(crate::metrics::TTFT)
-                        .record(started.elapsed().as_secs_f64());
+                JobEvent::Delta {
+                    index, text, usage, ..
+                } => {
+                    if !first_token {
+                        first_token = true;
+                        metrics::histogram!(crate::metrics::TTFT)
+                            .record(started.elapsed().as_secs_f64());
+                    }
+                    collector.on_delta(index, &text, &usage);
                 }
-                JobEvent::Delta { .. } | JobEvent::Started { .. } => {}
+                JobEvent::Started { .. } => {}
             }
         }
     }

@@ -43,10 +43,11 @@ pub async fn get_chat_completion(
         }
     };
     Ok(Json(ChatCompletion::from_completion(
-        completion_id(record.id),
+        record.id,
         record.created_at.timestamp(),
         record.model,
         &completion,
+        &record.request.output,
     )))
 }
 
@@ -70,12 +71,14 @@ pub async fn resume_chat_stream(
         include_usage: flag("include_usage"),
         continuous_usage: flag("continuous_usage_stats"),
     };
-    let resumed = after != "0";
+    // The stream is replayed from its start so that the parsers see every delta (a tool
+    // call or a reasoning block may span the resume point); the builder sends only what
+    // comes after `after`.
     let follower = JobFollower::new(
         state.queue().clone(),
         state.relay().clone(),
         record.id,
-        after,
+        "0".to_owned(),
         state.config().request_timeout,
     )
     .check_row_early();
@@ -85,8 +88,10 @@ pub async fn resume_chat_stream(
         record.model,
         record.request.n,
         delivery,
-        resumed,
-    );
+        false,
+    )
+    .with_output(&record.request.output, record.id)
+    .replaying_through(&after);
     Ok(sse_response(
         JobStream {
             follower,

@@ -109,6 +109,26 @@ fn response_format(format: Option<&Value>) -> Result<Option<Constraint>, ApiErro
 }
 
 /// llguidance's complaint, with a code that says which kind of problem it is.
+/// A forced tool call's grammar (`tool_choice: "required"` or a named function, built by
+/// `parsers::grammar`) as the request's constraint, compiled here like the others: a tool
+/// whose parameters schema cannot be enforced is a 400 naming `tools`.
+pub(super) fn forced_call_constraint(grammar: String) -> Result<Constraint, ApiError> {
+    let constraint = Constraint::Lark { grammar };
+    if let Err(message) = fallow_scheduler::grammar::check(&constraint) {
+        let code = if message.contains("Unimplemented keys") {
+            "unsupported_schema_feature"
+        } else {
+            "invalid_tool_schema"
+        };
+        return Err(error(
+            "tools",
+            code,
+            format!("A tool's `parameters` schema cannot be enforced for a forced call: {message}"),
+        ));
+    }
+    Ok(constraint)
+}
+
 fn compile_error(param: &'static str, constraint: &Constraint, message: &str) -> ApiError {
     let (code, what) = match constraint {
         Constraint::JsonSchema { .. } | Constraint::JsonObject

@@ -2,7 +2,8 @@
 
 use crate::error::ApiError;
 use crate::openai::request::{ContentPart, MessageContent, WireMessage};
-use fallow_scheduler::job::{ChatMessage, Role};
+use fallow_scheduler::job::{ChatMessage, Role, ToolCall};
+use serde_json::Value;
 
 pub(super) fn validate_messages(
     messages: Option<Vec<WireMessage>>,
@@ -33,17 +34,13 @@ pub(super) fn validate_messages(
 
 fn validate_message(i: usize, message: WireMessage) -> Result<ChatMessage, ApiError> {
     let role = parse_role(i, message.role.as_deref())?;
-    if message.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) || message.function_call.is_some()
-    {
-        return Err(ApiError::invalid(
-            format!("messages[{i}].tool_calls"),
-            "Tool calls in messages are not supported by this server yet.",
-        ));
-    }
+    let tool_calls = tool_calls(i, role, &message)?;
     let content = match message.content {
         Some(content) => Some(join_content(i, content)?),
-        // An assistant turn may have no text (it carried a tool call elsewhere); treat it
-        // as empty rather than refusing the whole conversation.
+        // An assistant turn that only called tools has no text (`null`, as templates expect).
+        None if role == Role::Assistant && !tool_calls.is_empty() => None,
+        // An assistant turn may have no text; treat it as empty rather than refusing the
+        // whole conversation.
         None if role == Role::Assistant => Some(String::new()),
         None => {
             return Err(ApiError::invalid(
@@ -60,6 +57,77 @@ fn validate_message(i: usize, message: WireMessage) -> Result<ChatMessage, ApiEr
         content,
         name: message.name,
         tool_call_id: message.tool_call_id,
+        tool_calls,
+        reasoning_content: message.reasoning_content.or(message.reasoning),
+    })
+}
+
+/// An assistant turn's `tool_calls` (or legacy `function_call`), for the template to show
+/// the model its own earlier calls.
+fn tool_calls(i: usize, role: Role, message: &WireMessage) -> Result<Vec<ToolCall>, ApiError> {
+    let calls = message.tool_calls.as_deref().unwrap_or_default();
+    let legacy = message.function_call.as_ref().filter(|c| !c.is_null());
+    if calls.is_empty() && legacy.is_none() {
+        return Ok(Vec::new());
+    }
+    if role != Role::Assistant {
+        return Err(ApiError::invalid(
+            format!("messages[{i}].tool_calls"),
+            format!(
+                "`messages[{i}]` has role `{}`; only assistant messages carry tool calls.",
+                role.as_str()
+            ),
+        ));
+    }
+    let mut out = Vec::with_capacity(calls.len() + 1);
+    for (j, call) in calls.iter().enumerate() {
+        let at = format!("messages[{i}].tool_calls[{j}]");
+        if call
+            .get("type")
+            .is_some_and(|t| t.as_str() != Some("function"))
+        {
+            return Err(ApiError::invalid(
+                format!("{at}.type"),
+                format!("`{at}.type` must be `function`."),
+            ));
+        }
+        let function = call.get("function").unwrap_or(&Value::Null);
+        let id = call
+            .get("id")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("call_{i}_{j}"), str::to_owned);
+        out.push(function_call(&format!("{at}.function"), id, function)?);
+    }
+    if let Some(call) = legacy {
+        let at = format!("messages[{i}].function_call");
+        out.push(function_call(&at, format!("call_{i}"), call)?);
+    }
+    Ok(out)
+}
+
+/// `{"name": …, "arguments": "<json>"}`; arguments sent as an object are accepted too.
+fn function_call(at: &str, id: String, function: &Value) -> Result<ToolCall, ApiError> {
+    let Some(name) = function.get("name").and_then(Value::as_str) else {
+        return Err(ApiError::invalid(
+            format!("{at}.name"),
+            format!("`{at}.name` is required and must be a string."),
+        ));
+    };
+    let arguments = match function.get("arguments") {
+        None | Some(Value::Null) => "{}".to_owned(),
+        Some(Value::String(text)) => text.clone(),
+        Some(object @ Value::Object(_)) => object.to_string(),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                format!("{at}.arguments"),
+                format!("`{at}.arguments` must be a JSON string."),
+            ))
+        }
+    };
+    Ok(ToolCall {
+        id,
+        name: name.to_owned(),
+        arguments,
     })
 }
 
@@ -69,12 +137,12 @@ fn parse_role(i: usize, role: Option<&str>) -> Result<Role, ApiError> {
         Some("system") | Some("developer") => Ok(Role::System),
         Some("user") => Ok(Role::User),
         Some("assistant") => Ok(Role::Assistant),
-        // `function` is the legacy name of a tool result.
+        // `function` is the legacy name of a tool result (its `name` says whose).
         Some("tool") | Some("function") => Ok(Role::Tool),
         Some(other) => Err(ApiError::invalid(
             param,
             format!(
-                "`messages[{i}].role` is `{other}`; expected one of system, developer, user, assistant, tool."
+                "`messages[{i}].role` is `{other}`; expected one of system, developer, user, assistant, tool, function."
             ),
         )),
         None => Err(ApiError::invalid(

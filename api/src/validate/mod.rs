@@ -6,11 +6,15 @@ mod constraint;
 mod gbnf;
 mod messages;
 mod sampling;
+mod tools;
+
+pub use tools::{ToolChoice, ToolRequest, DEFAULT_TOOL_PARSER};
 
 use crate::error::ApiError;
 use crate::openai::request::ChatCompletionRequest;
-use fallow_scheduler::job::GenerateRequest;
-use serde_json::Value;
+use crate::parsers::grammar;
+use fallow_scheduler::job::{GenerateRequest, OutputFormat};
+use serde_json::{Map, Value};
 
 /// Request `priority` is accepted in this range (lower = served first, default 0). It maps
 /// one to one onto the job priority of an interactive job; batch jobs are enqueued at
@@ -21,12 +25,22 @@ pub const PRIORITY_RANGE: std::ops::RangeInclusive<i64> = -1000..=1000;
 pub const BATCH_PRIORITY_BASE: i32 = 100_000;
 
 /// Limits that depend on the server's configuration and on the model asked for.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Limits {
     pub max_messages: usize,
     pub max_n: u32,
     /// The model's context length in tokens.
     pub context_length: u32,
+    /// How the model writes tool calls and reasoning, as its runner published it.
+    pub parsers: ModelParsers,
+}
+
+/// The output syntaxes of a model (`ModelEntry::tool_parser` / `reasoning_parser`);
+/// `None` = not known.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelParsers {
+    pub tool: Option<String>,
+    pub reasoning: Option<String>,
 }
 
 /// How the client wants the answer delivered.
@@ -46,6 +60,8 @@ pub struct ValidChat {
     pub delivery: Delivery,
     /// The job priority (interactive band).
     pub priority: i32,
+    /// The request's tools, if it offers any.
+    pub tools: Option<ToolRequest>,
 }
 
 /// The model asked for; checked first because the other limits depend on it.
@@ -66,7 +82,7 @@ pub fn validate_chat(wire: ChatCompletionRequest, limits: &Limits) -> Result<Val
     reject_unsupported(&wire)?;
     let priority = validate_priority(wire.priority)?;
     let delivery = delivery(&wire);
-    let sampling = sampling::validate_sampling(&wire, limits)?;
+    let mut sampling = sampling::validate_sampling(&wire, limits)?;
     let n = sampling::validate_n(wire.n, limits.max_n)?;
     let continue_final_message = wire.continue_final_message.unwrap_or(false);
     let add_generation_prompt = match (wire.add_generation_prompt, continue_final_message) {
@@ -79,6 +95,39 @@ pub fn validate_chat(wire: ChatCompletionRequest, limits: &Limits) -> Result<Val
         (Some(explicit), _) => explicit,
         (None, cont) => !cont,
     };
+    let tools = tools::validate_tools(&wire)?;
+    let mut chat_template_kwargs = wire.chat_template_kwargs.clone().unwrap_or_default();
+    if let Some(effort) = wire.reasoning_effort.clone() {
+        chat_template_kwargs
+            .entry("reasoning_effort")
+            .or_insert(Value::String(effort));
+    }
+    let output = output_format(
+        &wire,
+        tools.as_ref(),
+        &limits.parsers,
+        &chat_template_kwargs,
+    );
+    if output.tool_parser.as_deref() == Some("mistral") {
+        // `[TOOL_CALLS]` is a special token: it must reach the parser.
+        sampling.skip_special_tokens = false;
+    }
+    // A forced call (`tool_choice: "required"` or a named function) is enforced by grammar,
+    // so its arguments always parse and match the function's schema.
+    // The model's reasoning syntax, whether or not its reasoning is split off.
+    let reasoning = (!thinking_off(&chat_template_kwargs))
+        .then_some(limits.parsers.reasoning.as_deref())
+        .flatten();
+    if let Some(grammar) = forced_call_grammar(&output, tools.as_ref(), reasoning) {
+        if sampling.constraint.is_some() {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "A forced tool call (`tool_choice` `required` or a named function) cannot be \
+                 combined with `response_format`, `regex` or `ebnf`.",
+            ));
+        }
+        sampling.constraint = Some(constraint::forced_call_constraint(grammar)?);
+    }
     let messages = messages::validate_messages(wire.messages, limits.max_messages)?;
     if continue_final_message
         && messages.last().map(|m| m.role) != Some(fallow_scheduler::job::Role::Assistant)
@@ -87,12 +136,6 @@ pub fn validate_chat(wire: ChatCompletionRequest, limits: &Limits) -> Result<Val
             "continue_final_message",
             "`continue_final_message` requires the last message to have role `assistant`.",
         ));
-    }
-    let mut chat_template_kwargs = wire.chat_template_kwargs.unwrap_or_default();
-    if let Some(effort) = wire.reasoning_effort {
-        chat_template_kwargs
-            .entry("reasoning_effort")
-            .or_insert(Value::String(effort));
     }
     let request = GenerateRequest {
         model,
@@ -103,12 +146,65 @@ pub fn validate_chat(wire: ChatCompletionRequest, limits: &Limits) -> Result<Val
         continue_final_message,
         stream: delivery.stream,
         chat_template_kwargs,
+        // `tool_choice: "none"` keeps the tools out of the prompt: the model is not to call.
+        tools: tools
+            .as_ref()
+            .filter(|t| t.choice != ToolChoice::None)
+            .map(|t| t.tools.clone())
+            .unwrap_or_default(),
+        output,
     };
     Ok(ValidChat {
         request,
         delivery,
         priority,
+        tools,
     })
+}
+
+/// How the job's text will be read: the model's tool syntax when the request lets it call
+/// (Hermes when the runner published none), its reasoning syntax unless the client asked to
+/// keep reasoning in the content or turned thinking off in the template.
+fn output_format(
+    wire: &ChatCompletionRequest,
+    tools: Option<&ToolRequest>,
+    parsers: &ModelParsers,
+    template_kwargs: &Map<String, Value>,
+) -> OutputFormat {
+    let calling = tools.filter(|t| t.choice != ToolChoice::None);
+    let separate = wire.separate_reasoning.unwrap_or(true) && !thinking_off(template_kwargs);
+    OutputFormat {
+        tool_parser: calling.map(|_| {
+            parsers
+                .tool
+                .clone()
+                .unwrap_or_else(|| DEFAULT_TOOL_PARSER.to_owned())
+        }),
+        legacy_functions: calling.is_some_and(|t| t.legacy),
+        single_tool_call: calling.is_some_and(|t| !t.parallel),
+        reasoning_parser: parsers.reasoning.clone().filter(|_| separate),
+        stream_reasoning: wire.stream_reasoning.unwrap_or(true),
+    }
+}
+
+/// Whether the template was asked not to think (`enable_thinking` / `thinking`: false).
+fn thinking_off(template_kwargs: &Map<String, Value>) -> bool {
+    ["enable_thinking", "thinking"]
+        .iter()
+        .any(|key| template_kwargs.get(*key) == Some(&Value::Bool(false)))
+}
+
+/// The grammar a forced call needs, in the model's own tool syntax, after the reasoning the
+/// model writes in `reasoning` syntax (`None`: it does not reason).
+pub fn forced_call_grammar(
+    output: &OutputFormat,
+    tools: Option<&ToolRequest>,
+    reasoning: Option<&str>,
+) -> Option<String> {
+    let tools = tools?;
+    let parser = output.tool_parser.as_deref()?;
+    let calls = grammar::forced_call_grammar(parser, &tools.forced_functions(), tools.parallel)?;
+    Some(grammar::after_reasoning(calls, reasoning))
 }
 
 fn delivery(wire: &ChatCompletionRequest) -> Delivery {
@@ -151,7 +247,7 @@ const CONSTRAINT_FIELDS: [&str; 5] = [
 ];
 
 /// Features the engine does not offer yet are refused loudly rather than ignored, so a
-/// client never silently gets unconstrained text where it asked for JSON or a tool call.
+/// client never silently gets unconstrained text where it asked for JSON.
 fn reject_unsupported(wire: &ChatCompletionRequest) -> Result<(), ApiError> {
     for field in CONSTRAINT_FIELDS {
         if wire.extra.get(field).is_some_and(|v| !v.is_null()) {
@@ -160,18 +256,6 @@ fn reject_unsupported(wire: &ChatCompletionRequest) -> Result<(), ApiError> {
                 format!("`{field}` (constrained generation) is not supported by this server yet."),
             ));
         }
-    }
-    if wire.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid(
-            "tools",
-            "Tool calling is not supported by this server yet; send the request without `tools`.",
-        ));
-    }
-    if wire.functions.as_ref().is_some_and(|f| !f.is_empty()) {
-        return Err(ApiError::invalid(
-            "functions",
-            "Function calling is not supported by this server yet; send the request without `functions`.",
-        ));
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 use super::*;
 use crate::error::ApiError;
 use crate::extract::parse_json_body;
+use fallow_scheduler::job::Constraint;
 use fallow_scheduler::job::Role;
 use serde_json::json;
 
@@ -8,6 +9,10 @@ const LIMITS: Limits = Limits {
     max_messages: 4,
     max_n: 3,
     context_length: 2048,
+    parsers: ModelParsers {
+        tool: None,
+        reasoning: None,
+    },
 };
 
 fn request(extra: serde_json::Value) -> ChatCompletionRequest {
@@ -293,11 +298,6 @@ fn stream_options_are_honoured_only_when_streaming() {
 #[test]
 fn unsupported_features_are_refused_loudly() {
     assert_rejected(
-        json!({"tools": [{"type": "function"}]}),
-        "tools",
-        "not supported",
-    );
-    assert_rejected(
         json!({"guided_json": {"type": "object"}}),
         "guided_json",
         "not supported",
@@ -330,4 +330,188 @@ fn continue_final_message_needs_a_final_assistant_turn() {
         {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}
     ]}));
     assert!(valid.request.continue_final_message && !valid.request.add_generation_prompt);
+}
+
+fn weather_tool() -> serde_json::Value {
+    json!({"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})
+}
+
+#[test]
+fn tools_reach_the_template_and_the_output_format_names_the_parser() {
+    let valid = accepted(json!({"tools": [weather_tool()]}));
+    assert_eq!(valid.request.tools, [weather_tool()]);
+    assert_eq!(valid.request.output.tool_parser.as_deref(), Some("hermes"));
+    assert!(!valid.request.output.single_tool_call);
+    assert!(!valid.request.output.legacy_functions);
+    // `none`: the model is not to call, so it is not shown the tools either.
+    let none = accepted(json!({"tools": [weather_tool()], "tool_choice": "none"}));
+    assert!(none.request.tools.is_empty());
+    assert_eq!(none.request.output.tool_parser, None);
+}
+
+#[test]
+fn a_forced_call_is_enforced_by_a_grammar_in_the_models_tool_syntax() {
+    let named = accepted(json!({"tools": [weather_tool()],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}));
+    match &named.request.sampling.constraint {
+        Some(Constraint::Lark { grammar }) => {
+            assert!(grammar.contains("get_weather") && grammar.contains("<tool_call>"))
+        }
+        other => panic!("expected a Lark constraint, got {other:?}"),
+    }
+    let required = accepted(json!({"tools": [weather_tool()], "tool_choice": "required"}));
+    assert!(required.request.sampling.constraint.is_some());
+    let auto = accepted(json!({"tools": [weather_tool()]}));
+    assert_eq!(
+        auto.request.sampling.constraint, None,
+        "auto: the model decides"
+    );
+    assert_eq!(
+        forced_call_grammar(&auto.request.output, auto.tools.as_ref(), None),
+        None
+    );
+}
+
+#[test]
+fn a_forced_call_after_reasoning_compiles_for_both_reasoning_syntaxes() {
+    let named = accepted(json!({"tools": [weather_tool()], "tool_choice": "required"}));
+    for syntax in ["deepseek_r1", "qwen3"] {
+        let grammar =
+            forced_call_grammar(&named.request.output, named.tools.as_ref(), Some(syntax))
+                .expect("a grammar");
+        let constraint = Constraint::Lark { grammar };
+        assert_eq!(
+            fallow_scheduler::grammar::check(&constraint),
+            Ok(()),
+            "{syntax}"
+        );
+    }
+}
+
+#[test]
+fn a_forced_call_cannot_be_combined_with_another_constraint() {
+    assert_rejected(
+        json!({"tools": [weather_tool()], "tool_choice": "required",
+               "response_format": {"type": "json_object"}}),
+        "tool_choice",
+        "cannot be combined",
+    );
+}
+
+#[test]
+fn a_forced_call_whose_parameters_cannot_be_enforced_is_a_400_naming_tools() {
+    let tool = json!({"type": "function", "function": {"name": "f",
+        "parameters": {"type": "object", "properties": {"xs": {"type": "array", "uniqueItems": true}}}}});
+    assert_rejected(
+        json!({"tools": [tool], "tool_choice": "required"}),
+        "tools",
+        "cannot be enforced",
+    );
+}
+
+#[test]
+fn legacy_functions_become_tools_answered_one_call_at_a_time() {
+    let valid = accepted(json!({"functions": [{"name": "f"}], "function_call": "auto"}));
+    assert_eq!(
+        valid.request.tools,
+        [json!({"type": "function", "function": {"name": "f"}})]
+    );
+    assert!(valid.request.output.legacy_functions && valid.request.output.single_tool_call);
+    assert_rejected(
+        json!({"tools": [weather_tool()], "functions": [{"name": "f"}]}),
+        "functions",
+        "not both",
+    );
+    assert_rejected(
+        json!({"function_call": "auto"}),
+        "function_call",
+        "functions",
+    );
+}
+
+#[test]
+fn tool_definitions_are_checked_field_by_field() {
+    assert_rejected(json!({"tools": ["x"]}), "tools[0]", "object");
+    assert_rejected(
+        json!({"tools": [{"function": {"name": "f"}}]}),
+        "tools[0].type",
+        "required",
+    );
+    assert_rejected(
+        json!({"tools": [{"type": "function"}]}),
+        "tools[0].function",
+        "required",
+    );
+    assert_rejected(
+        json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}),
+        "tools[0].function.parameters",
+        "JSON Schema",
+    );
+    assert_rejected(
+        json!({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]}),
+        "tools[0].function.strict",
+        "boolean",
+    );
+    assert_rejected(
+        json!({"tools": [weather_tool(), weather_tool()]}),
+        "tools[1].function.name",
+        "more than once",
+    );
+    assert_rejected(
+        json!({"tools": [weather_tool()], "tool_choice": "sometimes"}),
+        "tool_choice",
+        "must be",
+    );
+}
+
+#[test]
+fn assistant_tool_calls_and_reasoning_are_kept_for_the_template() {
+    let valid = accepted(json!({"messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": null, "reasoning": "hmm",
+         "tool_calls": [{"id": "c1", "type": "function",
+                         "function": {"name": "f", "arguments": {"a": 1}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]}));
+    let assistant = &valid.request.messages[1];
+    assert_eq!(assistant.content, None);
+    assert_eq!(assistant.reasoning_content.as_deref(), Some("hmm"));
+    assert_eq!(assistant.tool_calls[0].id, "c1");
+    assert_eq!(assistant.tool_calls[0].arguments, "{\"a\":1}");
+    assert_rejected(
+        json!({"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]}),
+        "messages[0].tool_calls[0].function.name",
+        "required",
+    );
+    assert_rejected(
+        json!({"messages": [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}]}),
+        "messages[0].tool_calls",
+        "only assistant",
+    );
+}
+
+#[test]
+fn reasoning_controls_shape_the_output_format() {
+    let thinker = Limits {
+        parsers: ModelParsers {
+            tool: None,
+            reasoning: Some("qwen3".into()),
+        },
+        ..LIMITS
+    };
+    let valid = validate_chat(request(json!({"stream_reasoning": false})), &thinker)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        valid.request.output.reasoning_parser.as_deref(),
+        Some("qwen3")
+    );
+    assert!(!valid.request.output.stream_reasoning);
+    for off in [
+        json!({"separate_reasoning": false}),
+        json!({"chat_template_kwargs": {"thinking": false}}),
+    ] {
+        let valid = validate_chat(request(off), &thinker).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(valid.request.output.reasoning_parser, None);
+    }
 }

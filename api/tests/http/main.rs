@@ -9,3 +9,4 @@ mod chat;
 mod errors;
 mod ops;
 mod streams;
+mod tools;

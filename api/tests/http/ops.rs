@@ -31,10 +31,24 @@ async fn models_are_listed_and_fetched_by_id_with_slashes() {
         .await
         .expect("json");
     assert_eq!(list["object"], "list");
+    let ids: Vec<&str> = list["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids.len(), 2, "{list}");
+    assert!(ids.contains(&THINKER));
+    let model = list["data"]
+        .as_array()
+        .and_then(|d| d.iter().find(|m| m["id"] == MODEL))
+        .cloned();
     assert_eq!(
-        list["data"],
-        json!([{"id": MODEL, "object": "model", "created": 1_700_000_000,
-                "owned_by": "fallow", "max_model_len": CONTEXT}])
+        model,
+        Some(
+            json!({"id": MODEL, "object": "model", "created": 1_700_000_000,
+                    "owned_by": "fallow", "max_model_len": CONTEXT})
+        )
     );
     let one = app
         .client

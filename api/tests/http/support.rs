@@ -14,6 +14,8 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 pub const MODEL: &str = "test-org/test-model";
+/// A model whose runner published Hermes tool calls and Qwen3-style reasoning.
+pub const THINKER: &str = "test-org/thinker";
 pub const CONTEXT: u32 = 2048;
 
 pub struct TestApp {
@@ -76,13 +78,25 @@ pub async fn spawn_app_on(config: ApiConfig, redis: &str) -> TestApp {
         host: "fake-runner".into(),
         devices: serde_json::json!({"kind": "cpu"}),
         slots: 8,
-        models: vec![ModelEntry {
-            id: MODEL.into(),
-            context_length: CONTEXT,
-            owned_by: "fallow".into(),
-            created: 1_700_000_000,
-        }],
-        warm: vec![MODEL.into()],
+        models: vec![
+            ModelEntry {
+                id: MODEL.into(),
+                context_length: CONTEXT,
+                owned_by: "fallow".into(),
+                created: 1_700_000_000,
+                tool_parser: None,
+                reasoning_parser: None,
+            },
+            ModelEntry {
+                id: THINKER.into(),
+                context_length: CONTEXT,
+                owned_by: "fallow".into(),
+                created: 1_700_000_000,
+                tool_parser: Some("hermes".into()),
+                reasoning_parser: Some("qwen3".into()),
+            },
+        ],
+        warm: vec![MODEL.into(), THINKER.into()],
         pool: runners::DEFAULT_POOL.into(),
     };
     let runner_id = runners::register(&pool, &info)
@@ -124,7 +138,12 @@ impl TestApp {
 
     /// Claims the next job for the test model, waiting up to 10 s for one.
     pub async fn claim_one(&self) -> ClaimedJob {
-        let models = [MODEL.to_owned()];
+        self.claim_for(MODEL).await
+    }
+
+    /// Claims the next job for `model`, waiting up to 10 s for one.
+    pub async fn claim_for(&self, model: &str) -> ClaimedJob {
+        let models = [model.to_owned()];
         for _ in 0..500 {
             let mut jobs = self
                 .queue

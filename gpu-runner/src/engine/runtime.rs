@@ -8,7 +8,7 @@ use crate::engine::backend::Backend;
 use crate::engine::footprint::weights_bytes;
 use crate::engine::llm::{EngineConfig, LlmEngine};
 use crate::engine::model::{self, ModelArtifacts, VocabSource};
-use crate::engine::tokenizer::{ChatTemplate, Tokenizer, GEMMA_CHAT_TEMPLATE};
+use crate::engine::tokenizer::{ChatTemplate, OutputSyntax, Tokenizer, GEMMA_CHAT_TEMPLATE};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -69,6 +69,11 @@ pub struct LoadOptions {
     /// Caps the model's context length (0 = the model's own).
     pub max_model_len: usize,
     pub device: Device,
+    /// The model's tool-call syntax (`hermes`, `llama3_json`, `mistral`) when its chat
+    /// template does not reveal it, or reveals it wrongly; `None` = detect.
+    pub tool_parser: Option<String>,
+    /// The model's reasoning syntax (`qwen3`, `deepseek_r1`); `None` = detect.
+    pub reasoning_parser: Option<String>,
 }
 
 impl Default for LoadOptions {
@@ -82,6 +87,8 @@ impl Default for LoadOptions {
             chat_template_file: None,
             max_model_len: 0,
             device: Device::Cpu,
+            tool_parser: None,
+            reasoning_parser: None,
         }
     }
 }
@@ -108,6 +115,9 @@ pub struct ModelFrontend {
     pub tokenizer: Arc<Tokenizer>,
     pub template: ChatTemplate,
     pub context_length: usize,
+    /// How the model writes tool calls and reasoning (published with the model, for the
+    /// api's parsers).
+    pub output_syntax: OutputSyntax,
 }
 
 /// A loaded model: its engine and its frontend.
@@ -119,27 +129,27 @@ pub struct LoadedModel {
 }
 
 /// What a runner needs to know of a model before loading it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelFacts {
     /// The context length it will serve (after `max_model_len`).
     pub context_length: usize,
+    /// How it writes tool calls and reasoning.
+    pub output_syntax: OutputSyntax,
     /// Memory it will take once loaded; a CUDA KV pool sized automatically counts as empty
     /// here (its size is known only on the device).
     pub resident_bytes: u64,
 }
 
-/// Opens a model's files without building an engine: its context length and how much memory
-/// loading it will take.
+/// Opens a model's files and builds its frontend (so a broken tokenizer or template fails
+/// here) without building an engine: what it serves and how much memory loading it will take.
 pub fn inspect(path: &Path, options: &LoadOptions) -> Result<ModelFacts, LoadError> {
     let artifacts = model::open(path)?;
+    let frontend = build_frontend(&artifacts, options)?;
     let block_size = options.block_size.max(1);
     let per_block = kv_bytes_per_block(&artifacts.config, block_size).max(1);
-    let mut context_length = artifacts.config.context_length;
-    if options.max_model_len > 0 {
-        context_length = context_length.min(options.max_model_len);
-    }
     Ok(ModelFacts {
-        context_length,
+        context_length: frontend.context_length,
+        output_syntax: frontend.output_syntax,
         resident_bytes: weights_bytes(&artifacts.weights, options.device)
             + (kv_blocks(options, per_block) * per_block) as u64,
     })
@@ -223,6 +233,10 @@ fn build_frontend(
     };
     let template = ChatTemplate::new(&source, &tokenizer.bos_text(), &tokenizer.eos_text())
         .map_err(|e| LoadError::Template(e.to_string()))?;
+    let output_syntax = OutputSyntax::detect(&source).overridden(
+        options.tool_parser.as_deref(),
+        options.reasoning_parser.as_deref(),
+    );
     let mut context_length = artifacts.config.context_length;
     if options.max_model_len > 0 {
         context_length = context_length.min(options.max_model_len);
@@ -231,5 +245,6 @@ fn build_frontend(
         tokenizer: Arc::new(tokenizer),
         template,
         context_length,
+        output_syntax,
     })
 }

@@ -3,6 +3,7 @@
 //! request), so the runner can list it, and budget its memory, before ever loading it.
 
 use crate::engine::runtime::{self, LoadError, LoadOptions};
+use crate::engine::tokenizer::OutputSyntax;
 use fallow_scheduler::runners::ModelEntry;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -19,6 +20,8 @@ pub struct ModelOffer {
     /// it loads it while fewer are warm, and does not unload it while that would leave fewer.
     pub min_warm: u32,
     pub context_length: u32,
+    /// How it writes tool calls and reasoning, for the api's parsers.
+    pub output_syntax: OutputSyntax,
     /// Memory it takes once loaded (refined after each load).
     pub resident_bytes: u64,
 }
@@ -46,6 +49,7 @@ impl ModelOffer {
             keep_alive: policy.keep_alive,
             min_warm: policy.min_warm,
             context_length: facts.context_length as u32,
+            output_syntax: facts.output_syntax,
             resident_bytes: facts.resident_bytes,
         })
     }
@@ -57,6 +61,8 @@ impl ModelOffer {
             context_length: self.context_length,
             owned_by: "fallow".to_string(),
             created,
+            tool_parser: self.output_syntax.tool_parser.clone(),
+            reasoning_parser: self.output_syntax.reasoning_parser.clone(),
         }
     }
 }

@@ -80,13 +80,11 @@ impl BatchWorker {
     ) -> Result<(usize, Vec<LineError>), SchedulerError> {
         // A line for a model no runner serves would wait until the batch expires; fail it now.
         // With no runner up at all (a restart), nothing is known, so nothing is refused.
-        let served: BTreeSet<String> = crate::runners::live_models(self.queue.pool())
-            .await?
-            .into_iter()
-            .map(|m| m.id)
-            .collect();
+        let live = crate::runners::live_models(self.queue.pool()).await?;
+        let served: BTreeSet<String> = live.iter().map(|m| m.id.clone()).collect();
         let reader = BufReader::new(self.store.get(key).await?);
-        let mut lines = LineReader::new(reader, endpoint, &*self.codec, self.config.max_line_bytes);
+        let mut lines = LineReader::new(reader, endpoint, &*self.codec, self.config.max_line_bytes)
+            .with_models(&live);
         let (mut count, mut errors) = (0usize, Vec::new());
         while let Some(line) = lines.next().await.map_err(store_io)? {
             let line = line.and_then(|l| unserved_model(&served, l));
@@ -111,13 +109,17 @@ impl BatchWorker {
         batch: &ClaimedValidation,
         key: &str,
     ) -> Result<Validated, SchedulerError> {
+        // Each job's request records how its model writes (tool calls, reasoning), so its
+        // output line reads like a synchronous answer.
+        let live = crate::runners::live_models(self.queue.pool()).await?;
         let reader = BufReader::new(self.store.get(key).await?);
         let mut lines = LineReader::new(
             reader,
             &batch.endpoint,
             &*self.codec,
             self.config.max_line_bytes,
-        );
+        )
+        .with_models(&live);
         let mut tx = self.queue.pool().begin().await?;
         let mut models = BTreeSet::new();
         let (mut chunk, mut total) = (Vec::with_capacity(CHUNK), 0usize);

@@ -35,6 +35,7 @@ struct RequestRow {
     created_at: Option<DateTime<Utc>>,
     result: Option<Value>,
     error: Option<String>,
+    output: Option<Value>,
 }
 
 /// A staged JSONL file being written.
@@ -124,7 +125,15 @@ impl BatchWorker {
                     Ok(done) => {
                         let created = row.created_at.map_or(0, |t| t.timestamp());
                         let model = row.model.as_deref().unwrap_or("");
-                        let body = self.codec.response_body(row.job_id, created, model, &done);
+                        // Rows written before output formats existed read as the default.
+                        let format = row
+                            .output
+                            .clone()
+                            .and_then(|v| serde_json::from_value(v).ok())
+                            .unwrap_or_default();
+                        let body = self
+                            .codec
+                            .response_body(row.job_id, created, model, &format, &done);
                         let response =
                             json!({"status_code": 200, "request_id": request_id, "body": body});
                         (true, line(response, Value::Null))

@@ -4,6 +4,7 @@
 //! line at a time (bounded by `max_line_bytes`) plus the set of `custom_id`s seen.
 
 use super::{BatchCodec, LineError, LineRequest};
+use crate::runners::ModelEntry;
 use serde_json::Value;
 use std::collections::HashSet;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
@@ -22,6 +23,8 @@ pub struct LineReader<'a, R> {
     reader: R,
     endpoint: &'a str,
     codec: &'a dyn BatchCodec,
+    /// The live models, for the codec to read each line as its model writes.
+    models: &'a [ModelEntry],
     max_line_bytes: usize,
     line: u64,
     seen: HashSet<String>,
@@ -39,11 +42,18 @@ impl<'a, R: AsyncBufRead + Unpin> LineReader<'a, R> {
             reader,
             endpoint,
             codec,
+            models: &[],
             max_line_bytes,
             line: 0,
             seen: HashSet::new(),
             buf: Vec::new(),
         }
+    }
+
+    /// The live models the lines' requests are validated against (their output syntax).
+    pub fn with_models(mut self, models: &'a [ModelEntry]) -> Self {
+        self.models = models;
+        self
     }
 
     /// The next non-blank line, checked; `None` at the end of the file.
@@ -160,7 +170,7 @@ impl<'a, R: AsyncBufRead + Unpin> LineReader<'a, R> {
         };
         let request = self
             .codec
-            .parse_body(self.endpoint, body)
+            .parse_body(self.endpoint, body, self.models)
             .map_err(|(param, message)| {
                 let param = param.map(|p| format!("body.{p}"));
                 self.error("invalid_request", param.as_deref(), message)

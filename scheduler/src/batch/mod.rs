@@ -56,18 +56,22 @@ pub struct LineError {
 /// The api's conversions, handed to the scheduler so that a batch line is validated and
 /// answered by exactly the code the synchronous endpoint uses.
 pub trait BatchCodec: Send + Sync + 'static {
-    /// Validates a line's `body` (for `endpoint`). `Err` is `(param, message)`.
+    /// Validates a line's `body` (for `endpoint`) against the live `models` (empty when
+    /// none is known). `Err` is `(param, message)`.
     fn parse_body(
         &self,
         endpoint: &str,
         body: serde_json::Value,
+        models: &[crate::runners::ModelEntry],
     ) -> Result<LineRequest, (Option<String>, String)>;
-    /// The response body of a finished job, as the synchronous endpoint would answer it.
+    /// The response body of a finished job, as the synchronous endpoint would answer it
+    /// (`output`: how the request asked its text to be read).
     fn response_body(
         &self,
         job: Uuid,
         created: i64,
         model: &str,
+        output: &crate::job::OutputFormat,
         completion: &Completion,
     ) -> serde_json::Value;
     /// Status code and error body for a job that failed with `code`/`message`.

@@ -23,6 +23,7 @@ impl BatchCodec for TestCodec {
         &self,
         _endpoint: &str,
         body: Value,
+        _models: &[fallow_scheduler::runners::ModelEntry],
     ) -> Result<LineRequest, (Option<String>, String)> {
         let model = body["model"]
             .as_str()
@@ -41,6 +42,8 @@ impl BatchCodec for TestCodec {
                 content: m["content"].as_str().map(str::to_owned),
                 name: None,
                 tool_call_id: None,
+                tool_calls: Vec::new(),
+                reasoning_content: None,
             })
             .collect();
         Ok(LineRequest {
@@ -53,11 +56,20 @@ impl BatchCodec for TestCodec {
                 continue_final_message: false,
                 stream: false,
                 chat_template_kwargs: Default::default(),
+                tools: Vec::new(),
+                output: Default::default(),
             },
             priority: BATCH_BASE + body["priority"].as_i64().unwrap_or(0) as i32,
         })
     }
-    fn response_body(&self, job: Uuid, created: i64, model: &str, done: &Completion) -> Value {
+    fn response_body(
+        &self,
+        job: Uuid,
+        created: i64,
+        model: &str,
+        _output: &fallow_scheduler::job::OutputFormat,
+        done: &Completion,
+    ) -> Value {
         json!({"id": job.to_string(), "object": "chat.completion", "created": created,
                "model": model, "text": done.choices[0].text})
     }

@@ -44,6 +44,8 @@ pub fn request(model: &str) -> GenerateRequest {
             content: Some("Say hello.".to_string()),
             name: None,
             tool_call_id: None,
+            tool_calls: Vec::new(),
+            reasoning_content: None,
         }],
         sampling: Sampling::default(),
         n: 1,
@@ -51,6 +53,8 @@ pub fn request(model: &str) -> GenerateRequest {
         continue_final_message: false,
         stream: false,
         chat_template_kwargs: Default::default(),
+        tools: Vec::new(),
+        output: Default::default(),
     }
 }
 
@@ -107,6 +111,8 @@ pub fn runner_info(may_serve: &[&str], warm: &[&str]) -> RunnerInfo {
                 context_length: 8192,
                 owned_by: "fallow".into(),
                 created: 1_700_000_000,
+                tool_parser: None,
+                reasoning_parser: None,
             })
             .collect(),
         warm: warm.iter().map(|id| id.to_string()).collect(),

@@ -9,6 +9,8 @@
 //! - [`ChatTemplate`] ([`template`]): Hugging Face-compatible Jinja chat templates on
 //!   minijinja, with Python-style `tojson` ([`pyjson`]); [`GEMMA_CHAT_TEMPLATE`] for Gemma
 //!   models whose files carry none.
+//! - [`OutputSyntax`] ([`template_syntax`]): the tool-call and reasoning syntax a template
+//!   reveals, published so the api can parse the model's output.
 //! - [`vocab`]: the `tokenizer.ggml.*` metadata as plain data.
 
 pub mod bpe;
@@ -23,6 +25,7 @@ pub mod specials;
 pub mod spm;
 pub mod table;
 pub mod template;
+pub mod template_syntax;
 pub mod vocab;
 
 #[cfg(test)]
@@ -44,6 +47,7 @@ pub use codec::Tokenizer;
 pub use error::TokenizerError;
 pub use incremental::IncrementalDecoder;
 pub use template::{ChatTemplate, TemplateError};
+pub use template_syntax::OutputSyntax;
 pub use vocab::GgufVocab;
 
 /// The Gemma turn format (`<start_of_turn>user\n…<end_of_turn>\n<start_of_turn>model\n`,

@@ -1,0 +1,285 @@
+//! From a model's raw text to the parts of an OpenAI message: reasoning
+//! ([`reasoning::ReasoningSplitter`]), tool calls ([`tool_calls::ToolCallParser`], one state
+//! machine per model family) and content. Pure and incremental: a stream feeds each delta as
+//! it arrives, a finished job feeds its whole text, and both read the same because every
+//! parser decides one character at a time and holds back only what the next characters may
+//! still change.
+//!
+//! - [`ChoiceParser`]: one choice's pipeline (reasoning first, then tool calls in the rest).
+//! - [`ParsedMessage`]: pieces folded into a whole message.
+//! - [`OutputCollector`]: a job's choices for a non-streamed answer (deltas as they come,
+//!   then the stored text), with reasoning token counts.
+//! - [`grammar`]: the Lark grammar that forces a call (`tool_choice: required` or named).
+
+pub mod grammar;
+pub mod markers;
+pub mod reasoning;
+pub mod tool_calls;
+
+use fallow_scheduler::job::{Completion, OutputFormat, Usage};
+use reasoning::ReasoningSplitter;
+use tool_calls::ToolCallParser;
+
+/// One piece of parsed output, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Content(String),
+    Reasoning(String),
+    /// A call begins: its index among the choice's calls, its id and the function's name.
+    CallStart {
+        index: u32,
+        id: String,
+        name: String,
+    },
+    /// More of the call's arguments text.
+    CallArgs {
+        index: u32,
+        text: String,
+    },
+}
+
+/// Appends `piece`, merging it into the last piece when both are text of the same kind, so
+/// that a character-at-a-time parser yields one piece per run.
+pub fn push_piece(pieces: &mut Vec<Piece>, piece: Piece) {
+    match (pieces.last_mut(), piece) {
+        (_, Piece::Content(t) | Piece::Reasoning(t) | Piece::CallArgs { text: t, .. })
+            if t.is_empty() => {}
+        (Some(Piece::Content(a)), Piece::Content(b)) => a.push_str(&b),
+        (Some(Piece::Reasoning(a)), Piece::Reasoning(b)) => a.push_str(&b),
+        (Some(Piece::CallArgs { index: i, text: a }), Piece::CallArgs { index: j, text: b })
+            if *i == j =>
+        {
+            a.push_str(&b)
+        }
+        (_, piece) => pieces.push(piece),
+    }
+}
+
+/// One choice's parsers, as the job's [`OutputFormat`] asks.
+pub struct ChoiceParser {
+    reasoning: Option<ReasoningSplitter>,
+    tools: Option<ToolCallParser>,
+    reasoning_tokens: u32,
+}
+
+impl ChoiceParser {
+    /// `seed` (the job's id) and `choice` make stable call ids.
+    pub fn new(format: &OutputFormat, seed: u128, choice: u32) -> Self {
+        ChoiceParser {
+            reasoning: format
+                .reasoning_parser
+                .as_deref()
+                .and_then(ReasoningSplitter::for_parser),
+            tools: format
+                .tool_parser
+                .as_deref()
+                .map(|name| ToolCallParser::new(name, format.single_tool_call, seed, choice)),
+            reasoning_tokens: 0,
+        }
+    }
+
+    /// Whether reasoning is split off at all.
+    pub fn splits_reasoning(&self) -> bool {
+        self.reasoning.is_some()
+    }
+
+    /// Feeds a delta of `tokens` tokens (when known). A delta counts as reasoning when the
+    /// reasoning was open at its start or is open at its end (so the tokens of `<think>`
+    /// and `</think>` count too) or it carried reasoning text.
+    pub fn feed(&mut self, text: &str, tokens: Option<u32>) -> Vec<Piece> {
+        let (entry, pieces) = match self.reasoning.as_mut() {
+            Some(splitter) => (splitter.in_reasoning(), splitter.feed(text)),
+            None => (false, vec![Piece::Content(text.to_owned())]),
+        };
+        let exit = self.reasoning.as_ref().is_some_and(|s| s.in_reasoning());
+        let carried = pieces.iter().any(|p| matches!(p, Piece::Reasoning(_)));
+        if entry || exit || carried {
+            self.reasoning_tokens += tokens.unwrap_or(0);
+        }
+        self.through_tools(pieces)
+    }
+
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let pieces = self
+            .reasoning
+            .as_mut()
+            .map(ReasoningSplitter::finish)
+            .unwrap_or_default();
+        let mut out = self.through_tools(pieces);
+        if let Some(tools) = self.tools.as_mut() {
+            for piece in tools.finish() {
+                push_piece(&mut out, piece);
+            }
+        }
+        out
+    }
+
+    /// Reasoning tokens counted from the deltas fed with token counts.
+    pub fn reasoning_tokens(&self) -> u32 {
+        self.reasoning_tokens
+    }
+
+    fn through_tools(&mut self, pieces: Vec<Piece>) -> Vec<Piece> {
+        let Some(tools) = self.tools.as_mut() else {
+            let mut out = Vec::new();
+            for piece in pieces {
+                push_piece(&mut out, piece);
+            }
+            return out;
+        };
+        let mut out = Vec::new();
+        for piece in pieces {
+            match piece {
+                Piece::Content(text) => {
+                    for parsed in tools.feed(&text) {
+                        push_piece(&mut out, parsed);
+                    }
+                }
+                other => push_piece(&mut out, other),
+            }
+        }
+        out
+    }
+}
+
+/// A call as it ends up in the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+/// Pieces folded into one message.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParsedMessage {
+    pub content: String,
+    pub reasoning: Option<String>,
+    pub tool_calls: Vec<ParsedCall>,
+}
+
+impl ParsedMessage {
+    pub fn absorb(&mut self, pieces: &[Piece]) {
+        for piece in pieces {
+            match piece {
+                Piece::Content(text) => self.content.push_str(text),
+                Piece::Reasoning(text) => self
+                    .reasoning
+                    .get_or_insert_with(String::new)
+                    .push_str(text),
+                Piece::CallStart { id, name, .. } => self.tool_calls.push(ParsedCall {
+                    id: id.clone(),
+                    name: name.clone(),
+                    arguments: String::new(),
+                }),
+                Piece::CallArgs { index, text } => {
+                    if let Some(call) = self.tool_calls.get_mut(*index as usize) {
+                        call.arguments.push_str(text);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One choice's parsed message and its reasoning token count (`None` when reasoning is not
+/// split off).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedChoice {
+    pub message: ParsedMessage,
+    pub reasoning_tokens: Option<u32>,
+}
+
+/// Parses a job's choices for a non-streamed answer: deltas as they arrive (which carry
+/// token counts), then whatever of the stored text they did not carry.
+pub struct OutputCollector {
+    parsers: Vec<ChoiceParser>,
+    messages: Vec<ParsedMessage>,
+    /// Bytes of each choice's text fed so far.
+    fed: Vec<usize>,
+    /// Completion tokens of the job already attributed to a delta.
+    tokens_seen: u32,
+}
+
+impl OutputCollector {
+    pub fn new(format: &OutputFormat, job: uuid::Uuid, n: u32) -> Self {
+        let n = n.max(1);
+        OutputCollector {
+            parsers: (0..n)
+                .map(|i| ChoiceParser::new(format, job.as_u128(), i))
+                .collect(),
+            messages: vec![ParsedMessage::default(); n as usize],
+            fed: vec![0; n as usize],
+            tokens_seen: 0,
+        }
+    }
+
+    /// A `Delta` event: `usage` is the job's so far, so the difference to the last one is
+    /// this delta's tokens.
+    pub fn on_delta(&mut self, index: u32, text: &str, usage: &Usage) {
+        let tokens = usage.completion_tokens.saturating_sub(self.tokens_seen);
+        self.tokens_seen = self.tokens_seen.max(usage.completion_tokens);
+        let i = index as usize;
+        let (Some(parser), Some(message)) = (self.parsers.get_mut(i), self.messages.get_mut(i))
+        else {
+            return;
+        };
+        message.absorb(&parser.feed(text, Some(tokens)));
+        self.fed[i] += text.len();
+    }
+
+    /// The parsed choices of the finished job.
+    pub fn finish(mut self, completion: &Completion) -> Vec<ParsedChoice> {
+        let mut unattributed = completion
+            .usage
+            .completion_tokens
+            .saturating_sub(self.tokens_seen);
+        let total_rest: usize = completion
+            .choices
+            .iter()
+            .map(|c| {
+                c.text
+                    .len()
+                    .saturating_sub(*self.fed.get(c.index as usize).unwrap_or(&0))
+            })
+            .sum();
+        let mut out = Vec::with_capacity(self.parsers.len());
+        for (i, (parser, message)) in self.parsers.iter_mut().zip(&mut self.messages).enumerate() {
+            let mut share = 0;
+            let mut pieces = Vec::new();
+            if let Some(choice) = completion.choices.iter().find(|c| c.index as usize == i) {
+                let fed = self.fed[i];
+                if choice.text.len() > fed && choice.text.is_char_boundary(fed) {
+                    let rest = &choice.text[fed..];
+                    share = (u64::from(unattributed) * rest.len() as u64)
+                        .checked_div(total_rest as u64)
+                        .map_or(0, |s| u32::try_from(s).unwrap_or(u32::MAX))
+                        .min(unattributed);
+                    unattributed -= share;
+                    pieces = parser.feed(rest, Some(0));
+                }
+            }
+            pieces.extend(parser.finish());
+            message.absorb(&pieces);
+            let reasoning_tokens = parser.splits_reasoning().then(|| {
+                // Tokens of text no delta carried (a stored result read back, a batch
+                // line) are estimated by the reasoning's share of that text.
+                let (reasoning, all) = pieces.iter().fold((0u64, 0u64), |(r, a), p| match p {
+                    Piece::Reasoning(t) => (r + t.len() as u64, a + t.len() as u64),
+                    Piece::Content(t) | Piece::CallArgs { text: t, .. } => (r, a + t.len() as u64),
+                    Piece::CallStart { name, .. } => (r, a + name.len() as u64),
+                });
+                let estimate = (u64::from(share) * reasoning).checked_div(all).unwrap_or(0);
+                parser.reasoning_tokens() + u32::try_from(estimate).unwrap_or(u32::MAX)
+            });
+            out.push(ParsedChoice {
+                message: std::mem::take(message),
+                reasoning_tokens,
+            });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;
