@@ -229,6 +229,7 @@ mod tests {
                 completion_tokens: 10,
                 cached_tokens: 0,
             },
+            ..Default::default()
         };
         let body = codec.response_body(Uuid::nil(), 0, "thinker", output, &done);
         let choice = &body["choices"][0];

@@ -169,14 +169,13 @@ fn join_content(i: usize, content: MessageContent) -> Result<String, ApiError> {
                     format!("`messages[{i}].content[{j}]` is a text part without `text`."),
                 ))
             }
-            (Some(other), _) => {
-                return Err(ApiError::invalid(
-                    format!("messages[{i}].content[{j}].type"),
-                    format!(
-                        "Content part type `{other}` is not supported: the models served here read text only."
-                    ),
-                ))
-            }
+            (Some(other), _) => return Err(ApiError::invalid(
+                format!("messages[{i}].content[{j}]"),
+                format!(
+                    "`messages[{i}].content[{j}]` is a `{other}` part: this model reads text only \
+                         (image, video and audio inputs are not supported)."
+                ),
+            )),
         }
     }
     Ok(texts.join("\n"))

@@ -132,7 +132,7 @@ fn array_content_joins_text_parts_and_refuses_images() {
     let image = json!({"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}
     ]}]});
-    assert_rejected(image, "messages[0].content[0].type", "image_url");
+    assert_rejected(image, "messages[0].content[0]", "image_url");
 }
 
 #[test]

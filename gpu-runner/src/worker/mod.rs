@@ -29,7 +29,7 @@ pub use prompt::encode_chat;
 
 use claimer::{ClaimLoop, Claimed};
 use engine_host::{HostCommand, HostEvent};
-use fallow_scheduler::job::{GenerateRequest, JobEvent};
+use fallow_scheduler::job::{Completion, GenerateRequest, JobEvent, Usage};
 use fallow_scheduler::queue::{JobKind, Queue};
 use fallow_scheduler::runners::{self, RunnerInfo};
 use fallow_scheduler::stream::TokenRelay;
@@ -347,11 +347,17 @@ impl Worker {
             return; // an engine since unloaded; its jobs are gone
         }
         match event {
-            HostEvent::Admitted { id, prompt_tokens } => {
+            HostEvent::Admitted {
+                id,
+                prompt_tokens,
+                prompt_text,
+            } => {
                 if let Some(job) = self.table.get_mut(id) {
                     tracing::debug!(job_id = %job.job_id, prompt_tokens, "job admitted to the engine");
+                    job.prompt_text = prompt_text.clone();
                     let started = JobEvent::Started {
                         attempt: job.attempt,
+                        prompt_text,
                     };
                     let job_id = job.job_id;
                     self.append(&[(job_id, started)]).await;
@@ -371,6 +377,7 @@ impl Worker {
                         .await;
                 }
             }
+            HostEvent::Answered { id, tokenized } => self.on_answered(id, tokenized).await,
             HostEvent::Step(outputs) => self.on_step(outputs).await,
             HostEvent::Failed { message } => {
                 tracing::error!(%message, model = %engine.model, "engine failed");
@@ -460,6 +467,38 @@ impl Worker {
         if self.state.registry() == "draining" && self.table.leases().is_empty() {
             self.reconcile().await; // drained: tell the operator now, not at the heartbeat
         }
+    }
+
+    /// A tokenize / detokenize job was answered: it ends at once, with one `Final`.
+    async fn on_answered(&mut self, id: u64, tokenized: fallow_scheduler::job::Tokenized) {
+        let Some(job) = self.table.remove(id) else {
+            return;
+        };
+        let completion = Completion {
+            choices: Vec::new(),
+            usage: Usage {
+                prompt_tokens: u32::try_from(tokenized.tokens.len()).unwrap_or(u32::MAX),
+                ..Usage::default()
+            },
+            prompt_text: None,
+            tokenized: Some(tokenized),
+        };
+        self.append(&[(
+            job.job_id,
+            JobEvent::Final {
+                completion: completion.clone(),
+            },
+        )])
+        .await;
+        match self
+            .queue
+            .complete(job.job_id, job.attempt, &completion)
+            .await
+        {
+            Ok(_) => tracing::debug!(job_id = %job.job_id, "tokenization answered"),
+            Err(e) => tracing::warn!(job_id = %job.job_id, error = %e, "completing failed"),
+        }
+        self.models_changed().await;
     }
 
     async fn cancel(&mut self, job_id: Uuid) {
