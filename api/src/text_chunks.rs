@@ -208,3 +208,7 @@ impl TextChunkBuilder {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "text_chunks_tests.rs"]
+mod tests;

@@ -331,3 +331,35 @@ pub enum JobEvent {
     /// The job failed or was given up on; nothing more follows.
     Error { code: String, message: String },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_stored_before_prompts_and_tasks_existed_reads_as_chat_generation() {
+        let old = serde_json::json!({
+            "model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "sampling": serde_json::to_value(Sampling::default()).unwrap_or_default(),
+            "n": 1, "add_generation_prompt": true, "continue_final_message": false
+        });
+        let request: GenerateRequest =
+            serde_json::from_value(old).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(request.input, Prompt::Messages);
+        assert_eq!(request.task, Task::Generate);
+        assert!(!request.sampling.no_stop_trim);
+    }
+
+    #[test]
+    fn prompts_round_trip_through_json() {
+        for input in [
+            Prompt::Messages,
+            Prompt::Text { text: "a".into() },
+            Prompt::Tokens { ids: vec![1, 2] },
+        ] {
+            let json = serde_json::to_value(&input).unwrap_or_default();
+            let back: Prompt = serde_json::from_value(json).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(back, input);
+        }
+    }
+}

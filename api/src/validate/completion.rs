@@ -199,3 +199,7 @@ fn token_prompt(param: &str, items: &[Value]) -> Result<Prompt, ApiError> {
         .collect::<Result<_, _>>()?;
     Ok(Prompt::Tokens { ids })
 }
+
+#[cfg(test)]
+#[path = "completion_tests.rs"]
+mod tests;

@@ -169,13 +169,15 @@ fn join_content(i: usize, content: MessageContent) -> Result<String, ApiError> {
                     format!("`messages[{i}].content[{j}]` is a text part without `text`."),
                 ))
             }
-            (Some(other), _) => return Err(ApiError::invalid(
-                format!("messages[{i}].content[{j}]"),
-                format!(
+            (Some(other), _) => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].content[{j}]"),
+                    format!(
                     "`messages[{i}].content[{j}]` is a `{other}` part: this model reads text only \
                          (image, video and audio inputs are not supported)."
                 ),
-            )),
+                ))
+            }
         }
     }
     Ok(texts.join("\n"))
