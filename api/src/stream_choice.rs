@@ -135,6 +135,7 @@ mod tests {
             single_tool_call: legacy,
             reasoning_parser: Some("qwen3".into()),
             stream_reasoning,
+            text_completion: None,
         }
     }
 

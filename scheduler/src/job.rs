@@ -72,6 +72,19 @@ pub struct OutputFormat {
     pub reasoning_parser: Option<String>,
     /// `stream_reasoning`: `false` sends the reasoning in one delta once it is complete.
     pub stream_reasoning: bool,
+    /// Answer as a legacy `text_completion` (`/v1/completions`), not a chat completion.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text_completion: Option<TextFormat>,
+}
+
+/// How a legacy completion presents its choices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TextFormat {
+    /// The integer `logprobs`: legacy logprobs with up to this many alternatives.
+    pub logprobs: Option<u32>,
+    /// The prompt is echoed before each choice's text.
+    pub echo: bool,
 }
 
 impl Default for OutputFormat {
@@ -82,6 +95,7 @@ impl Default for OutputFormat {
             single_tool_call: false,
             reasoning_parser: None,
             stream_reasoning: true,
+            text_completion: None,
         }
     }
 }

@@ -164,3 +164,26 @@ def test_an_image_content_part_is_a_400_naming_the_part(client):
             {"type": "image_url", "image_url": {"url": "https://example.com/a.jpg"}}]}])
     assert e.value.body["param"] == "messages[0].content[1]"
     assert "image_url" in e.value.message
+
+
+def test_a_batch_of_completions_lines_answers_text_completions(client):
+    import json
+    import time
+    lines = [json.dumps({"custom_id": f"c-{i}", "method": "POST", "url": "/v1/completions",
+                         "body": {"model": MODEL_ID, "prompt": f"Count to {i}:", "max_tokens": 4,
+                                  "temperature": 0, "logprobs": 1}}) for i in range(3)]
+    f = client.files.create(file=("c.jsonl", ("\n".join(lines) + "\n").encode(), "application/jsonl"),
+                            purpose="batch")
+    batch = client.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="24h")
+    deadline = time.time() + 120
+    while batch.status not in {"completed", "failed", "expired", "cancelled"} and time.time() < deadline:
+        time.sleep(0.5)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed", batch
+    out = [json.loads(l) for l in client.files.content(batch.output_file_id).text.splitlines()]
+    assert sorted(l["custom_id"] for l in out) == ["c-0", "c-1", "c-2"]
+    for line in out:
+        body = line["response"]["body"]
+        assert body["object"] == "text_completion"
+        assert body["id"].startswith("cmpl-")
+        assert len(body["choices"][0]["logprobs"]["tokens"]) == body["usage"]["completion_tokens"]

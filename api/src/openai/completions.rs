@@ -4,8 +4,8 @@
 //! `{tokens, token_logprobs, top_logprobs, text_offset}`.
 
 use super::request::ChatCompletionRequest;
-use super::response::UsageOut;
-use fallow_scheduler::job::TokenLogprob;
+use super::response::{finish_reason_str, UsageOut, SYSTEM_FINGERPRINT};
+use fallow_scheduler::job::{Completion, TextFormat, TokenLogprob, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -75,6 +75,64 @@ pub struct TextChoice {
     pub finish_reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub matched_stop: Option<Value>,
+}
+
+impl TextCompletion {
+    /// The answer of the jobs of one request (one per prompt, each with `n` choices):
+    /// choices prompt-major, then by choice index. `echo[p]` is the text echoed before
+    /// prompt `p`'s choices (a token prompt's text comes from its job).
+    pub fn from_jobs(
+        id: String,
+        created: i64,
+        model: String,
+        n: u32,
+        format: &TextFormat,
+        echo: &[Option<String>],
+        completions: &[Completion],
+    ) -> Self {
+        let mut choices = Vec::new();
+        let mut usage = Usage::default();
+        for (p, completion) in completions.iter().enumerate() {
+            usage.prompt_tokens += completion.usage.prompt_tokens;
+            usage.completion_tokens += completion.usage.completion_tokens;
+            usage.cached_tokens += completion.usage.cached_tokens;
+            let echoed = match echo.get(p).cloned().flatten() {
+                Some(text) => text,
+                None if format.echo => completion.prompt_text.clone().unwrap_or_default(),
+                None => String::new(),
+            };
+            let mut ordered: Vec<_> = completion.choices.iter().collect();
+            ordered.sort_by_key(|c| c.index);
+            for choice in ordered {
+                let mut text = echoed.clone();
+                let logprobs = format.logprobs.map(|_| {
+                    let mut lp = LegacyLogprobs::default();
+                    lp.extend(
+                        choice.logprobs.as_deref().unwrap_or_default(),
+                        text.chars().count(),
+                    );
+                    lp
+                });
+                text.push_str(&choice.text);
+                choices.push(TextChoice {
+                    index: p as u32 * n + choice.index,
+                    text,
+                    logprobs,
+                    finish_reason: Some(finish_reason_str(choice.finish_reason)),
+                    matched_stop: choice.matched_stop.clone(),
+                });
+            }
+        }
+        TextCompletion {
+            id,
+            object: "text_completion",
+            created,
+            model,
+            choices,
+            usage: usage.into(),
+            system_fingerprint: SYSTEM_FINGERPRINT,
+        }
+    }
 }
 
 /// One SSE chunk of a streamed text completion (same `object` as the whole answer, as

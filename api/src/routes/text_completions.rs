@@ -8,10 +8,7 @@ use crate::auth::Caller;
 use crate::cancel::CancelOnDrop;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::openai::completions::{
-    text_completion_id, CompletionRequest, LegacyLogprobs, TextChoice, TextCompletion,
-};
-use crate::openai::response::{finish_reason_str, SYSTEM_FINGERPRINT};
+use crate::openai::completions::{text_completion_id, CompletionRequest, TextCompletion};
 use crate::state::AppState;
 use crate::text_chunks::{TextChunkBuilder, TextFrame};
 use crate::validate::{requested_model, validate_completion, ValidCompletion};
@@ -20,7 +17,7 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use fallow_scheduler::job::{Completion, JobEvent, Usage};
+use fallow_scheduler::job::{Completion, JobEvent, TextFormat};
 use fallow_scheduler::queue::{JobKind, NewJob};
 use fallow_scheduler::stream::StreamEntry;
 use futures::stream::{self, Stream, StreamExt};
@@ -80,7 +77,25 @@ pub async fn create_completion(
             stream_jobs(&state, jobs, id, created, model, &valid).await
         } else {
             let completions = await_jobs(&state, jobs).await?;
-            Ok(Json(text_completion(id, created, model, &valid, &completions)).into_response())
+            let echo: Vec<Option<String>> = if valid.echo {
+                valid.prompt_texts.clone()
+            } else {
+                vec![None; completions.len()]
+            };
+            let format = TextFormat {
+                logprobs: valid.logprobs,
+                echo: valid.echo,
+            };
+            let body = TextCompletion::from_jobs(
+                id,
+                created,
+                model,
+                valid.n,
+                &format,
+                &echo,
+                &completions,
+            );
+            Ok(Json(body).into_response())
         }
     }
     .instrument(span)
@@ -112,60 +127,6 @@ async fn await_jobs(
         }
     });
     futures::future::try_join_all(waits).await
-}
-
-/// The whole answer: choices prompt-major, then by choice index.
-fn text_completion(
-    id: String,
-    created: i64,
-    model: String,
-    valid: &ValidCompletion,
-    completions: &[Completion],
-) -> TextCompletion {
-    let mut choices = Vec::new();
-    let mut usage = Usage::default();
-    for (p, completion) in completions.iter().enumerate() {
-        usage.prompt_tokens += completion.usage.prompt_tokens;
-        usage.completion_tokens += completion.usage.completion_tokens;
-        usage.cached_tokens += completion.usage.cached_tokens;
-        let prompt_text = valid.prompt_texts[p]
-            .clone()
-            .or_else(|| completion.prompt_text.clone())
-            .unwrap_or_default();
-        let mut ordered: Vec<_> = completion.choices.iter().collect();
-        ordered.sort_by_key(|c| c.index);
-        for choice in ordered {
-            let mut text = String::new();
-            if valid.echo {
-                text.push_str(&prompt_text);
-            }
-            let logprobs = valid.logprobs.map(|_| {
-                let mut lp = LegacyLogprobs::default();
-                lp.extend(
-                    choice.logprobs.as_deref().unwrap_or_default(),
-                    text.chars().count(),
-                );
-                lp
-            });
-            text.push_str(&choice.text);
-            choices.push(TextChoice {
-                index: p as u32 * valid.n + choice.index,
-                text,
-                logprobs,
-                finish_reason: Some(finish_reason_str(choice.finish_reason)),
-                matched_stop: choice.matched_stop.clone(),
-            });
-        }
-    }
-    TextCompletion {
-        id,
-        object: "text_completion",
-        created,
-        model,
-        choices,
-        usage: usage.into(),
-        system_fingerprint: SYSTEM_FINGERPRINT,
-    }
 }
 
 /// Streams the jobs as one SSE stream. Each job's first entries are read before the

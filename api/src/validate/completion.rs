@@ -6,7 +6,7 @@
 use super::{delivery, reject_unsupported, sampling, validate_priority, Delivery, Limits};
 use crate::error::ApiError;
 use crate::openai::completions::CompletionRequest;
-use fallow_scheduler::job::{GenerateRequest, OutputFormat, Prompt, Task};
+use fallow_scheduler::job::{GenerateRequest, OutputFormat, Prompt, Task, TextFormat};
 use serde_json::Value;
 
 /// OpenAI's default for the legacy endpoint (chat has none).
@@ -101,7 +101,10 @@ pub fn validate_completion(
             stream: delivery.stream,
             chat_template_kwargs: Default::default(),
             tools: Vec::new(),
-            output: OutputFormat::default(),
+            output: OutputFormat {
+                text_completion: Some(TextFormat { logprobs, echo }),
+                ..OutputFormat::default()
+            },
             input,
             task: Task::Generate,
         })

@@ -190,6 +190,7 @@ fn output_format(
         single_tool_call: calling.is_some_and(|t| !t.parallel),
         reasoning_parser: parsers.reasoning.clone().filter(|_| separate),
         stream_reasoning: wire.stream_reasoning.unwrap_or(true),
+        text_completion: None,
     }
 }
 
