@@ -136,6 +136,7 @@ mod tests {
             reasoning_parser: Some("qwen3".into()),
             stream_reasoning,
             text_completion: None,
+            cached_tokens_details: false,
         }
     }
 

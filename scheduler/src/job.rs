@@ -75,6 +75,10 @@ pub struct OutputFormat {
     /// Answer as a legacy `text_completion` (`/v1/completions`), not a chat completion.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text_completion: Option<TextFormat>,
+    /// SGLang `return_cached_tokens_details`: the answer carries
+    /// `sglext.cached_tokens_details`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cached_tokens_details: bool,
 }
 
 /// How a legacy completion presents its choices.
@@ -96,6 +100,7 @@ impl Default for OutputFormat {
             reasoning_parser: None,
             stream_reasoning: true,
             text_completion: None,
+            cached_tokens_details: false,
         }
     }
 }

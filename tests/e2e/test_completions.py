@@ -187,3 +187,27 @@ def test_a_batch_of_completions_lines_answers_text_completions(client):
         assert body["object"] == "text_completion"
         assert body["id"].startswith("cmpl-")
         assert len(body["choices"][0]["logprobs"]["tokens"]) == body["usage"]["completion_tokens"]
+
+
+def test_cached_token_details_come_only_when_asked(client):
+    messages = [{"role": "user", "content": "Say hi."}]
+    plain = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=2)
+    assert plain.usage.prompt_tokens_details.cached_tokens >= 0
+    assert "sglext" not in (plain.model_extra or {})
+    asked = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=2,
+                                           extra_body={"return_cached_tokens_details": True})
+    details = asked.model_extra["sglext"]["cached_tokens_details"]
+    # The same prompt again: its prefix is in the device's cache.
+    assert details["device"] == asked.usage.prompt_tokens_details.cached_tokens > 0
+    assert details["host"] == details["storage"] == 0
+
+
+def test_no_stop_trim_works_for_chat_too(client):
+    messages = [{"role": "user", "content": "Count from 1 to 9, comma separated."}]
+    plain = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=30, temperature=0,
+                                           stop=["5"])
+    kept = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=30, temperature=0,
+                                          stop=["5"], extra_body={"no_stop_trim": True})
+    if plain.choices[0].finish_reason == "stop":
+        assert kept.choices[0].message.content == plain.choices[0].message.content + "5"
+        assert kept.choices[0].model_extra.get("matched_stop") == "5"

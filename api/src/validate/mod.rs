@@ -191,6 +191,7 @@ fn output_format(
         reasoning_parser: parsers.reasoning.clone().filter(|_| separate),
         stream_reasoning: wire.stream_reasoning.unwrap_or(true),
         text_completion: None,
+        cached_tokens_details: wire.return_cached_tokens_details.unwrap_or(false),
     }
 }
 

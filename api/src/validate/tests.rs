@@ -515,3 +515,13 @@ fn reasoning_controls_shape_the_output_format() {
         assert_eq!(valid.request.output.reasoning_parser, None);
     }
 }
+
+#[test]
+fn return_cached_tokens_details_and_no_stop_trim_reach_the_job() {
+    let valid = accepted(json!({"return_cached_tokens_details": true, "no_stop_trim": true}));
+    assert!(valid.request.output.cached_tokens_details);
+    assert!(valid.request.sampling.no_stop_trim);
+    let plain = accepted(json!({}));
+    assert!(!plain.request.output.cached_tokens_details);
+    assert!(!plain.request.sampling.no_stop_trim);
+}
