@@ -211,3 +211,36 @@ def test_no_stop_trim_works_for_chat_too(client):
     if plain.choices[0].finish_reason == "stop":
         assert kept.choices[0].message.content == plain.choices[0].message.content + "5"
         assert kept.choices[0].model_extra.get("matched_stop") == "5"
+
+
+def test_continue_final_message_renders_the_open_assistant_turn(stack):
+    base = stack.base_url
+    messages = [{"role": "user", "content": "Write a short poem about the ocean."},
+                {"role": "assistant", "content": "In the depths of the ocean"}]
+    t = httpx.post(f"{base}/tokenize", json={"model": MODEL_ID, "messages": messages,
+                                             "continue_final_message": True}).json()
+    text = httpx.post(f"{base}/detokenize", json={"model": MODEL_ID, "tokens": t["tokens"]}).json()["prompt"]
+    # The prompt ends inside the assistant's message: no end-of-turn, no new turn.
+    assert text.endswith("In the depths of the ocean")
+    closed = httpx.post(f"{base}/tokenize", json={"model": MODEL_ID, "messages": messages,
+                                                  "add_generation_prompt": False}).json()
+    assert closed["count"] > t["count"]
+
+
+def test_echo_of_a_token_prompt_is_its_text(client, stack):
+    tokens = httpx.post(f"{stack.base_url}/tokenize", json={"model": MODEL_ID, "prompt": PROMPT}).json()["tokens"]
+    sync = client.completions.create(model=MODEL_ID, prompt=tokens, max_tokens=4, temperature=0, echo=True)
+    assert sync.choices[0].text.startswith(PROMPT)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL_ID, prompt=tokens, max_tokens=4, temperature=0, echo=True, stream=True) if c.choices)
+    assert streamed == sync.choices[0].text
+
+
+def test_streamed_logprobs_cover_the_streamed_text(client):
+    chunks = list(client.completions.create(model=MODEL_ID, prompt=PROMPT, max_tokens=6, temperature=0,
+                                            logprobs=2, stream=True, extra_body={"ignore_eos": True}))
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    offsets = [o for c in chunks if c.choices and c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert "".join(tokens) == text and len(tokens) == 6
+    assert offsets == sorted(offsets) and offsets[0] == 0
