@@ -24,6 +24,11 @@ impl CancelOnDrop {
         }
     }
 
+    /// The guarded job.
+    pub fn job(&self) -> Uuid {
+        self.job
+    }
+
     /// The job ended on its own; nothing to cancel.
     pub fn disarm(&mut self) {
         self.armed = false;

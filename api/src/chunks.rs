@@ -173,7 +173,7 @@ impl ChunkBuilder {
             }
         }
         match &entry.event {
-            JobEvent::Started { attempt } => {
+            JobEvent::Started { attempt, .. } => {
                 if self.attempt.is_some_and(|a| a != *attempt) && self.content_sent {
                     // Never splice two attempts' tokens into one answer.
                     out.extend(self.on_error(ApiError::JobFailed {

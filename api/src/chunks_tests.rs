@@ -42,6 +42,7 @@ fn final_event(texts: &[&str]) -> JobEvent {
                 completion_tokens: 2,
                 cached_tokens: 1,
             },
+            ..Default::default()
         },
     }
 }
@@ -83,7 +84,13 @@ fn a_stream_starts_with_the_role_then_content_then_finish_then_done() {
     let out = run(
         &mut b,
         vec![
-            entry("1-0", JobEvent::Started { attempt: 1 }),
+            entry(
+                "1-0",
+                JobEvent::Started {
+                    attempt: 1,
+                    prompt_text: None,
+                },
+            ),
             entry("2-0", delta(0, "Hel", None, 1)),
             entry("3-0", delta(0, "lo", Some(FinishReason::Stop), 2)),
             entry("4-0", final_event(&["Hello"])),
@@ -227,9 +234,21 @@ fn a_new_attempt_after_tokens_were_sent_is_an_error_not_a_splice() {
     let out = run(
         &mut b,
         vec![
-            entry("1-0", JobEvent::Started { attempt: 1 }),
+            entry(
+                "1-0",
+                JobEvent::Started {
+                    attempt: 1,
+                    prompt_text: None,
+                },
+            ),
             entry("2-0", delta(0, "a", None, 1)),
-            entry("3-0", JobEvent::Started { attempt: 2 }),
+            entry(
+                "3-0",
+                JobEvent::Started {
+                    attempt: 2,
+                    prompt_text: None,
+                },
+            ),
             entry("4-0", delta(0, "b", None, 1)),
         ],
     );

@@ -149,5 +149,6 @@ pub(crate) fn aborted(n: u32) -> Completion {
             })
             .collect(),
         usage: Default::default(),
+        ..Default::default()
     }
 }

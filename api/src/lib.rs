@@ -15,6 +15,7 @@
 //! - [`chunks`]: stream entries → `chat.completion.chunk`s, in OpenAI's order.
 //! - [`stream_choice`]: one streamed choice through the parsers, as OpenAI's deltas.
 //! - [`sse`]: chunks → server-sent events; the job's body stream.
+//! - [`text_chunks`]: the jobs of a legacy completion → `text_completion` chunks.
 //! - [`cancel`]: cancel a job when its client goes away (a drop guard).
 //! - [`metrics`]: Prometheus metrics with vLLM-style names.
 //! - [`routes`]: the HTTP endpoints and the router.
@@ -37,6 +38,7 @@ pub mod server;
 pub mod sse;
 pub mod state;
 pub mod stream_choice;
+pub mod text_chunks;
 pub mod validate;
 
 pub use config::ApiConfig;

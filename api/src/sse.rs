@@ -33,7 +33,14 @@ pub fn sse_response(mut job: JobStream, first: Vec<StreamEntry>) -> Response {
     let had_content = job.builder.content_sent();
     let pending: VecDeque<Frame> = first.iter().flat_map(|e| job.builder.on_entry(e)).collect();
     job.observe(had_content);
-    let mut response = Sse::new(frames(job, pending))
+    sse_events(frames(job, pending))
+}
+
+/// An SSE response of `events`, with keep-alive comments, unbuffered by reverse proxies.
+pub fn sse_events(
+    events: impl Stream<Item = Result<Event, Infallible>> + Send + 'static,
+) -> Response {
+    let mut response = Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response();
     // Reverse proxies (nginx) would otherwise buffer the stream and defeat it.

@@ -135,6 +135,8 @@ mod tests {
             single_tool_call: legacy,
             reasoning_parser: Some("qwen3".into()),
             stream_reasoning,
+            text_completion: None,
+            cached_tokens_details: false,
         }
     }
 

@@ -126,6 +126,8 @@ fn chat_request(messages: Vec<ChatMessage>) -> GenerateRequest {
         chat_template_kwargs: Default::default(),
         tools: Vec::new(),
         output: Default::default(),
+        input: Default::default(),
+        task: Default::default(),
     }
 }
 

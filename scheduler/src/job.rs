@@ -72,6 +72,23 @@ pub struct OutputFormat {
     pub reasoning_parser: Option<String>,
     /// `stream_reasoning`: `false` sends the reasoning in one delta once it is complete.
     pub stream_reasoning: bool,
+    /// Answer as a legacy `text_completion` (`/v1/completions`), not a chat completion.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text_completion: Option<TextFormat>,
+    /// SGLang `return_cached_tokens_details`: the answer carries
+    /// `sglext.cached_tokens_details`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cached_tokens_details: bool,
+}
+
+/// How a legacy completion presents its choices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TextFormat {
+    /// The integer `logprobs`: legacy logprobs with up to this many alternatives.
+    pub logprobs: Option<u32>,
+    /// The prompt is echoed before each choice's text.
+    pub echo: bool,
 }
 
 impl Default for OutputFormat {
@@ -82,6 +99,8 @@ impl Default for OutputFormat {
             single_tool_call: false,
             reasoning_parser: None,
             stream_reasoning: true,
+            text_completion: None,
+            cached_tokens_details: false,
         }
     }
 }
@@ -118,6 +137,9 @@ pub struct Sampling {
     /// `stop_regex`; `finish_reason: stop`).
     #[serde(default)]
     pub stop_regex: Vec<String>,
+    /// SGLang `no_stop_trim`: a matched stop string (or regex match) stays in the output.
+    #[serde(default)]
+    pub no_stop_trim: bool,
 }
 
 /// A grammar the generated text must follow (constrained decoding).
@@ -159,6 +181,7 @@ impl Default for Sampling {
             top_logprobs: 0,
             constraint: None,
             stop_regex: Vec::new(),
+            no_stop_trim: false,
         }
     }
 }
@@ -187,6 +210,49 @@ pub struct GenerateRequest {
     /// How the api presents the output (tool calls, reasoning).
     #[serde(default)]
     pub output: OutputFormat,
+    /// What the prompt is: the chat `messages` above (rendered by the chat template), or a
+    /// raw prompt of the legacy completions API that bypasses the template. Rows written
+    /// before this field existed read as `Messages`.
+    #[serde(default)]
+    pub input: Prompt,
+    /// What the runner is asked to do with the prompt; rows without it generate.
+    #[serde(default)]
+    pub task: Task,
+}
+
+/// A job's prompt.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Prompt {
+    /// `GenerateRequest::messages`, through the model's chat template.
+    #[default]
+    Messages,
+    /// Raw text, tokenized as is (with the BOS token when the model's tokenizer adds one).
+    Text { text: String },
+    /// Token ids, used as they are (the runner checks them against the vocabulary).
+    Tokens { ids: Vec<u32> },
+}
+
+/// What a job asks of the runner.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Task {
+    /// Generate `n` choices (chat and legacy completions).
+    #[default]
+    Generate,
+    /// Only tokenize the prompt (`POST /tokenize`): the result's `tokenized.tokens`.
+    Tokenize,
+    /// Only decode `Prompt::Tokens` (`POST /detokenize`): the result's `tokenized.text`.
+    Detokenize,
+}
+
+/// The answer to a `Tokenize` or `Detokenize` job; no engine step is involved.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tokenized {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    /// The model's context length, as `max_model_len` in vLLM's answer.
+    pub max_model_len: u32,
 }
 
 /// Why a choice stopped, in OpenAI's words.
@@ -244,10 +310,16 @@ pub struct ChoiceResult {
 }
 
 /// The stored result of a finished job.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Completion {
     pub choices: Vec<ChoiceResult>,
     pub usage: Usage,
+    /// A token-id prompt as text, for `echo` (the api knows the text of any other prompt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_text: Option<String>,
+    /// The answer of a tokenize / detokenize job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenized: Option<Tokenized>,
 }
 
 /// What a runner appends to a job's Redis stream. The last event of a stream is always
@@ -256,7 +328,12 @@ pub struct Completion {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum JobEvent {
     /// The runner started this attempt (prompt processed or about to be).
-    Started { attempt: i32 },
+    Started {
+        attempt: i32,
+        /// A token-id prompt as text, so a streamed `echo` can send it first.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prompt_text: Option<String>,
+    },
     /// New text for one choice. `finish_reason` is set on the choice's last delta.
     Delta {
         index: u32,
@@ -272,4 +349,36 @@ pub enum JobEvent {
     Final { completion: Completion },
     /// The job failed or was given up on; nothing more follows.
     Error { code: String, message: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_stored_before_prompts_and_tasks_existed_reads_as_chat_generation() {
+        let old = serde_json::json!({
+            "model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "sampling": serde_json::to_value(Sampling::default()).unwrap_or_default(),
+            "n": 1, "add_generation_prompt": true, "continue_final_message": false
+        });
+        let request: GenerateRequest =
+            serde_json::from_value(old).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(request.input, Prompt::Messages);
+        assert_eq!(request.task, Task::Generate);
+        assert!(!request.sampling.no_stop_trim);
+    }
+
+    #[test]
+    fn prompts_round_trip_through_json() {
+        for input in [
+            Prompt::Messages,
+            Prompt::Text { text: "a".into() },
+            Prompt::Tokens { ids: vec![1, 2] },
+        ] {
+            let json = serde_json::to_value(&input).unwrap_or_default();
+            let back: Prompt = serde_json::from_value(json).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(back, input);
+        }
+    }
 }

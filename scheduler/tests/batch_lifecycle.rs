@@ -97,6 +97,7 @@ fn completion(text: &str) -> Completion {
             logprobs: None,
         }],
         usage: Usage::default(),
+        ..Default::default()
     }
 }
 

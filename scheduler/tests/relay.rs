@@ -42,7 +42,13 @@ async fn appended_events_read_back_in_order_with_increasing_ids() {
     let (job, other) = (Uuid::new_v4(), Uuid::new_v4());
     relay
         .append(&[
-            (job, JobEvent::Started { attempt: 1 }),
+            (
+                job,
+                JobEvent::Started {
+                    attempt: 1,
+                    prompt_text: None,
+                },
+            ),
             (other, delta("elsewhere")),
             (job, delta("Hel")),
             (job, delta("lo")),
@@ -64,7 +70,10 @@ async fn appended_events_read_back_in_order_with_increasing_ids() {
     assert_eq!(
         events,
         vec![
-            JobEvent::Started { attempt: 1 },
+            JobEvent::Started {
+                attempt: 1,
+                prompt_text: None
+            },
             delta("Hel"),
             delta("lo"),
             JobEvent::Final {

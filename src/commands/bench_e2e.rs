@@ -156,6 +156,8 @@ fn run_in_process(
             chat_template_kwargs: Default::default(),
             tools: Vec::new(),
             output: Default::default(),
+            input: Default::default(),
+            task: Default::default(),
         };
         let prompt = encode_chat(&model.frontend, &request).map_err(|(_, m)| anyhow::anyhow!(m))?;
         model

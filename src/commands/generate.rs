@@ -41,6 +41,8 @@ fn chat_request(messages: Vec<ChatMessage>, sampling: Sampling) -> GenerateReque
         chat_template_kwargs: Default::default(),
         tools: Vec::new(),
         output: Default::default(),
+        input: Default::default(),
+        task: Default::default(),
     }
 }
 

@@ -3,17 +3,22 @@
 //! synchronous `/v1/chat/completions` endpoint uses.
 
 use crate::error::ApiError;
+use crate::openai::completions::{text_completion_id, CompletionRequest, TextCompletion};
 use crate::openai::request::ChatCompletionRequest;
 use crate::openai::response::ChatCompletion;
-use crate::validate::{validate_chat, Limits, ModelParsers, BATCH_PRIORITY_BASE};
+use crate::validate::{
+    validate_chat, validate_completion, Limits, ModelParsers, BATCH_PRIORITY_BASE,
+};
 use fallow_scheduler::batch::{batch_id, file_id, BatchCodec, BatchRecord, LineError, LineRequest};
-use fallow_scheduler::job::{Completion, OutputFormat};
+use fallow_scheduler::job::{Completion, GenerateRequest, OutputFormat};
 use fallow_scheduler::runners::ModelEntry;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// The one endpoint batches may target.
+/// The endpoints batches may target.
 pub const CHAT_ENDPOINT: &str = "/v1/chat/completions";
+pub const COMPLETIONS_ENDPOINT: &str = "/v1/completions";
+pub const BATCH_ENDPOINTS: [&str; 2] = [CHAT_ENDPOINT, COMPLETIONS_ENDPOINT];
 
 #[derive(Debug, Deserialize)]
 pub struct CreateBatchRequest {
@@ -117,6 +122,55 @@ impl ChatBatchCodec {
     }
 }
 
+impl ChatBatchCodec {
+    /// A `/v1/completions` line: one prompt (one job per line), through the synchronous
+    /// endpoint's validation.
+    fn parse_completion(
+        &self,
+        body: serde_json::Value,
+    ) -> Result<LineRequest, (Option<String>, String)> {
+        let wire: CompletionRequest = deserialize_line(body)?;
+        if wire.echo == Some(true) {
+            return Err((
+                Some("echo".into()),
+                "`echo` is not supported in batch lines.".into(),
+            ));
+        }
+        let valid = validate_completion(wire, &self.limits).map_err(envelope)?;
+        let [request]: [_; 1] = valid.jobs.try_into().map_err(|_| {
+            (
+                Some("prompt".to_owned()),
+                "A batch line takes one prompt; put each prompt on its own line.".to_owned(),
+            )
+        })?;
+        Ok(LineRequest {
+            request: GenerateRequest {
+                stream: false,
+                ..request
+            },
+            priority: BATCH_PRIORITY_BASE + valid.priority,
+        })
+    }
+}
+
+fn deserialize_line<T: serde::de::DeserializeOwned>(
+    body: serde_json::Value,
+) -> Result<T, (Option<String>, String)> {
+    serde_path_to_error::deserialize(body).map_err(|e| {
+        let path = e.path().to_string();
+        (
+            Some(path.clone()),
+            format!("Invalid value for `{path}`: {}", e.into_inner()),
+        )
+    })
+}
+
+/// An api error as a line error: `(param, message)`.
+fn envelope(error: ApiError) -> (Option<String>, String) {
+    let (_, envelope) = error.status_and_body();
+    (envelope.error.param, envelope.error.message)
+}
+
 impl BatchCodec for ChatBatchCodec {
     fn parse_body(
         &self,
@@ -124,16 +178,13 @@ impl BatchCodec for ChatBatchCodec {
         body: serde_json::Value,
         models: &[ModelEntry],
     ) -> Result<LineRequest, (Option<String>, String)> {
+        if endpoint == COMPLETIONS_ENDPOINT {
+            return self.parse_completion(body);
+        }
         if endpoint != CHAT_ENDPOINT {
             return Err((None, format!("The endpoint `{endpoint}` is not supported.")));
         }
-        let wire: ChatCompletionRequest = serde_path_to_error::deserialize(body).map_err(|e| {
-            let path = e.path().to_string();
-            (
-                Some(path.clone()),
-                format!("Invalid value for `{path}`: {}", e.into_inner()),
-            )
-        })?;
+        let wire: ChatCompletionRequest = deserialize_line(body)?;
         // The line's model, as its runner published it: tool calls and reasoning are read in
         // its syntax, exactly as for a synchronous request.
         let model = wire.model.as_deref().map(str::trim);
@@ -147,10 +198,7 @@ impl BatchCodec for ChatBatchCodec {
             },
             None => self.limits.clone(),
         };
-        let valid = validate_chat(wire, &limits).map_err(|e| {
-            let (_, envelope) = e.status_and_body();
-            (envelope.error.param, envelope.error.message)
-        })?;
+        let valid = validate_chat(wire, &limits).map_err(envelope)?;
         let mut request = valid.request;
         // Results are collected, never streamed, so every batch job stays retryable.
         request.stream = false;
@@ -168,6 +216,18 @@ impl BatchCodec for ChatBatchCodec {
         output: &OutputFormat,
         completion: &Completion,
     ) -> serde_json::Value {
+        if let Some(format) = &output.text_completion {
+            let body = TextCompletion::from_jobs(
+                text_completion_id(job),
+                created,
+                model.to_owned(),
+                1,
+                format,
+                &[],
+                std::slice::from_ref(completion),
+            );
+            return serde_json::to_value(body).unwrap_or(serde_json::Value::Null);
+        }
         let body =
             ChatCompletion::from_completion(job, created, model.to_owned(), completion, output);
         serde_json::to_value(body).unwrap_or(serde_json::Value::Null)
@@ -229,6 +289,7 @@ mod tests {
                 completion_tokens: 10,
                 cached_tokens: 0,
             },
+            ..Default::default()
         };
         let body = codec.response_body(Uuid::nil(), 0, "thinker", output, &done);
         let choice = &body["choices"][0];
@@ -260,5 +321,46 @@ mod tests {
         let (param, message) = line(json!({"regex": "(unclosed"})).unwrap_err();
         assert_eq!(param.as_deref(), Some("regex"));
         assert!(message.contains("regular expression"), "{message}");
+    }
+
+    #[test]
+    fn a_completions_line_is_one_raw_prompt_answered_as_a_text_completion() {
+        let codec = ChatBatchCodec::new(&crate::ApiConfig::default());
+        let body = json!({"model": "thinker", "prompt": "hi", "logprobs": 1, "stream": true});
+        let line = codec
+            .parse_body(COMPLETIONS_ENDPOINT, body, &[thinker()])
+            .unwrap_or_else(|(_, e)| panic!("{e}"));
+        assert!(!line.request.stream);
+        let format = line.request.output.text_completion;
+        assert_eq!(format.map(|f| f.logprobs), Some(Some(1)));
+        let done = Completion {
+            choices: vec![ChoiceResult {
+                index: 0,
+                text: "there".into(),
+                finish_reason: FinishReason::Length,
+                matched_stop: None,
+                logprobs: Some(Vec::new()),
+            }],
+            usage: Usage::default(),
+            ..Default::default()
+        };
+        let body = codec.response_body(Uuid::nil(), 0, "thinker", &line.request.output, &done);
+        assert_eq!(body["object"], "text_completion");
+        assert_eq!(body["choices"][0]["text"], "there");
+        assert_eq!(body["choices"][0]["finish_reason"], "length");
+    }
+
+    #[test]
+    fn a_completions_line_with_several_prompts_or_echo_is_refused() {
+        let codec = ChatBatchCodec::new(&crate::ApiConfig::default());
+        for (body, param) in [
+            (json!({"model": "m", "prompt": ["a", "b"]}), "prompt"),
+            (json!({"model": "m", "prompt": "a", "echo": true}), "echo"),
+        ] {
+            match codec.parse_body(COMPLETIONS_ENDPOINT, body, &[]) {
+                Err((Some(p), _)) => assert_eq!(p, param),
+                other => panic!("not refused: {:?}", other.map(|_| ())),
+            }
+        }
     }
 }

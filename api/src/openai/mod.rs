@@ -4,7 +4,9 @@
 //! Conversion into the scheduler's validated types happens in [`crate::validate`].
 
 pub mod batches;
+pub mod completions;
 pub mod files;
 pub mod models;
 pub mod request;
 pub mod response;
+pub mod tokenize;

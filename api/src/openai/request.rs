@@ -65,6 +65,11 @@ pub struct ChatCompletionRequest {
     pub ebnf: Option<String>,
     /// SGLang: stop when the generated text matches one of these regexes.
     pub stop_regex: Option<StopSpec>,
+    /// SGLang: keep a matched stop string in the output.
+    pub no_stop_trim: Option<bool>,
+    /// SGLang: add `sglext.cached_tokens_details` to the answer
+    /// (`usage.prompt_tokens_details.cached_tokens` is always reported).
+    pub return_cached_tokens_details: Option<bool>,
     /// Accepted for compatibility; not used.
     pub user: Option<String>,
     #[serde(flatten)]

@@ -94,6 +94,35 @@ pub struct ChatCompletion {
     pub choices: Vec<Choice>,
     pub usage: UsageOut,
     pub system_fingerprint: &'static str,
+    /// SGLang's extensions, with `return_cached_tokens_details`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sglext: Option<SglExt>,
+}
+
+/// SGLang's `sglext` object.
+#[derive(Debug, Clone, Serialize)]
+pub struct SglExt {
+    pub cached_tokens_details: CachedTokensDetails,
+}
+
+/// Where cached prompt tokens came from. Fallow's prefix cache lives on the device only.
+#[derive(Debug, Clone, Serialize)]
+pub struct CachedTokensDetails {
+    pub device: u32,
+    pub host: u32,
+    pub storage: u32,
+}
+
+impl SglExt {
+    pub fn for_usage(usage: &Usage) -> Self {
+        SglExt {
+            cached_tokens_details: CachedTokensDetails {
+                device: usage.cached_tokens,
+                host: 0,
+                storage: 0,
+            },
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -237,6 +266,9 @@ impl ChatCompletion {
             choices,
             usage: UsageOut::with_reasoning(done.usage, reasoning_tokens),
             system_fingerprint: SYSTEM_FINGERPRINT,
+            sglext: format
+                .cached_tokens_details
+                .then(|| SglExt::for_usage(&done.usage)),
         }
     }
 }

@@ -121,6 +121,7 @@ fn completion(texts: &[&str], tokens: u32) -> Completion {
             completion_tokens: tokens,
             cached_tokens: 0,
         },
+        ..Default::default()
     }
 }
 

@@ -6,7 +6,9 @@ use super::files::{page_limit, visible_file};
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::openai::batches::{BatchObject, CreateBatchRequest, CHAT_ENDPOINT};
+use crate::openai::batches::{
+    BatchObject, CreateBatchRequest, BATCH_ENDPOINTS, CHAT_ENDPOINT, COMPLETIONS_ENDPOINT,
+};
 use crate::openai::files::ListPage;
 use crate::state::AppState;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -32,10 +34,12 @@ pub async fn create_batch(
         .as_deref()
         .ok_or_else(|| ApiError::invalid("input_file_id", "`input_file_id` is required."))?;
     let endpoint = body.endpoint.as_deref().unwrap_or("");
-    if endpoint != CHAT_ENDPOINT {
+    if !BATCH_ENDPOINTS.contains(&endpoint) {
         return Err(ApiError::invalid(
             "endpoint",
-            format!("`endpoint` must be `{CHAT_ENDPOINT}`, got `{endpoint}`."),
+            format!(
+                "`endpoint` must be `{CHAT_ENDPOINT}` or `{COMPLETIONS_ENDPOINT}`, got `{endpoint}`."
+            ),
         ));
     }
     let window_text = body.completion_window.clone().unwrap_or_default();

@@ -46,22 +46,7 @@ pub async fn create_chat_completion(
     async move {
         let model = requested_model(&wire)?.to_owned();
         tracing::Span::current().record("model", model.as_str());
-        let entry = state.catalog().find(&model).await?;
-        let config = state.config();
-        let limits = Limits {
-            max_messages: config.max_messages,
-            max_n: config.max_n,
-            // A runner that could not tell its context length (0) imposes no bound here;
-            // the engine still refuses what does not fit.
-            context_length: match entry.context_length {
-                0 => u32::MAX,
-                n => n,
-            },
-            parsers: ModelParsers {
-                tool: entry.tool_parser.clone(),
-                reasoning: entry.reasoning_parser.clone(),
-            },
-        };
+        let limits = limits(&state, &model).await?;
         let valid = validate_chat(wire, &limits)?;
         admit(&state, &caller).await?;
         let job = enqueue(&state, &caller, &valid, request_id).await?;
@@ -92,9 +77,29 @@ pub async fn create_chat_completion(
     .await
 }
 
+/// The limits of a request for `model` (which must be served).
+pub(super) async fn limits(state: &AppState, model: &str) -> Result<Limits, ApiError> {
+    let entry = state.catalog().find(model).await?;
+    let config = state.config();
+    Ok(Limits {
+        max_messages: config.max_messages,
+        max_n: config.max_n,
+        // A runner that could not tell its context length (0) imposes no bound here;
+        // the engine still refuses what does not fit.
+        context_length: match entry.context_length {
+            0 => u32::MAX,
+            n => n,
+        },
+        parsers: ModelParsers {
+            tool: entry.tool_parser.clone(),
+            reasoning: entry.reasoning_parser.clone(),
+        },
+    })
+}
+
 /// Refuses work the system cannot take now: a tenant over its active-job limit, or a
 /// global queue over its limit (429 with `Retry-After`).
-async fn admit(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
+pub(super) async fn admit(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
     let queue = state.queue();
     if let Some(tenant) = &caller.tenant {
         // A non-positive limit means "unlimited".
@@ -177,7 +182,7 @@ async fn stream_job(
 }
 
 /// An `Error` that comes before any text: the job was refused, not interrupted.
-fn refusal(entries: &[StreamEntry]) -> Option<(String, String)> {
+pub(super) fn refusal(entries: &[StreamEntry]) -> Option<(String, String)> {
     for entry in entries {
         match &entry.event {
             JobEvent::Started { .. } => continue,
@@ -239,7 +244,7 @@ async fn await_completion(
     }
 }
 
-fn follower(state: &AppState, job: Uuid) -> JobFollower {
+pub(super) fn follower(state: &AppState, job: Uuid) -> JobFollower {
     JobFollower::new(
         state.queue().clone(),
         state.relay().clone(),

@@ -8,6 +8,8 @@ mod completions;
 mod files;
 mod models;
 mod ops;
+mod text_completions;
+mod tokenize;
 
 use crate::state::AppState;
 use axum::extract::{DefaultBodyLimit, Request};
@@ -40,6 +42,11 @@ pub fn router(state: AppState) -> Router {
             "/v1/chat/completions/{id}/stream",
             get(completions::resume_chat_stream),
         )
+        .route("/v1/completions", post(text_completions::create_completion))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/v1/tokenize", post(tokenize::tokenize))
+        .route("/v1/detokenize", post(tokenize::detokenize))
         .route(
             "/v1/files",
             post(files::upload_file)

@@ -171,10 +171,11 @@ fn join_content(i: usize, content: MessageContent) -> Result<String, ApiError> {
             }
             (Some(other), _) => {
                 return Err(ApiError::invalid(
-                    format!("messages[{i}].content[{j}].type"),
+                    format!("messages[{i}].content[{j}]"),
                     format!(
-                        "Content part type `{other}` is not supported: the models served here read text only."
-                    ),
+                    "`messages[{i}].content[{j}]` is a `{other}` part: this model reads text only \
+                         (image, video and audio inputs are not supported)."
+                ),
                 ))
             }
         }

@@ -2,12 +2,16 @@
 //! [`GenerateRequest`]. Every rule names the parameter it checks and the limit it enforces,
 //! so a client can fix its request from the error alone.
 
+mod completion;
 mod constraint;
 mod gbnf;
 mod messages;
 mod sampling;
+mod tokenize;
 mod tools;
 
+pub use completion::{validate_completion, validate_prompt, ValidCompletion};
+pub use tokenize::{detokenize_model, tokenize_model, validate_detokenize, validate_tokenize};
 pub use tools::{ToolChoice, ToolRequest, DEFAULT_TOOL_PARSER};
 
 use crate::error::ApiError;
@@ -153,6 +157,8 @@ pub fn validate_chat(wire: ChatCompletionRequest, limits: &Limits) -> Result<Val
             .map(|t| t.tools.clone())
             .unwrap_or_default(),
         output,
+        input: fallow_scheduler::job::Prompt::Messages,
+        task: fallow_scheduler::job::Task::Generate,
     };
     Ok(ValidChat {
         request,
@@ -184,6 +190,8 @@ fn output_format(
         single_tool_call: calling.is_some_and(|t| !t.parallel),
         reasoning_parser: parsers.reasoning.clone().filter(|_| separate),
         stream_reasoning: wire.stream_reasoning.unwrap_or(true),
+        text_completion: None,
+        cached_tokens_details: wire.return_cached_tokens_details.unwrap_or(false),
     }
 }
 

@@ -53,6 +53,7 @@ pub(super) fn validate_sampling(
         top_logprobs,
         constraint: super::constraint::validate_constraint(wire)?,
         stop_regex: super::constraint::validate_stop_regex(wire)?,
+        no_stop_trim: wire.no_stop_trim.unwrap_or(false),
     })
 }
 

@@ -132,7 +132,7 @@ fn array_content_joins_text_parts_and_refuses_images() {
     let image = json!({"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}
     ]}]});
-    assert_rejected(image, "messages[0].content[0].type", "image_url");
+    assert_rejected(image, "messages[0].content[0]", "image_url");
 }
 
 #[test]
@@ -514,4 +514,14 @@ fn reasoning_controls_shape_the_output_format() {
         let valid = validate_chat(request(off), &thinker).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(valid.request.output.reasoning_parser, None);
     }
+}
+
+#[test]
+fn return_cached_tokens_details_and_no_stop_trim_reach_the_job() {
+    let valid = accepted(json!({"return_cached_tokens_details": true, "no_stop_trim": true}));
+    assert!(valid.request.output.cached_tokens_details);
+    assert!(valid.request.sampling.no_stop_trim);
+    let plain = accepted(json!({}));
+    assert!(!plain.request.output.cached_tokens_details);
+    assert!(!plain.request.sampling.no_stop_trim);
 }

@@ -6,6 +6,7 @@ mod support;
 
 mod auth;
 mod chat;
+mod completions;
 mod errors;
 mod ops;
 mod streams;

@@ -163,6 +163,7 @@ async fn a_disconnected_stream_cancels_its_running_job() {
         job.id,
         JobEvent::Started {
             attempt: job.attempt,
+            prompt_text: None,
         },
     )
     .await;
@@ -271,6 +272,7 @@ async fn a_stalled_stream_ends_with_a_timeout_event_and_cancels_its_job() {
         job.id,
         JobEvent::Started {
             attempt: job.attempt,
+            prompt_text: None,
         },
     )
     .await;

@@ -165,6 +165,7 @@ impl TestApp {
             job.id,
             JobEvent::Started {
                 attempt: job.attempt,
+                prompt_text: None,
             },
         )
         .await;
@@ -191,6 +192,7 @@ impl TestApp {
                 logprobs: None,
             }],
             usage: usage(pieces.len() as u32),
+            ..Default::default()
         };
         self.append(
             job.id,

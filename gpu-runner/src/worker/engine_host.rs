@@ -6,7 +6,7 @@
 use super::telemetry::EngineGauges;
 use crate::engine::llm::{EngineRequest, LlmEngine, SeqOutput};
 use crate::engine::runtime::ModelFrontend;
-use fallow_scheduler::job::GenerateRequest;
+use fallow_scheduler::job::{GenerateRequest, Prompt, Task, Tokenized};
 use std::sync::mpsc as std_mpsc;
 use tokio::sync::mpsc;
 
@@ -24,8 +24,15 @@ pub enum HostCommand {
 /// What the engine thread reports.
 #[derive(Debug)]
 pub enum HostEvent {
-    /// A request was admitted; its prompt has this many tokens.
-    Admitted { id: u64, prompt_tokens: u32 },
+    /// A request was admitted; its prompt has this many tokens. A token-id prompt comes
+    /// back as text too (for `echo`).
+    Admitted {
+        id: u64,
+        prompt_tokens: u32,
+        prompt_text: Option<String>,
+    },
+    /// A tokenize / detokenize request was answered without the engine.
+    Answered { id: u64, tokenized: Tokenized },
     /// A request could not be admitted (bad template input, prompt too long, …).
     Rejected {
         id: u64,
@@ -114,13 +121,35 @@ fn apply(
 ) {
     match command {
         HostCommand::Abort { id } => engine.abort(id),
-        HostCommand::Add { id, request } => {
-            let event = match admit(engine, frontend, id, request) {
-                Ok(prompt_tokens) => HostEvent::Admitted { id, prompt_tokens },
+        HostCommand::Add { id, request } if request.task != Task::Generate => {
+            // Answered from the tokenizer and template alone: no engine step.
+            let event = match super::prompt::tokenization(frontend, &request) {
+                Ok(tokenized) => HostEvent::Answered { id, tokenized },
                 Err((code, message)) => HostEvent::Rejected { id, code, message },
             };
             let _ = events.send(event);
         }
+        HostCommand::Add { id, request } => {
+            let echo_text = echo_text(frontend, &request);
+            let event = match admit(engine, frontend, id, request) {
+                Ok(prompt_tokens) => HostEvent::Admitted {
+                    id,
+                    prompt_tokens,
+                    prompt_text: echo_text,
+                },
+                Err((code, message)) => HostEvent::Rejected { id, code, message },
+            };
+            let _ = events.send(event);
+        }
+    }
+}
+
+/// A token-id prompt as text (for `echo`); the api knows the text of other prompts. Ids
+/// out of the vocabulary are refused by `admit`, so decoding them here is harmless.
+fn echo_text(frontend: &ModelFrontend, request: &GenerateRequest) -> Option<String> {
+    match &request.input {
+        Prompt::Tokens { ids } => Some(frontend.tokenizer.decode(ids, false)),
+        _ => None,
     }
 }
 
@@ -130,7 +159,7 @@ fn admit(
     id: u64,
     request: Box<GenerateRequest>,
 ) -> Result<u32, (String, String)> {
-    let prompt = super::prompt::encode_chat(frontend, &request)?;
+    let prompt = super::prompt::encode_prompt(frontend, &request)?;
     let prompt_tokens = prompt.len() as u32;
     engine
         .add_request(EngineRequest {

@@ -22,6 +22,8 @@ pub struct InFlight {
     pub client_streams: bool,
     /// Whether any text reached the stream.
     pub streamed: bool,
+    /// A token-id prompt as text (for `echo`), once the engine admitted the job.
+    pub prompt_text: Option<String>,
     /// The runner slot this job occupies; dropping the job frees the slot.
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
     inter_token: metrics::Histogram,
@@ -56,6 +58,7 @@ impl InFlight {
             usage: Usage::default(),
             client_streams: job.request.stream,
             streamed: false,
+            prompt_text: None,
             _slot: slot,
             inter_token: super::telemetry::inter_token_latency(&job.request.model),
         }
@@ -114,6 +117,8 @@ impl InFlight {
         Completion {
             choices,
             usage: self.usage,
+            prompt_text: self.prompt_text.clone(),
+            tokenized: None,
         }
     }
 }

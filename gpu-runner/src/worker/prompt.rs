@@ -1,14 +1,113 @@
-//! Chat messages → prompt token ids, through the model's chat template. Messages and tools
-//! reach the template in the shapes Hugging Face's `apply_chat_template` gives it, so model
+//! A job's prompt → token ids. Chat messages go through the model's chat template; messages
+//! and tools reach it in the shapes Hugging Face's `apply_chat_template` gives it, so model
 //! templates render tool calls, tool results and reasoning as the model was trained to see
-//! them. Errors come back as `(code, message)` pairs that end the job as a request error
-//! (the api answers 400).
+//! them. A raw prompt (legacy completions) is tokenized as is, token ids are checked against
+//! the vocabulary. Errors come back as `(code, message)` pairs that end the job as a request
+//! error (the api answers 400).
 
 use crate::engine::runtime::ModelFrontend;
-use fallow_scheduler::job::{ChatMessage, GenerateRequest, ToolCall};
+use fallow_scheduler::job::{ChatMessage, GenerateRequest, Prompt, Task, Tokenized, ToolCall};
 use serde_json::{json, Value};
 
+/// The prompt's token ids, whatever form the job gives it in.
+pub fn encode_prompt(
+    frontend: &ModelFrontend,
+    request: &GenerateRequest,
+) -> Result<Vec<u32>, (String, String)> {
+    let ids = match &request.input {
+        Prompt::Messages => return encode_chat(frontend, request),
+        Prompt::Text { text } => {
+            // BOS as the model's tokenizer config says (`add_bos_token`), as vLLM's
+            // `add_special_tokens` default does for a completions prompt.
+            let tokenizer = &frontend.tokenizer;
+            tokenizer
+                .encode(text, tokenizer.add_bos_by_default())
+                .map_err(|e| ("invalid_request".to_string(), format!("tokenizer: {e}")))?
+        }
+        Prompt::Tokens { ids } => {
+            check_token_ids(frontend, ids)?;
+            ids.clone()
+        }
+    };
+    if ids.is_empty() {
+        return Err((
+            "invalid_request".to_string(),
+            "The prompt is empty: it has no tokens.".to_string(),
+        ));
+    }
+    check_length(frontend, ids.len(), "prompt")?;
+    Ok(ids)
+}
+
+/// Token ids a client sent must name tokens of this model's vocabulary.
+pub fn check_token_ids(frontend: &ModelFrontend, ids: &[u32]) -> Result<(), (String, String)> {
+    let vocab = frontend.tokenizer.vocab_size();
+    match ids.iter().position(|&id| id as usize >= vocab) {
+        Some(at) => Err((
+            "invalid_request".to_string(),
+            format!(
+                "Token id {} (at position {at}) is out of range: this model's vocabulary has {vocab} tokens (ids 0..{}).",
+                ids[at],
+                vocab.saturating_sub(1)
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn check_length(frontend: &ModelFrontend, len: usize, what: &str) -> Result<(), (String, String)> {
+    if len >= frontend.context_length {
+        return Err((
+            "context_length_exceeded".to_string(),
+            format!(
+                "This model's maximum context length is {} tokens; the {what} is {len} tokens.",
+                frontend.context_length,
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Chat messages through the model's chat template, then the tokenizer; refused when the
+/// prompt leaves no room in the context.
 pub fn encode_chat(
+    frontend: &ModelFrontend,
+    request: &GenerateRequest,
+) -> Result<Vec<u32>, (String, String)> {
+    let ids = chat_tokens(frontend, request)?;
+    check_length(frontend, ids.len(), "prompt rendered from the messages")?;
+    Ok(ids)
+}
+
+/// The answer of a tokenize / detokenize job, from the tokenizer and template alone (no
+/// engine step). A tokenized prompt may be longer than the context: counting is the point.
+pub fn tokenization(
+    frontend: &ModelFrontend,
+    request: &GenerateRequest,
+) -> Result<Tokenized, (String, String)> {
+    let tokenizer = &frontend.tokenizer;
+    let tokens = match &request.input {
+        Prompt::Messages => chat_tokens(frontend, request)?,
+        Prompt::Text { text } => tokenizer
+            .encode(text, tokenizer.add_bos_by_default())
+            .map_err(|e| ("invalid_request".to_string(), format!("tokenizer: {e}")))?,
+        Prompt::Tokens { ids } => {
+            check_token_ids(frontend, ids)?;
+            ids.clone()
+        }
+    };
+    let text = match (&request.task, &request.input) {
+        (Task::Detokenize, _) => tokenizer.decode(&tokens, request.sampling.skip_special_tokens),
+        _ => String::new(),
+    };
+    Ok(Tokenized {
+        tokens,
+        text,
+        max_model_len: u32::try_from(frontend.context_length).unwrap_or(u32::MAX),
+    })
+}
+
+fn chat_tokens(
     frontend: &ModelFrontend,
     request: &GenerateRequest,
 ) -> Result<Vec<u32>, (String, String)> {
@@ -32,16 +131,6 @@ pub fn encode_chat(
     let ids = tokenizer
         .encode(&text, add_bos)
         .map_err(|e| ("invalid_request".to_string(), format!("tokenizer: {e}")))?;
-    if ids.len() >= frontend.context_length {
-        return Err((
-            "context_length_exceeded".to_string(),
-            format!(
-                "This model's maximum context length is {} tokens; the messages are {} tokens.",
-                frontend.context_length,
-                ids.len()
-            ),
-        ));
-    }
     Ok(ids)
 }
 

@@ -58,6 +58,8 @@ impl BatchCodec for TestCodec {
                 chat_template_kwargs: Default::default(),
                 tools: Vec::new(),
                 output: Default::default(),
+                input: Default::default(),
+                task: Default::default(),
             },
             priority: BATCH_BASE + body["priority"].as_i64().unwrap_or(0) as i32,
         })

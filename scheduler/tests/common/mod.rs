@@ -55,6 +55,8 @@ pub fn request(model: &str) -> GenerateRequest {
         chat_template_kwargs: Default::default(),
         tools: Vec::new(),
         output: Default::default(),
+        input: Default::default(),
+        task: Default::default(),
     }
 }
 
@@ -91,6 +93,7 @@ pub fn completion(text: &str) -> Completion {
             completion_tokens: 2,
             cached_tokens: 0,
         },
+        ..Default::default()
     }
 }
 

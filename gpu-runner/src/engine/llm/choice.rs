@@ -23,6 +23,8 @@ pub(super) struct Choice {
     /// The constraint's state for this choice (its own copy); `None` = free text.
     pub grammar: Option<SeqGrammar>,
     pub want_logprobs: bool,
+    /// `no_stop_trim`: a matched stop string stays in the text.
+    pub keep_stop: bool,
 }
 
 /// What one token adds to a choice's output.
@@ -72,9 +74,15 @@ impl Choice {
         }
         if let Some(index) = matched {
             delta.finish = Some(FinishReason::Stop);
-            delta.matched_stop = self.matcher.stop(index).map(serde_json::Value::from);
+            let stop = self.matcher.stop(index);
+            if let (true, Some(stop)) = (self.keep_stop, stop) {
+                delta.text.push_str(stop);
+            }
+            delta.matched_stop = stop.map(serde_json::Value::from);
         } else if let Some(m) = self.regex_stop.push(&delta.text, allow_stop_strings) {
-            delta.text.truncate(m.keep);
+            if !self.keep_stop {
+                delta.text.truncate(m.keep);
+            }
             delta.finish = Some(FinishReason::Stop);
             delta.matched_stop = Some(serde_json::Value::from(m.pattern));
         }

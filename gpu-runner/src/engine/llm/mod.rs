@@ -206,6 +206,7 @@ impl LlmEngine {
                 conditions: StopConditions::new(params, &self.eos_ids, state.max_tokens),
                 grammar: state.grammar.clone(),
                 want_logprobs: params.logprobs,
+                keep_stop: params.no_stop_trim,
             },
         );
         state.live.push(seq);

@@ -45,6 +45,19 @@ fn a_stop_string_across_tokens_is_held_back_and_trimmed() {
 }
 
 #[test]
+fn no_stop_trim_keeps_the_matched_stop_string_in_the_text() {
+    let mut e = engine(Rule::Successor);
+    let mut sampling = greedy(10);
+    sampling.stop = vec!["cd".into()];
+    sampling.no_stop_trim = true;
+    e.add_request(request(1, vec![0], sampling)).unwrap();
+    let (text, _, finish, matched) = choice(&run_all(&mut e), 1, 0);
+    assert_eq!(text, "bcd");
+    assert_eq!(finish, Some(FinishReason::Stop));
+    assert_eq!(matched, Some(serde_json::json!("cd")));
+}
+
+#[test]
 fn a_stop_token_id_is_reported_as_the_match() {
     let mut e = engine(Rule::Successor);
     let mut sampling = greedy(10);

@@ -1,0 +1,159 @@
+use super::*;
+use crate::validate::Delivery;
+use fallow_scheduler::job::{ChoiceResult, Completion, FinishReason, GenerateRequest};
+
+fn valid(prompts: usize, n: u32, echo: bool, include_usage: bool) -> ValidCompletion {
+    let job: GenerateRequest =
+        serde_json::from_value(serde_json::json!({"model": "m", "messages": [],
+            "sampling": serde_json::to_value(fallow_scheduler::job::Sampling::default()).unwrap_or_default(),
+            "n": n, "add_generation_prompt": false, "continue_final_message": false}))
+        .unwrap_or_else(|e| panic!("{e}"));
+    ValidCompletion {
+        jobs: vec![job; prompts],
+        prompt_texts: (0..prompts).map(|p| Some(format!("P{p}"))).collect(),
+        n,
+        echo,
+        logprobs: None,
+        delivery: Delivery {
+            stream: true,
+            include_usage,
+            continuous_usage: false,
+        },
+        priority: 0,
+    }
+}
+
+fn delta(index: u32, text: &str, finish: Option<FinishReason>) -> JobEvent {
+    JobEvent::Delta {
+        index,
+        text: text.into(),
+        logprobs: None,
+        finish_reason: finish,
+        usage: Usage::default(),
+    }
+}
+
+fn final_event(texts: &[&str]) -> JobEvent {
+    JobEvent::Final {
+        completion: Completion {
+            choices: texts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| ChoiceResult {
+                    index: i as u32,
+                    text: (*t).into(),
+                    finish_reason: FinishReason::Stop,
+                    matched_stop: None,
+                    logprobs: None,
+                })
+                .collect(),
+            usage: Usage {
+                prompt_tokens: 2,
+                completion_tokens: 1,
+                cached_tokens: 0,
+            },
+            ..Default::default()
+        },
+    }
+}
+
+/// `(index, text, finish_reason)` of each chunk choice.
+fn choices(frames: &[TextFrame]) -> Vec<(u32, String, Option<&'static str>)> {
+    frames
+        .iter()
+        .filter_map(|f| match f {
+            TextFrame::Chunk(c) => Some(&c.choices),
+            _ => None,
+        })
+        .flatten()
+        .map(|c| (c.index, c.text.clone(), c.finish_reason))
+        .collect()
+}
+
+#[test]
+fn choices_are_numbered_prompt_major_then_n() {
+    let mut b = TextChunkBuilder::new("cmpl-x".into(), 0, "m".into(), &valid(2, 2, false, false));
+    let mut frames = b.on_event(1, &delta(1, "d", None));
+    frames.extend(b.on_event(0, &delta(1, "b", None)));
+    assert_eq!(
+        choices(&frames),
+        vec![(3, "d".into(), None), (1, "b".into(), None)]
+    );
+}
+
+#[test]
+fn echo_comes_first_once_per_choice() {
+    let mut b = TextChunkBuilder::new("cmpl-x".into(), 0, "m".into(), &valid(1, 2, true, false));
+    let mut frames = b.on_event(0, &delta(0, "a", None));
+    frames.extend(b.on_event(0, &delta(0, "b", Some(FinishReason::Stop))));
+    frames.extend(b.on_event(0, &delta(1, "c", Some(FinishReason::Stop))));
+    assert_eq!(
+        choices(&frames),
+        vec![
+            (0, "P0".into(), None),
+            (0, "a".into(), None),
+            (0, "b".into(), Some("stop")),
+            (1, "P0".into(), None),
+            (1, "c".into(), Some("stop")),
+        ]
+    );
+}
+
+#[test]
+fn a_final_sends_only_missed_text_and_the_usage_comes_after_every_job() {
+    let mut b = TextChunkBuilder::new("cmpl-x".into(), 0, "m".into(), &valid(2, 1, false, true));
+    let mut frames = b.on_event(0, &delta(0, "ab", None));
+    frames.extend(b.on_event(0, &final_event(&["abc"])));
+    assert!(!b.is_done());
+    frames.extend(b.on_event(1, &final_event(&["xy"])));
+    assert!(b.is_done());
+    assert_eq!(
+        choices(&frames),
+        vec![
+            (0, "ab".into(), None),
+            (0, "c".into(), Some("stop")),
+            (1, "xy".into(), Some("stop")),
+        ]
+    );
+    let Some(TextFrame::Chunk(last)) = frames.last() else {
+        panic!("no usage chunk");
+    };
+    assert!(last.choices.is_empty());
+    assert_eq!(last.usage.as_ref().map(|u| u.prompt_tokens), Some(4));
+}
+
+#[test]
+fn an_error_ends_the_stream() {
+    let mut b = TextChunkBuilder::new("cmpl-x".into(), 0, "m".into(), &valid(2, 1, false, false));
+    let frames = b.on_event(
+        1,
+        &JobEvent::Error {
+            code: "invalid_request".into(),
+            message: "bad".into(),
+        },
+    );
+    assert!(matches!(frames.as_slice(), [TextFrame::Error(_)]));
+    assert!(b.is_done());
+    assert!(b.on_event(0, &delta(0, "late", None)).is_empty());
+}
+
+#[test]
+fn legacy_logprobs_carry_offsets_and_the_sampled_token() {
+    use fallow_scheduler::job::{TokenLogprob, TopLogprob};
+    let entry = |token: &str, alt: &str| TokenLogprob {
+        token: token.into(),
+        logprob: -0.5,
+        bytes: token.as_bytes().to_vec(),
+        top_logprobs: vec![TopLogprob {
+            token: alt.into(),
+            logprob: -0.1,
+            bytes: Vec::new(),
+        }],
+    };
+    let mut lp = LegacyLogprobs::default();
+    let end = lp.extend(&[entry("é", "x"), entry("ab", "ab")], 3);
+    assert_eq!(end, 6);
+    assert_eq!(lp.text_offset, vec![3, 4]);
+    assert_eq!(lp.top_logprobs[0].len(), 2);
+    assert_eq!(lp.top_logprobs[1].len(), 1);
+}

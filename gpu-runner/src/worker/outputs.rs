@@ -1,0 +1,174 @@
+//! What the engines report, turned into the job's stream and its end: admissions, rejections,
+//! a step's outputs (appended to Redis in one pipelined round trip, finished jobs completed
+//! in Postgres fenced by `(id, attempt)`), tokenization answers, and an engine's failure.
+
+use super::engine_host::HostEvent;
+use super::models::EngineKey;
+use super::{telemetry, Worker};
+use fallow_scheduler::job::{Completion, JobEvent, Usage};
+use fallow_scheduler::queue::JobKind;
+
+impl Worker {
+    pub(super) async fn on_engine_event(&mut self, engine: EngineKey, event: HostEvent) {
+        if !self.models.is_current(&engine) {
+            return; // an engine since unloaded; its jobs are gone
+        }
+        match event {
+            HostEvent::Admitted {
+                id,
+                prompt_tokens,
+                prompt_text,
+            } => {
+                if let Some(job) = self.table.get_mut(id) {
+                    tracing::debug!(job_id = %job.job_id, prompt_tokens, "job admitted to the engine");
+                    job.prompt_text = prompt_text.clone();
+                    let started = JobEvent::Started {
+                        attempt: job.attempt,
+                        prompt_text,
+                    };
+                    let job_id = job.job_id;
+                    self.append(&[(job_id, started)]).await;
+                }
+            }
+            HostEvent::Rejected { id, code, message } => {
+                if let Some(job) = self.table.remove(id) {
+                    self.append(&[(
+                        job.job_id,
+                        JobEvent::Error {
+                            code,
+                            message: message.clone(),
+                        },
+                    )])
+                    .await;
+                    self.fail_job(job.job_id, job.attempt, &message, false)
+                        .await;
+                }
+            }
+            HostEvent::Answered { id, tokenized } => self.on_answered(id, tokenized).await,
+            HostEvent::Step(outputs) => self.on_step(outputs).await,
+            HostEvent::Failed { message } => {
+                tracing::error!(%message, model = %engine.model, "engine failed");
+                for id in self.table.requests() {
+                    if self.table.get_mut(id).map(|j| j.model == engine.model) == Some(true) {
+                        if let Some(job) = self.table.remove(id) {
+                            self.end_with_error(job, "engine_error", &message, true)
+                                .await;
+                        }
+                    }
+                }
+                self.models.engine_failed(&engine.model);
+                self.models_changed().await;
+            }
+        }
+    }
+
+    pub(super) async fn on_step(&mut self, outputs: Vec<crate::engine::llm::SeqOutput>) {
+        let mut events = Vec::with_capacity(outputs.len() + 1);
+        let mut finished = Vec::new();
+        let mut first_tokens = Vec::new();
+        for out in outputs {
+            let request = out.request_id;
+            let Some(job) = self.table.get_mut(request) else {
+                continue; // aborted a step ago
+            };
+            let was_streamed = job.streamed;
+            events.push((job.job_id, job.absorb(out)));
+            if !was_streamed
+                && job.streamed
+                && job.client_streams
+                && job.kind == JobKind::Interactive
+            {
+                first_tokens.push((job.job_id, job.attempt));
+            }
+            if job.is_finished() && !finished.contains(&request) {
+                finished.push(request);
+            }
+        }
+        let mut done = Vec::new();
+        for request in finished {
+            if let Some(job) = self.table.remove(request) {
+                let completion = job.completion();
+                telemetry::record_prefix_cache(&job.model, &completion.usage);
+                events.push((
+                    job.job_id,
+                    JobEvent::Final {
+                        completion: completion.clone(),
+                    },
+                ));
+                done.push((job, completion));
+            }
+        }
+        // Recorded before the tokens leave: once a client has seen tokens, the reaper must not
+        // hand the job to another runner (the client would see two attempts spliced).
+        if !first_tokens.is_empty() {
+            let marks = first_tokens
+                .iter()
+                .map(|&(job_id, attempt)| self.queue.mark_streamed(job_id, attempt));
+            for (result, (job_id, _)) in futures::future::join_all(marks)
+                .await
+                .into_iter()
+                .zip(&first_tokens)
+            {
+                if let Err(e) = result {
+                    tracing::warn!(%job_id, error = %e, "marking a job streamed failed");
+                }
+            }
+        }
+        self.append(&events).await;
+        let finished_any = !done.is_empty();
+        for (job, completion) in done {
+            let queue = self.queue.clone();
+            // Completing off the loop keeps the next step's tokens flowing.
+            tokio::spawn(async move {
+                match queue.complete(job.job_id, job.attempt, &completion).await {
+                    Ok(true) => tracing::debug!(job_id = %job.job_id, "job completed"),
+                    Ok(false) => tracing::info!(job_id = %job.job_id, "stale completion ignored"),
+                    Err(e) => tracing::warn!(job_id = %job.job_id, error = %e, "completing failed"),
+                }
+                drop(job);
+            });
+        }
+        if finished_any {
+            self.models_changed().await; // idle models may now make room for others
+        }
+        if self.state.registry() == "draining" && self.table.leases().is_empty() {
+            self.reconcile().await; // drained: tell the operator now, not at the heartbeat
+        }
+    }
+
+    /// A tokenize / detokenize job was answered: it ends at once, with one `Final`.
+    pub(super) async fn on_answered(
+        &mut self,
+        id: u64,
+        tokenized: fallow_scheduler::job::Tokenized,
+    ) {
+        let Some(job) = self.table.remove(id) else {
+            return;
+        };
+        let completion = Completion {
+            choices: Vec::new(),
+            usage: Usage {
+                prompt_tokens: u32::try_from(tokenized.tokens.len()).unwrap_or(u32::MAX),
+                ..Usage::default()
+            },
+            prompt_text: None,
+            tokenized: Some(tokenized),
+        };
+        self.append(&[(
+            job.job_id,
+            JobEvent::Final {
+                completion: completion.clone(),
+            },
+        )])
+        .await;
+        match self
+            .queue
+            .complete(job.job_id, job.attempt, &completion)
+            .await
+        {
+            Ok(_) => tracing::debug!(job_id = %job.job_id, "tokenization answered"),
+            Err(e) => tracing::warn!(job_id = %job.job_id, error = %e, "completing failed"),
+        }
+        self.models_changed().await;
+    }
+}
