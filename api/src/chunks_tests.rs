@@ -1,5 +1,4 @@
 use super::*;
-use fallow_scheduler::job::ChoiceResult;
 use serde_json::{json, Value};
 
 fn entry(id: &str, event: JobEvent) -> StreamEntry {
@@ -24,26 +23,13 @@ fn delta(index: u32, text: &str, finish: Option<FinishReason>, completion_tokens
 }
 
 fn final_event(texts: &[&str]) -> JobEvent {
+    let usage = Usage {
+        prompt_tokens: 5,
+        completion_tokens: 2,
+        cached_tokens: 1,
+    };
     JobEvent::Final {
-        completion: Completion {
-            choices: texts
-                .iter()
-                .enumerate()
-                .map(|(i, t)| ChoiceResult {
-                    index: i as u32,
-                    text: (*t).to_owned(),
-                    finish_reason: FinishReason::Stop,
-                    matched_stop: None,
-                    logprobs: None,
-                })
-                .collect(),
-            usage: Usage {
-                prompt_tokens: 5,
-                completion_tokens: 2,
-                cached_tokens: 1,
-            },
-            ..Default::default()
-        },
+        completion: crate::test_support::completion(texts, usage),
     }
 }
 

@@ -41,6 +41,9 @@ pub mod stream_choice;
 pub mod text_chunks;
 pub mod validate;
 
+#[cfg(test)]
+mod test_support;
+
 pub use config::ApiConfig;
 pub use error::ApiError;
 pub use routes::router;

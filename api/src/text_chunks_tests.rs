@@ -1,6 +1,6 @@
 use super::*;
 use crate::validate::Delivery;
-use fallow_scheduler::job::{ChoiceResult, Completion, FinishReason, GenerateRequest};
+use fallow_scheduler::job::{FinishReason, GenerateRequest};
 
 fn valid(prompts: usize, n: u32, echo: bool, include_usage: bool) -> ValidCompletion {
     let job: GenerateRequest =
@@ -34,26 +34,13 @@ fn delta(index: u32, text: &str, finish: Option<FinishReason>) -> JobEvent {
 }
 
 fn final_event(texts: &[&str]) -> JobEvent {
+    let usage = Usage {
+        prompt_tokens: 2,
+        completion_tokens: 1,
+        cached_tokens: 0,
+    };
     JobEvent::Final {
-        completion: Completion {
-            choices: texts
-                .iter()
-                .enumerate()
-                .map(|(i, t)| ChoiceResult {
-                    index: i as u32,
-                    text: (*t).into(),
-                    finish_reason: FinishReason::Stop,
-                    matched_stop: None,
-                    logprobs: None,
-                })
-                .collect(),
-            usage: Usage {
-                prompt_tokens: 2,
-                completion_tokens: 1,
-                cached_tokens: 0,
-            },
-            ..Default::default()
-        },
+        completion: crate::test_support::completion(texts, usage),
     }
 }
 

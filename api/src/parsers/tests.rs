@@ -1,5 +1,4 @@
 use super::*;
-use fallow_scheduler::job::{ChoiceResult, FinishReason};
 
 fn format(tools: Option<&str>, reasoning: Option<&str>) -> OutputFormat {
     OutputFormat {
@@ -104,25 +103,12 @@ fn tokens_of_deltas_inside_the_reasoning_are_counted() {
 }
 
 fn completion(texts: &[&str], tokens: u32) -> Completion {
-    Completion {
-        choices: texts
-            .iter()
-            .enumerate()
-            .map(|(i, t)| ChoiceResult {
-                index: i as u32,
-                text: (*t).into(),
-                finish_reason: FinishReason::Stop,
-                matched_stop: None,
-                logprobs: None,
-            })
-            .collect(),
-        usage: Usage {
-            prompt_tokens: 5,
-            completion_tokens: tokens,
-            cached_tokens: 0,
-        },
-        ..Default::default()
-    }
+    let usage = Usage {
+        prompt_tokens: 5,
+        completion_tokens: tokens,
+        cached_tokens: 0,
+    };
+    crate::test_support::completion(texts, usage)
 }
 
 #[test]
