@@ -42,8 +42,9 @@ fi
 cargo build --release --bin fallow >&2
 FALLOW=target/release/fallow
 
-# Both engines get exactly THREADS threads: rayon for ours, n_threads(_batch) and OpenMP for the peer.
-export RAYON_NUM_THREADS="$THREADS" OMP_NUM_THREADS="$THREADS"
+# Both engines get exactly THREADS threads: the CPU worker team for ours (FALLOW_CPU_THREADS),
+# n_threads(_batch) and OpenMP for the peer.
+export FALLOW_CPU_THREADS="$THREADS" RAYON_NUM_THREADS="$THREADS" OMP_NUM_THREADS="$THREADS"
 
 RAW=$(mktemp)
 LOG=$(mktemp)
@@ -73,7 +74,7 @@ ours() { # model figure round conc prompt gen kv_mib
     mib=$(python3 -c "import math; print(math.ceil($mib * ($4 * ($5 + $6 + 16)) / $have) + 1)")
   done
   local row rss
-  row=$(awk -v c="$4" '$1 == c && NF == 5 { print "prefill_tps="$2" decode_tps="$3" aggregate_tps="$4 }' "$LOG")
+  row=$(awk -v c="$4" '$1 == c && $2 == "none" { print "prefill_tps="$3" decode_tps="$4" aggregate_tps="$5 }' "$LOG")
   rss=$(sed -n 's/^rss_kb=//p' "$LOG")
   echo "ours $2 $3 $1 $row rss_kb=$rss kv_mib=$mib" | tee -a "$RAW" >&2
 }

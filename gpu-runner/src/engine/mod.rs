@@ -12,6 +12,7 @@
 //!   [`stop_regex`]: `stop_regex` matching.
 //! - [`grammar`]: constrained decoding (llguidance): a constraint → per-sequence token masks.
 //! - [`llm`]: the engine loop tying them together.
+//! - [`team`]: the CPU backend's persistent worker threads.
 
 pub mod backend;
 pub mod batcher;
@@ -26,4 +27,5 @@ pub mod runtime;
 pub mod sampler;
 pub mod stop;
 pub mod stop_regex;
+pub(crate) mod team;
 pub mod tokenizer;

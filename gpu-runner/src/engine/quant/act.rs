@@ -1,8 +1,9 @@
 //! Quantized activations: each matrix product quantizes its f32 input once into the block
 //! type its weight format's integer dot product expects.
 //!
-//! - [`BlockQ8_0`] (32 × i8 and a scale) for Q4_0, Q5_0, Q8_0 weights.
-//! - [`BlockQ8_1`] (Q8_0 plus `s = d·Σq`) for Q4_1, Q5_1, whose offset `m` multiplies Σx.
+//! - [`BlockQ8_1`] (32 × i8, a scale and `s = d·Σq`) for every 32-element format: the SIMD
+//!   kernels treat all of them as `d·u + m` with unsigned lanes `u` (Q4_0's `m` is `−8d`,
+//!   and so on), and the offset `m` multiplies Σx.
 //! - [`BlockQ8K`] (256 × i8, a scale, and sums per 16) for the K-quants, whose per-32 mins
 //!   multiply partial sums.
 //!
@@ -11,13 +12,6 @@
 //! SIMD kernels may take absolute values without overflow.
 
 use super::ggml_type::{QK, QK_K};
-
-#[derive(Clone, Copy, Debug, Default)]
-#[repr(C)]
-pub(crate) struct BlockQ8_0 {
-    pub qs: [i8; QK],
-    pub d: f32,
-}
 
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C)]
@@ -77,15 +71,6 @@ pub(crate) fn quantize_symmetric_scalar(x: &[f32], qs: &mut [i8]) -> f32 {
 pub(crate) trait ActBlock: Copy + Default + Send + Sync {
     const ELEMS: usize;
     fn quantize(x: &[f32]) -> Self;
-}
-
-impl ActBlock for BlockQ8_0 {
-    const ELEMS: usize = QK;
-    fn quantize(x: &[f32]) -> Self {
-        let mut b = BlockQ8_0::default();
-        b.d = quantize_symmetric(x, &mut b.qs);
-        b
-    }
 }
 
 impl ActBlock for BlockQ8_1 {

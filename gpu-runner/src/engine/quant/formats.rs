@@ -1,7 +1,7 @@
 //! The quantized weight formats as types: each names its activation block type and its
 //! per-block integer dot product, and picks the fastest row kernel this CPU can run.
 
-use super::act::{ActBlock, BlockQ8K, BlockQ8_0, BlockQ8_1};
+use super::act::{ActBlock, BlockQ8K, BlockQ8_1};
 use super::{kquants, legacy};
 
 /// Computes, for one weight row and a tile of `tn` tokens whose activation blocks are laid
@@ -56,11 +56,11 @@ macro_rules! weight_format {
     };
 }
 
-weight_format!(Q4_0, BlockQ8_0, 18, legacy::dot_q4_0, simd::q4_0());
+weight_format!(Q4_0, BlockQ8_1, 18, legacy::dot_q4_0, simd::q4_0());
 weight_format!(Q4_1, BlockQ8_1, 20, legacy::dot_q4_1, simd::q4_1());
-weight_format!(Q5_0, BlockQ8_0, 22, legacy::dot_q5_0, simd::q5_0());
+weight_format!(Q5_0, BlockQ8_1, 22, legacy::dot_q5_0, simd::q5_0());
 weight_format!(Q5_1, BlockQ8_1, 24, legacy::dot_q5_1, simd::q5_1());
-weight_format!(Q8_0, BlockQ8_0, 34, legacy::dot_q8_0, simd::q8_0());
+weight_format!(Q8_0, BlockQ8_1, 34, legacy::dot_q8_0, simd::q8_0());
 weight_format!(Q4K, BlockQ8K, 144, kquants::dot_q4_k, simd::q4_k());
 weight_format!(Q5K, BlockQ8K, 176, kquants::dot_q5_k, simd::q5_k());
 weight_format!(Q6K, BlockQ8K, 210, kquants::dot_q6_k, simd::q6_k());
@@ -73,31 +73,54 @@ pub(crate) fn has_avx2() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
-/// Runtime selection of SIMD row kernels; `None` where the CPU lacks the features.
+/// Whether this CPU can run the VNNI kernels (AVX-512 VL/BW/VNNI on top of AVX2).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_vnni() -> bool {
+    has_avx2()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+/// Runtime selection of SIMD row kernels (VNNI, else AVX2); `None` where the CPU has
+/// neither. `FALLOW_CPU_KERNELS=avx2` skips VNNI (to compare the two) and `=scalar` skips
+/// both.
 mod simd {
     use super::*;
 
     #[cfg(target_arch = "x86_64")]
-    use super::has_avx2;
+    fn allowed(kind: &str) -> bool {
+        match std::env::var("FALLOW_CPU_KERNELS").as_deref() {
+            Ok("scalar") => false,
+            Ok("avx2") => kind == "avx2",
+            _ => true,
+        }
+    }
 
-    macro_rules! avx2_kernel {
+    macro_rules! x86_kernel {
         ($fn_name:ident, $act:ty, $kernel:ident) => {
             pub(super) fn $fn_name() -> Option<RowKernel<$act>> {
                 #[cfg(target_arch = "x86_64")]
-                if has_avx2() {
-                    return Some(crate::engine::quant::avx2::$kernel);
+                {
+                    if allowed("vnni") && has_vnni() {
+                        return Some(crate::engine::quant::vnni::$kernel);
+                    }
+                    if allowed("avx2") && has_avx2() {
+                        return Some(crate::engine::quant::avx2::rows::$kernel);
+                    }
                 }
                 None
             }
         };
     }
 
-    avx2_kernel!(q4_0, BlockQ8_0, row_q4_0);
-    avx2_kernel!(q4_1, BlockQ8_1, row_q4_1);
-    avx2_kernel!(q5_0, BlockQ8_0, row_q5_0);
-    avx2_kernel!(q5_1, BlockQ8_1, row_q5_1);
-    avx2_kernel!(q8_0, BlockQ8_0, row_q8_0);
-    avx2_kernel!(q4_k, BlockQ8K, row_q4_k);
-    avx2_kernel!(q5_k, BlockQ8K, row_q5_k);
-    avx2_kernel!(q6_k, BlockQ8K, row_q6_k);
+    x86_kernel!(q4_0, BlockQ8_1, row_q4_0);
+    x86_kernel!(q4_1, BlockQ8_1, row_q4_1);
+    x86_kernel!(q5_0, BlockQ8_1, row_q5_0);
+    x86_kernel!(q5_1, BlockQ8_1, row_q5_1);
+    x86_kernel!(q8_0, BlockQ8_1, row_q8_0);
+    x86_kernel!(q4_k, BlockQ8K, row_q4_k);
+    x86_kernel!(q5_k, BlockQ8K, row_q5_k);
+    x86_kernel!(q6_k, BlockQ8K, row_q6_k);
 }

@@ -9,7 +9,7 @@
 //! - Q5_1 `[d][m][qh:u32][qs;16]`: value `d·q + m`.
 //! - Q8_0 `[d][qs:i8;32]`: value `d·q`.
 
-use super::act::{BlockQ8_0, BlockQ8_1};
+use super::act::BlockQ8_1;
 use super::float::f16_at;
 use super::ggml_type::QK;
 
@@ -79,7 +79,7 @@ fn idot(w: &[u8; QK], offset: i32, a: &[i8; QK]) -> i32 {
         .sum()
 }
 
-pub(crate) fn dot_q4_0(block: &[u8], a: &BlockQ8_0) -> f32 {
+pub(crate) fn dot_q4_0(block: &[u8], a: &BlockQ8_1) -> f32 {
     let sumi = idot(&unpack_nibbles(&block[2..18]), 8, &a.qs);
     f16_at(block, 0) * a.d * sumi as f32
 }
@@ -90,7 +90,7 @@ pub(crate) fn dot_q4_1(block: &[u8], a: &BlockQ8_1) -> f32 {
     f16_at(block, 0) * a.d * sumi as f32 + f16_at(block, 2) * a.s
 }
 
-pub(crate) fn dot_q5_0(block: &[u8], a: &BlockQ8_0) -> f32 {
+pub(crate) fn dot_q5_0(block: &[u8], a: &BlockQ8_1) -> f32 {
     let sumi = idot(&unpack_q5(&block[2..6], &block[6..22]), 16, &a.qs);
     f16_at(block, 0) * a.d * sumi as f32
 }
@@ -100,7 +100,7 @@ pub(crate) fn dot_q5_1(block: &[u8], a: &BlockQ8_1) -> f32 {
     f16_at(block, 0) * a.d * sumi as f32 + f16_at(block, 2) * a.s
 }
 
-pub(crate) fn dot_q8_0(block: &[u8], a: &BlockQ8_0) -> f32 {
+pub(crate) fn dot_q8_0(block: &[u8], a: &BlockQ8_1) -> f32 {
     let sumi: i32 = block[2..34]
         .iter()
         .zip(&a.qs)

@@ -1,16 +1,17 @@
-//! The matrix-product driver: quantizes activations once, then splits weight rows across
-//! rayon's global pool, each chunk running a row kernel over tiles of tokens.
+//! The matrix-product driver: quantizes activations once (for one matrix or several that
+//! share the input), then splits weight rows across
+//! the CPU worker team ([`crate::engine::team`]), each chunk running a row kernel over
+//! tiles of tokens.
 //!
 //! Loop order (per chunk of rows): token tile → row → weight block → token. A chunk's rows
 //! are a few KiB, so they stay in cache while every token tile streams past them, and each
 //! weight block is unpacked once per tile rather than once per token (GEMM, not repeated GEMV).
 
-use rayon::prelude::*;
-
 use super::act::ActBlock;
 use super::float::dot_f32;
 use super::formats::WeightFormat;
 use super::QMatrix;
+use crate::engine::team;
 
 /// Tokens per tile: the activation tile of the widest layer stays in L2 at this size.
 pub(crate) const TOKEN_TILE: usize = 32;
@@ -44,19 +45,9 @@ const MIN_CHUNK_WORK: usize = 1 << 16;
 /// Rows per parallel chunk: enough chunks to balance the pool, but each with enough work
 /// to pay for its scheduling.
 fn rows_per_chunk(rows: usize, cols: usize, n_tokens: usize) -> usize {
-    let target_chunks = rayon::current_num_threads().max(1) * 4;
+    let target_chunks = team::team_size().max(1) * 4;
     let min_rows = MIN_CHUNK_WORK.div_ceil(cols.max(1) * n_tokens.max(1));
     rows.div_ceil(target_chunks).max(min_rows).max(1)
-}
-
-/// Runs `chunk(c)` for `c in 0..n_chunks` on rayon's global pool, or inline when there is
-/// only one (a hand-off to the pool costs more than a small product).
-fn for_each_chunk(n_chunks: usize, chunk: impl Fn(usize) + Sync + Send) {
-    if n_chunks == 1 {
-        chunk(0);
-    } else {
-        (0..n_chunks).into_par_iter().for_each(chunk);
-    }
 }
 
 /// Activations of one token tile, block-major: `acts[b * tn + t]`.
@@ -82,38 +73,56 @@ fn quantize_tiles<A: ActBlock>(x: &[f32], n_tokens: usize, cols: usize) -> Vec<T
     if n_tokens <= TOKEN_TILE {
         vec![quantize_tile(0)]
     } else {
-        (0..n_tokens)
-            .step_by(TOKEN_TILE)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .map(quantize_tile)
-            .collect()
+        team::map(n_tokens.div_ceil(TOKEN_TILE), |i| {
+            quantize_tile(i * TOKEN_TILE)
+        })
     }
 }
 
-/// Quantized path for weight format `W`.
+/// Quantized path for weight format `W`: `outs[i] = mats[i] · x` for matrices that all
+/// take `x` (same `cols`), e.g. a layer's Q, K and V projections. The activations are
+/// quantized once for all of them and their row chunks go to the team as one operation.
 pub(crate) fn matmul_quantized<W: WeightFormat>(
-    m: &QMatrix,
+    mats: &[&QMatrix],
     x: &[f32],
     n_tokens: usize,
-    out: &mut [f32],
+    outs: &mut [&mut [f32]],
 ) {
-    let kernel = W::row_kernel();
-    let tiles = quantize_tiles::<W::Act>(x, n_tokens, m.cols);
-    let (rows, row_bytes, weights) = (m.rows, m.row_bytes(), m.bytes());
-    let shared = SharedOut {
-        ptr: out.as_mut_ptr(),
-        len: out.len(),
+    let Some(cols) = mats.first().map(|m| m.cols) else {
+        return;
     };
-    let mut chunk = rows_per_chunk(rows, m.cols, n_tokens);
-    if tiles.len() > 1 {
-        // Several tiles pass over the chunk's rows: keep those rows cache-sized.
-        chunk = chunk.min((TILED_CHUNK_BYTES / row_bytes.max(1)).max(1));
+    let kernel = W::row_kernel();
+    let tiles = quantize_tiles::<W::Act>(x, n_tokens, cols);
+    let total_rows: usize = mats.iter().map(|m| m.rows).sum();
+    let base_chunk = rows_per_chunk(total_rows, cols, n_tokens);
+    // (matrix, first row, end row) of every chunk.
+    let mut chunks = Vec::new();
+    for (i, m) in mats.iter().enumerate() {
+        let mut chunk = base_chunk;
+        if tiles.len() > 1 {
+            // Several tiles pass over the chunk's rows: keep those rows cache-sized.
+            chunk = chunk.min((TILED_CHUNK_BYTES / m.row_bytes().max(1)).max(1));
+        }
+        chunks.extend(
+            (0..m.rows)
+                .step_by(chunk)
+                .map(|r0| (i, r0, (r0 + chunk).min(m.rows))),
+        );
     }
-    for_each_chunk(rows.div_ceil(chunk), |c| {
+    let shared: Vec<SharedOut> = outs
+        .iter_mut()
+        .map(|out| SharedOut {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        })
+        .collect();
+    team::for_each(chunks.len(), |c| {
+        let (i, r0, r1) = chunks[c];
+        let (m, out) = (mats[i], &shared[i]);
+        let (rows, row_bytes, weights) = (m.rows, m.row_bytes(), m.bytes());
         let mut buf = [0f32; TOKEN_TILE];
         for tile in &tiles {
-            for r in c * chunk..((c + 1) * chunk).min(rows) {
+            for r in r0..r1 {
                 kernel(
                     &weights[r * row_bytes..(r + 1) * row_bytes],
                     &tile.acts,
@@ -121,7 +130,7 @@ pub(crate) fn matmul_quantized<W: WeightFormat>(
                     &mut buf,
                 );
                 for (t, &v) in buf[..tile.tn].iter().enumerate() {
-                    shared.write((tile.t0 + t) * rows + r, v);
+                    out.write((tile.t0 + t) * rows + r, v);
                 }
             }
         }
@@ -141,7 +150,7 @@ pub(crate) fn matmul_float(m: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f
         len: out.len(),
     };
     let chunk = rows_per_chunk(rows, cols, n_tokens).min(FLOAT_CHUNK_ROWS);
-    for_each_chunk(rows.div_ceil(chunk), |c| {
+    team::for_each(rows.div_ceil(chunk), |c| {
         let chunk_rows = c * chunk..((c + 1) * chunk).min(rows);
         let row_bytes = m.row_bytes();
         let bytes = &m.bytes()[chunk_rows.start * row_bytes..chunk_rows.end * row_bytes];

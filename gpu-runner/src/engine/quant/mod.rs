@@ -5,8 +5,8 @@
 //! - `float`, `legacy`, `kquants`: per-format layouts, dequantisation, scalar dot products.
 //! - `act`: quantisation of activations into the dot-product block types (Q8_0, Q8_1, Q8_K).
 //! - `formats` + `matmul`: the row kernels and the parallel, tiled driver;
-//!   `avx2`: x86_64 SIMD kernels for every format, picked at runtime (portable code
-//!   elsewhere).
+//!   `x86_rows`: x86_64 SIMD row kernels for every format, compiled for AVX2 (`avx2`) and
+//!   for AVX-512 VNNI (`vnni`), picked at runtime (portable code elsewhere).
 //!
 //! **Invariant:** a [`QMatrix`] built by [`QMatrix::new`] has `cols` a whole number of blocks
 //! and exactly `rows × row_bytes` bytes, so kernels index its rows without further checks.
@@ -22,6 +22,10 @@ mod legacy;
 mod matmul;
 #[cfg(test)]
 mod tests;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
+#[cfg(target_arch = "x86_64")]
+mod x86_rows;
 
 use std::sync::Arc;
 
@@ -142,42 +146,66 @@ impl QMatrix {
 
     /// `out[t * rows + r] = Σ_c W[r, c] · x[t * cols + c]` for `n_tokens` activation rows.
     /// Activations are quantized once per call to the dot type matching `dtype`; work is split
-    /// over the engine's thread pool.
+    /// over the engine's worker team.
     ///
     /// # Panics
     /// If `x` is not `n_tokens × cols` or `out` not `n_tokens × rows` (a caller bug).
     pub fn matmul(&self, x: &[f32], n_tokens: usize, out: &mut [f32]) {
-        assert_eq!(
-            x.len(),
-            n_tokens * self.cols,
-            "matmul: x must be n_tokens × cols"
-        );
-        assert_eq!(
-            out.len(),
-            n_tokens * self.rows,
-            "matmul: out must be n_tokens × rows"
-        );
-        assert_eq!(
-            self.bytes().len(),
-            self.rows * self.row_bytes(),
-            "matmul: malformed QMatrix"
-        );
-        if n_tokens == 0 || self.rows == 0 {
+        QMatrix::matmul_many(&[self], x, n_tokens, &mut [out]);
+    }
+
+    /// [`QMatrix::matmul`] of several matrices with the same input (`outs[i] = mats[i] · x`),
+    /// as one operation when they share a format: the input is quantized once and all
+    /// their rows are split over the team together (fewer, fuller hand-offs per layer).
+    ///
+    /// # Panics
+    /// As [`QMatrix::matmul`], for every matrix and its output.
+    pub fn matmul_many(mats: &[&QMatrix], x: &[f32], n_tokens: usize, outs: &mut [&mut [f32]]) {
+        assert_eq!(mats.len(), outs.len(), "matmul: one output per matrix");
+        for (m, out) in mats.iter().zip(outs.iter()) {
+            assert_eq!(
+                x.len(),
+                n_tokens * m.cols,
+                "matmul: x must be n_tokens × cols"
+            );
+            assert_eq!(
+                out.len(),
+                n_tokens * m.rows,
+                "matmul: out must be n_tokens × rows"
+            );
+            assert_eq!(
+                m.bytes().len(),
+                m.rows * m.row_bytes(),
+                "matmul: malformed QMatrix"
+            );
+        }
+        let Some(first) = mats.first() else {
+            return;
+        };
+        if n_tokens == 0 {
+            return;
+        }
+        if mats.iter().any(|m| m.dtype != first.dtype) {
+            for (m, out) in mats.iter().zip(outs.iter_mut()) {
+                QMatrix::matmul_many(&[m], x, n_tokens, &mut [&mut **out]);
+            }
             return;
         }
         use formats as f;
-        match self.dtype {
+        match first.dtype {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
-                matmul::matmul_float(self, x, n_tokens, out)
+                for (m, out) in mats.iter().zip(outs.iter_mut()) {
+                    matmul::matmul_float(m, x, n_tokens, out)
+                }
             }
-            GgmlType::Q4_0 => matmul::matmul_quantized::<f::Q4_0>(self, x, n_tokens, out),
-            GgmlType::Q4_1 => matmul::matmul_quantized::<f::Q4_1>(self, x, n_tokens, out),
-            GgmlType::Q5_0 => matmul::matmul_quantized::<f::Q5_0>(self, x, n_tokens, out),
-            GgmlType::Q5_1 => matmul::matmul_quantized::<f::Q5_1>(self, x, n_tokens, out),
-            GgmlType::Q8_0 => matmul::matmul_quantized::<f::Q8_0>(self, x, n_tokens, out),
-            GgmlType::Q4K => matmul::matmul_quantized::<f::Q4K>(self, x, n_tokens, out),
-            GgmlType::Q5K => matmul::matmul_quantized::<f::Q5K>(self, x, n_tokens, out),
-            GgmlType::Q6K => matmul::matmul_quantized::<f::Q6K>(self, x, n_tokens, out),
+            GgmlType::Q4_0 => matmul::matmul_quantized::<f::Q4_0>(mats, x, n_tokens, outs),
+            GgmlType::Q4_1 => matmul::matmul_quantized::<f::Q4_1>(mats, x, n_tokens, outs),
+            GgmlType::Q5_0 => matmul::matmul_quantized::<f::Q5_0>(mats, x, n_tokens, outs),
+            GgmlType::Q5_1 => matmul::matmul_quantized::<f::Q5_1>(mats, x, n_tokens, outs),
+            GgmlType::Q8_0 => matmul::matmul_quantized::<f::Q8_0>(mats, x, n_tokens, outs),
+            GgmlType::Q4K => matmul::matmul_quantized::<f::Q4K>(mats, x, n_tokens, outs),
+            GgmlType::Q5K => matmul::matmul_quantized::<f::Q5K>(mats, x, n_tokens, outs),
+            GgmlType::Q6K => matmul::matmul_quantized::<f::Q6K>(mats, x, n_tokens, outs),
         }
     }
 

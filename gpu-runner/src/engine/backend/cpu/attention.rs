@@ -1,5 +1,5 @@
 //! Causal attention of a step's new tokens over the paged KV cache. Each task is one
-//! (sequence, KV head, run of tokens) and runs on the rayon pool; it serves all query heads
+//! (sequence, KV head, run of tokens) and runs on the CPU worker team; it serves all query heads
 //! sharing that KV head, so each cached K/V row is read once per group rather than once per
 //! query head. Tasks write disjoint slices of a group-major output, so no locking is needed.
 //!
@@ -17,12 +17,12 @@
 //! (→ 0.25; SmolLM2 0.80 → 0.47).
 
 use half::f16;
-use rayon::prelude::*;
 
 use super::kv_pool::{KvLayer, KvPool};
-use super::ops::{axpy, axpy_f16, dot, dot_f16, softcap, softmax};
+use super::ops::{axpy, dot, softcap, softmax};
 use crate::engine::backend::batch::BatchLayout;
 use crate::engine::backend::SeqSlice;
+use crate::engine::team;
 
 /// Tokens per task: splits one long prefill across threads while keeping tasks coarse.
 const TOKENS_PER_TASK: usize = 32;
@@ -46,7 +46,7 @@ struct Task<'a> {
     out: &'a mut [f32],
 }
 
-/// Per-thread buffers, reused across the tasks a rayon worker runs.
+/// Per-thread buffers, reused across the tasks a team thread runs.
 #[derive(Default)]
 struct TaskScratch {
     /// The group's query heads of one token, pre-scaled.
@@ -55,6 +55,9 @@ struct TaskScratch {
     scores: Vec<f32>,
     /// KV slot offset of each attended position.
     offsets: Vec<usize>,
+    /// Cached K or V rows widened to f32 ([`ROWS_PER_PASS`] at a time), shared by the
+    /// group's query heads.
+    rows: Vec<f32>,
 }
 
 /// What every task reads; `T` is the KV cache's element type.
@@ -64,9 +67,8 @@ struct Shared<'a, T> {
     v: &'a [T],
     batch: &'a [SeqSlice<'a>],
     positions: &'a [usize],
-    block_size: usize,
-    /// Floats per KV slot (`n_kv_heads · head_dim`).
-    slot_stride: usize,
+    /// The pool `k`/`v` come from, for its layout.
+    pool: &'a KvPool,
     p: &'a AttnParams,
     /// Round queries and attention weights to f16 as llama.cpp does when its cache is f16
     /// (its matrix products convert the f32 operand to the f16 operand's type).
@@ -124,8 +126,7 @@ pub fn paged_attention(
         v: &[],
         batch,
         positions: &layout.positions,
-        block_size: pool.block_size(),
-        slot_stride: p.n_kv_heads * p.head_dim,
+        pool,
         p,
         round_f16: false,
     };
@@ -149,8 +150,7 @@ impl<'a, T> Shared<'a, T> {
             v,
             batch: self.batch,
             positions: self.positions,
-            block_size: self.block_size,
-            slot_stride: self.slot_stride,
+            pool: self.pool,
             p: self.p,
             round_f16: self.round_f16,
         }
@@ -159,12 +159,28 @@ impl<'a, T> Shared<'a, T> {
 
 type TaskFn<T> = fn(&Shared<'_, T>, &mut Task<'_>, &mut TaskScratch);
 
-fn run_tasks<T: Sync>(tasks: Vec<Task<'_>>, shared: &Shared<'_, T>, run: TaskFn<T>) {
-    tasks
-        .into_par_iter()
-        .for_each_init(TaskScratch::default, |scratch, mut task| {
-            run(shared, &mut task, scratch)
-        });
+thread_local! {
+    /// Each team thread's buffers, reused across steps.
+    static SCRATCH: std::cell::RefCell<TaskScratch> = std::cell::RefCell::default();
+}
+
+fn run_tasks<T: Sync>(mut tasks: Vec<Task<'_>>, shared: &Shared<'_, T>, run: TaskFn<T>) {
+    // Tasks were built in row order, and a later run of a prompt attends to more positions:
+    // handing out the costliest first keeps one long task from finishing alone at the end.
+    tasks.reverse();
+    team::for_each_mut(&mut tasks, |task| {
+        SCRATCH.with_borrow_mut(|scratch| run(shared, task, scratch))
+    });
+}
+
+fn widen_f32(src: &[f32], dst: &mut [f32]) {
+    dst.copy_from_slice(src);
+}
+
+fn widen_f16(src: &[f16], dst: &mut [f32]) {
+    for (d, h) in dst.iter_mut().zip(src) {
+        *d = h.to_f32();
+    }
 }
 
 fn run_task_f32(s: &Shared<'_, f32>, task: &mut Task<'_>, scratch: &mut TaskScratch) {
@@ -174,7 +190,7 @@ fn run_task_f32(s: &Shared<'_, f32>, task: &mut Task<'_>, scratch: &mut TaskScra
         unsafe { run_task_f32_avx2(s, task, scratch) };
         return;
     }
-    run_task_body(s, task, scratch, dot, axpy);
+    run_task_body(s, task, scratch, dot, axpy, widen_f32);
 }
 
 fn run_task_f16(s: &Shared<'_, f16>, task: &mut Task<'_>, scratch: &mut TaskScratch) {
@@ -184,7 +200,7 @@ fn run_task_f16(s: &Shared<'_, f16>, task: &mut Task<'_>, scratch: &mut TaskScra
         unsafe { run_task_f16_avx2(s, task, scratch) };
         return;
     }
-    run_task_body(s, task, scratch, dot_f16, axpy_f16);
+    run_task_body(s, task, scratch, dot, axpy, widen_f16);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -194,55 +210,62 @@ unsafe fn run_task_f32_avx2(s: &Shared<'_, f32>, task: &mut Task<'_>, scratch: &
     let dot = |a: &[f32], b: &[f32]| unsafe { super::simd::dot(a, b) };
     // SAFETY: as above.
     let axpy = |o: &mut [f32], w: f32, v: &[f32]| unsafe { super::simd::axpy(o, w, v) };
-    run_task_body(s, task, scratch, dot, axpy);
+    run_task_body(s, task, scratch, dot, axpy, widen_f32);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_task_f16_avx2(s: &Shared<'_, f16>, task: &mut Task<'_>, scratch: &mut TaskScratch) {
     // SAFETY: this function only runs where AVX2, FMA and F16C are available.
-    let dot = |a: &[f32], b: &[f16]| unsafe { super::simd::dot_f16(a, b) };
+    let dot = |a: &[f32], b: &[f32]| unsafe { super::simd::dot(a, b) };
     // SAFETY: as above.
-    let axpy = |o: &mut [f32], w: f32, v: &[f16]| unsafe { super::simd::axpy_f16(o, w, v) };
-    run_task_body(s, task, scratch, dot, axpy);
+    let axpy = |o: &mut [f32], w: f32, v: &[f32]| unsafe { super::simd::axpy(o, w, v) };
+    // SAFETY: as above.
+    let widen = |src: &[f16], dst: &mut [f32]| unsafe { super::simd::widen_f16(src, dst) };
+    run_task_body(s, task, scratch, dot, axpy, widen);
 }
 
-/// Fills `offsets` with the slot offset of each cached position `lo ..= hi` of a sequence,
-/// walking the block table block by block rather than dividing per position.
+/// Fills `offsets` with the offset of KV head `kv_head`'s row for each cached position
+/// `lo ..= hi` of a sequence (see [`KvPool::head_row_offset`]), walking the block table
+/// block by block rather than dividing per position: within a block one head's rows are
+/// adjacent, so each run is a contiguous stretch the prefetcher follows.
 #[inline(always)]
 fn slot_offsets(
+    pool: &KvPool,
     table: &[u32],
-    block_size: usize,
-    stride: usize,
+    kv_head: usize,
     lo: usize,
     hi: usize,
     offsets: &mut Vec<usize>,
 ) {
     offsets.clear();
+    let (block_size, hd) = (pool.block_size(), pool.head_dim());
     let mut j = lo;
     while j <= hi {
         let slot = j % block_size;
         let run = (block_size - slot).min(hi + 1 - j);
-        let base = (table[j / block_size] as usize * block_size + slot) * stride;
-        offsets.extend((0..run).map(|i| base + i * stride));
+        let base = pool.head_row_offset(table[j / block_size] as usize, kv_head, slot);
+        offsets.extend((0..run).map(|i| base + i * hd));
         j += run;
     }
 }
 
-/// The kernel, generic over the dot/axpy primitives so it is compiled once per instruction set.
+/// The kernel, generic over the dot/axpy/widen primitives so it is compiled once per
+/// instruction set. Each cached K and V row is widened to f32 once and then serves every
+/// query head of the group (rather than being converted once per head).
 #[inline(always)]
 fn run_task_body<T>(
     s: &Shared<'_, T>,
     task: &mut Task<'_>,
     scratch: &mut TaskScratch,
-    dot: impl Fn(&[f32], &[T]) -> f32,
-    axpy: impl Fn(&mut [f32], f32, &[T]),
+    dot: impl Fn(&[f32], &[f32]) -> f32,
+    axpy: impl Fn(&mut [f32], f32, &[f32]),
+    widen: impl Fn(&[T], &mut [f32]),
 ) {
     let p = s.p;
     let hd = p.head_dim;
     let group = p.n_heads / p.n_kv_heads;
     let table = s.batch[task.seq].block_table;
-    let kv_off = task.kv_head * hd;
     let q_dim = p.n_heads * hd;
     for (r, out) in task.out.chunks_exact_mut(group * hd).enumerate() {
         let t = task.first_row + r;
@@ -259,21 +282,19 @@ fn run_task_body<T>(
         );
         let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
         let n_pos = pos + 1 - lo;
-        slot_offsets(
-            table,
-            s.block_size,
-            s.slot_stride,
-            lo,
-            pos,
-            &mut scratch.offsets,
-        );
+        slot_offsets(s.pool, table, task.kv_head, lo, pos, &mut scratch.offsets);
         let scores = &mut scratch.scores;
         scores.clear();
         scores.resize(group * n_pos, 0.0);
-        for (j, &off) in scratch.offsets.iter().enumerate() {
-            let k = &s.k[off + kv_off..][..hd];
-            for (h, qh) in scratch.q.chunks_exact(hd).enumerate() {
-                scores[h * n_pos + j] = dot(qh, k);
+        scratch.rows.resize(ROWS_PER_PASS * hd, 0.0);
+        let rows = &mut scratch.rows;
+        for (c, offs) in scratch.offsets.chunks(ROWS_PER_PASS).enumerate() {
+            widen_rows(s.k, offs, hd, rows, &widen);
+            for (i, row) in rows.chunks_exact(hd).take(offs.len()).enumerate() {
+                let j = c * ROWS_PER_PASS + i;
+                for (h, qh) in scratch.q.chunks_exact(hd).enumerate() {
+                    scores[h * n_pos + j] = dot(qh, row);
+                }
             }
         }
         for head_scores in scores.chunks_exact_mut(n_pos) {
@@ -286,12 +307,34 @@ fn run_task_body<T>(
             }
         }
         out.fill(0.0);
-        for (j, &off) in scratch.offsets.iter().enumerate() {
-            let v = &s.v[off + kv_off..][..hd];
-            for (h, out_h) in out.chunks_exact_mut(hd).enumerate() {
-                axpy(out_h, scores[h * n_pos + j], v);
+        for (c, offs) in scratch.offsets.chunks(ROWS_PER_PASS).enumerate() {
+            widen_rows(s.v, offs, hd, rows, &widen);
+            for (i, row) in rows.chunks_exact(hd).take(offs.len()).enumerate() {
+                let j = c * ROWS_PER_PASS + i;
+                for (h, out_h) in out.chunks_exact_mut(hd).enumerate() {
+                    axpy(out_h, scores[h * n_pos + j], row);
+                }
             }
         }
+    }
+}
+
+/// Cached rows widened per pass: a pass first only streams rows in from the cache (many
+/// loads in flight at once), then computes on them from L1. Doing both per row left the
+/// arithmetic waiting on each row's load in turn.
+const ROWS_PER_PASS: usize = 32;
+
+/// Widens the `hd`-long rows at `offsets` of `src` into consecutive rows of `dst`.
+#[inline(always)]
+fn widen_rows<T>(
+    src: &[T],
+    offsets: &[usize],
+    hd: usize,
+    dst: &mut [f32],
+    widen: &impl Fn(&[T], &mut [f32]),
+) {
+    for (&off, d) in offsets.iter().zip(dst.chunks_exact_mut(hd)) {
+        widen(&src[off..][..hd], d);
     }
 }
 

@@ -1,6 +1,8 @@
 //! The paged KV cache of the CPU backend: per layer, K and V arrays shaped
-//! `[num_blocks, block_size, n_kv_heads, head_dim]`, addressed through a sequence's block
-//! table.
+//! `[num_blocks, n_kv_heads, block_size, head_dim]`, addressed through a sequence's block
+//! table. Head-major within a block because attention reads one KV head's rows position
+//! after position: that way they are adjacent in memory (a block's worth at a time)
+//! instead of one head-sized piece out of every slot.
 //!
 //! Stored as f16 by default, as llama.cpp does: rounding K/V the way llama.cpp rounds them
 //! keeps our greedy decoding on llama.cpp's path at near-ties, and the same memory budget
@@ -64,8 +66,8 @@ pub struct KvPool {
     store: Store,
     block_size: usize,
     num_blocks: usize,
-    /// Elements per token slot: `n_kv_heads · head_dim`.
-    row: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
 }
 
 /// `n_layers` zeroed arrays of `per_layer` elements each.
@@ -101,7 +103,8 @@ impl KvPool {
             store,
             block_size,
             num_blocks,
-            row,
+            n_kv_heads: config.n_kv_heads,
+            head_dim: config.head_dim,
         })
     }
 
@@ -113,27 +116,35 @@ impl KvPool {
         self.num_blocks
     }
 
-    /// Offset of the slot holding position `pos` of a sequence with `block_table`.
-    /// Callers validate the table first (long enough, ids in range).
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// Offset, in a layer's K or V array, of KV head `kv_head`'s row in slot `slot` of
+    /// block `block`. Callers validate the block id first (in range).
     #[inline]
-    pub fn slot_offset(&self, block_table: &[u32], pos: usize) -> usize {
-        let block = block_table[pos / self.block_size] as usize;
-        (block * self.block_size + pos % self.block_size) * self.row
+    pub fn head_row_offset(&self, block: usize, kv_head: usize, slot: usize) -> usize {
+        ((block * self.n_kv_heads + kv_head) * self.block_size + slot) * self.head_dim
     }
 
     /// Stores one token's K and V rows (`n_kv_heads · head_dim` each) for `layer`,
     /// rounding to nearest-even when the pool holds f16.
     pub fn write(&mut self, layer: usize, block_table: &[u32], pos: usize, k: &[f32], v: &[f32]) {
-        let off = self.slot_offset(block_table, pos);
-        let row = self.row;
-        match &mut self.store {
-            Store::F16 { k: ks, v: vs } => {
-                ks[layer][off..off + row].convert_from_f32_slice(k);
-                vs[layer][off..off + row].convert_from_f32_slice(v);
-            }
-            Store::F32 { k: ks, v: vs } => {
-                ks[layer][off..off + row].copy_from_slice(k);
-                vs[layer][off..off + row].copy_from_slice(v);
+        let block = block_table[pos / self.block_size] as usize;
+        let slot = pos % self.block_size;
+        let hd = self.head_dim;
+        for h in 0..self.n_kv_heads {
+            let off = self.head_row_offset(block, h, slot);
+            let (kh, vh) = (&k[h * hd..][..hd], &v[h * hd..][..hd]);
+            match &mut self.store {
+                Store::F16 { k: ks, v: vs } => {
+                    ks[layer][off..off + hd].convert_from_f32_slice(kh);
+                    vs[layer][off..off + hd].convert_from_f32_slice(vh);
+                }
+                Store::F32 { k: ks, v: vs } => {
+                    ks[layer][off..off + hd].copy_from_slice(kh);
+                    vs[layer][off..off + hd].copy_from_slice(vh);
+                }
             }
         }
     }

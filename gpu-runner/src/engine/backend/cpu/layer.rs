@@ -7,6 +7,7 @@ use super::ops;
 use super::CpuBackend;
 use crate::engine::backend::SeqSlice;
 use crate::engine::model::Activation;
+use crate::engine::quant::QMatrix;
 
 impl CpuBackend {
     /// Runs block `layer` in place on `scratch.x`.
@@ -28,9 +29,12 @@ impl CpuBackend {
         s.q.resize(n * qd, 0.0);
         s.k.resize(n * kvd, 0.0);
         s.v.resize(n * kvd, 0.0);
-        w.wq.matmul(&s.xn, n, &mut s.q);
-        w.wk.matmul(&s.xn, n, &mut s.k);
-        w.wv.matmul(&s.xn, n, &mut s.v);
+        QMatrix::matmul_many(
+            &[&w.wq, &w.wk, &w.wv],
+            &s.xn,
+            n,
+            &mut [&mut s.q, &mut s.k, &mut s.v],
+        );
         for (x, b) in [(&mut s.q, &w.bq), (&mut s.k, &w.bk), (&mut s.v, &w.bv)] {
             if let Some(b) = b {
                 ops::add_bias_rows(x, b);
@@ -117,8 +121,12 @@ impl CpuBackend {
         ops::rms_norm_rows(&s.x, &w.ffn_norm, c.rms_eps, &mut s.xn);
         s.gate.resize(n * c.ffn, 0.0);
         s.up.resize(n * c.ffn, 0.0);
-        w.w_gate.matmul(&s.xn, n, &mut s.gate);
-        w.w_up.matmul(&s.xn, n, &mut s.up);
+        QMatrix::matmul_many(
+            &[&w.w_gate, &w.w_up],
+            &s.xn,
+            n,
+            &mut [&mut s.gate, &mut s.up],
+        );
         match c.activation {
             Activation::Silu => ops::swiglu(&mut s.gate, &s.up),
             Activation::GeluTanh => ops::geglu_tanh(&mut s.gate, &s.up),

@@ -2,8 +2,6 @@
 //! products. Written so the compiler vectorises them (independent accumulators) without
 //! platform intrinsics; the heavy matrix products live in `quant`.
 
-use half::f16;
-
 /// `Σ a[i]·b[i]` with 32 independent accumulators, so it vectorises (and, inlined into an
 /// AVX2 caller, runs four 8-lane chains) without reassociation by the compiler.
 #[inline(always)]
@@ -30,28 +28,6 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 pub fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
     for (o, x) in out.iter_mut().zip(v) {
         *o += w * x;
-    }
-}
-
-/// [`dot`] against an f16 vector (the f16 KV cache), converting each element on read.
-pub fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
-    let n = a.len().min(b.len());
-    let mut lanes = [0f32; 8];
-    let (ca, ta) = a[..n].as_chunks::<8>();
-    let (cb, tb) = b[..n].as_chunks::<8>();
-    for (x, y) in ca.iter().zip(cb) {
-        for i in 0..8 {
-            lanes[i] += x[i] * y[i].to_f32();
-        }
-    }
-    let tail: f32 = ta.iter().zip(tb).map(|(x, y)| x * y.to_f32()).sum();
-    lanes.iter().sum::<f32>() + tail
-}
-
-/// [`axpy`] with an f16 `v` (the f16 KV cache), converting each element on read.
-pub fn axpy_f16(out: &mut [f32], w: f32, v: &[f16]) {
-    for (o, x) in out.iter_mut().zip(v) {
-        *o += w * x.to_f32();
     }
 }
 
@@ -93,20 +69,89 @@ pub fn add_bias_rows(x: &mut [f32], bias: &[f32]) {
     }
 }
 
+/// `e^x` to within a few ulp, branch-free so that loops over it vectorise (libm's `expf`
+/// is a call per element). Cephes' polynomial on `x − n·ln 2`, scaled by `2^n` built from
+/// bits; inputs are clamped to where `e^x` is a normal f32, so huge inputs give ~3e38 and
+/// very negative ones ~1e-38 instead of inf and 0 (callers only divide by `1 + e^x`).
+#[inline(always)]
+pub fn exp_fast(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding 1.5·2^23 rounds to an integer, which then sits in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.0, 88.0);
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 5.0e-1;
+    let er = p * r * r + r + 1.0;
+    let n_int = t.to_bits() as i32 - ROUND.to_bits() as i32;
+    er * f32::from_bits(((n_int + 127) << 23) as u32)
+}
+
+/// Elements per task of the parallel element-wise ops: below this a hand-off costs more
+/// than it saves.
+const ELEMENTWISE_CHUNK: usize = 16 * 1024;
+
+/// Runs `f` over matching chunks of `a` and `b`, on the worker team when they are long
+/// (prefill), compiled with AVX2+FMA where the CPU has them.
+fn elementwise(a: &mut [f32], b: &[f32], f: fn(&mut [f32], &[f32])) {
+    let n = a.len().min(b.len());
+    let run = |a: &mut [f32], b: &[f32]| {
+        #[cfg(target_arch = "x86_64")]
+        if super::simd::available() {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+            unsafe { with_avx2(a, b, f) };
+            return;
+        }
+        f(a, b)
+    };
+    if n <= ELEMENTWISE_CHUNK {
+        run(&mut a[..n], &b[..n]);
+        return;
+    }
+    let mut pairs: Vec<(&mut [f32], &[f32])> = a[..n]
+        .chunks_mut(ELEMENTWISE_CHUNK)
+        .zip(b[..n].chunks(ELEMENTWISE_CHUNK))
+        .collect();
+    crate::engine::team::for_each_mut(&mut pairs, |(a, b)| run(a, b));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn with_avx2(a: &mut [f32], b: &[f32], f: fn(&mut [f32], &[f32])) {
+    f(a, b)
+}
+
 /// `gate = silu(gate) · up`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    elementwise(gate, up, swiglu_chunk);
+}
+
+#[inline(always)]
+fn swiglu_chunk(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        *g = *g / (1.0 + exp_fast(-*g)) * u;
     }
 }
 
 /// `gate = gelu_tanh(gate) · up` (GeGLU with the tanh approximation, as Gemma uses).
 pub fn geglu_tanh(gate: &mut [f32], up: &[f32]) {
+    elementwise(gate, up, geglu_tanh_chunk);
+}
+
+#[inline(always)]
+fn geglu_tanh_chunk(gate: &mut [f32], up: &[f32]) {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     for (g, &u) in gate.iter_mut().zip(up) {
         let x = *g;
         let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
-        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+        // 0.5·(1 + tanh(y)) = 1 − 1/(1 + e^{2y}).
+        *g = x * (1.0 - 1.0 / (1.0 + exp_fast(2.0 * inner))) * u;
     }
 }
 
@@ -117,7 +162,10 @@ pub fn softcap(x: &mut [f32], cap: f32) {
     }
 }
 
-/// Numerically stable in-place softmax.
+/// Numerically stable in-place softmax. Uses libm's `exp`, not [`exp_fast`]: attention
+/// weights feed greedy decoding's near-ties, and the few ulp of `exp_fast` were enough to
+/// move SmolLM2 off llama.cpp's path in a multi-turn chat (`test_chat.py`); the exps here
+/// are a small part of a step.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f32;
@@ -150,6 +198,45 @@ mod tests {
         rms_norm_rows(&x, &[1.0; 4], 0.0, &mut out);
         let rms = (out.iter().map(|v| v * v).sum::<f32>() / 4.0).sqrt();
         assert!((rms - 1.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn exp_fast_matches_libm_within_a_few_ulp_and_saturates_instead_of_overflowing() {
+        for i in -8700..=8800 {
+            let x = i as f32 * 0.01;
+            let (want, got) = (x.exp(), exp_fast(x));
+            assert!(
+                (got - want).abs() <= 4.0 * f32::EPSILON * want,
+                "x={x}: {got} vs {want}"
+            );
+        }
+        assert!(exp_fast(1000.0).is_finite() && exp_fast(1000.0) > 1e38);
+        assert!(exp_fast(-1000.0) >= 0.0 && exp_fast(-1000.0) < 1e-37);
+        assert_eq!(exp_fast(0.0), 1.0);
+    }
+
+    #[test]
+    fn activations_match_their_definitions_on_long_and_short_rows() {
+        for n in [5, 3 * ELEMENTWISE_CHUNK + 7] {
+            let x: Vec<f32> = (0..n).map(|i| (i % 2001) as f32 * 0.01 - 10.0).collect();
+            let up: Vec<f32> = (0..n).map(|i| 1.0 + (i % 7) as f32).collect();
+            let (mut s, mut g) = (x.clone(), x.clone());
+            swiglu(&mut s, &up);
+            geglu_tanh(&mut g, &up);
+            for i in 0..n {
+                let (v, u) = (x[i] as f64, up[i] as f64);
+                let silu = v / (1.0 + (-v).exp()) * u;
+                let gelu = 0.5 * v * (1.0 + (0.797_884_6 * (v + 0.044_715 * v * v * v)).tanh()) * u;
+                assert!(
+                    (s[i] as f64 - silu).abs() <= 1e-5 * silu.abs().max(1.0),
+                    "silu {v}"
+                );
+                assert!(
+                    (g[i] as f64 - gelu).abs() <= 1e-5 * gelu.abs().max(1.0),
+                    "gelu {v}"
+                );
+            }
+        }
     }
 
     #[test]

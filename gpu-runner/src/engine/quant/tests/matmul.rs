@@ -2,7 +2,7 @@
 
 use super::ref_quant::quantize;
 use super::Rng;
-use crate::engine::quant::act::{ActBlock, BlockQ8K, BlockQ8_0};
+use crate::engine::quant::act::{ActBlock, BlockQ8K, BlockQ8_1};
 use crate::engine::quant::{GgmlType, QMatrix, QuantError, TensorBytes};
 
 /// A `rows × cols` matrix of type `t` holding `values` (reference-quantized).
@@ -24,7 +24,7 @@ fn as_seen_by_kernel(t: GgmlType, x: &[f32]) -> Vec<f32> {
         _ => x
             .chunks_exact(32)
             .flat_map(|c| {
-                let b = BlockQ8_0::quantize(c);
+                let b = BlockQ8_1::quantize(c);
                 b.qs.map(|q| q as f32 * b.d)
             })
             .collect(),
