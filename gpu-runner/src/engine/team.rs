@@ -12,7 +12,10 @@
 //! epoch in `state` (epoch in the high 32 bits, next task index in the low 32). Threads
 //! claim task indices by compare-and-swap on `state`, so a claim succeeds only while that
 //! epoch's job is live; the caller returns once `done` reaches the task count, so the
-//! borrowed closure outlives every call into it.
+//! borrowed closure outlives every call into it. Publishing first closes `state` (index
+//! [`CLOSED`]) and only then replaces the count and the closure: a thread that read the old
+//! epoch's `state` but the new count cannot win its compare-and-swap, because `state` has
+//! changed since.
 
 use std::cell::Cell;
 use std::panic::{self, AssertUnwindSafe};
@@ -23,6 +26,9 @@ use std::thread;
 /// Idle polls of `state` before a worker parks: long enough to bridge the gap between two
 /// operations of a step (norms, sampling), short enough not to burn a core while idle.
 const SPIN_ROUNDS: u32 = 1 << 16;
+
+/// The task index of a `state` whose job is being replaced: claimers wait for it to open.
+const CLOSED: u64 = 0xFFFF_FFFF;
 
 type Task<'a> = dyn Fn(usize) + Sync + 'a;
 
@@ -150,10 +156,11 @@ impl Team {
         // the epoch is done, so `f` and `job` outlive all uses.
         let f: *const Task<'static> = unsafe { std::mem::transmute(f as *const Task<'_>) };
         let mut job = Job { f };
-        s.n_tasks.store(n_tasks, Ordering::Relaxed);
+        let epoch = ((s.state.load(Ordering::Relaxed) >> 32) + 1) & 0xFFFF_FFFF;
+        s.state.store(epoch << 32 | CLOSED, Ordering::SeqCst);
+        s.n_tasks.store(n_tasks, Ordering::Release);
         s.done.store(0, Ordering::Relaxed);
-        s.job.store(&mut job, Ordering::Relaxed);
-        let epoch = (s.state.load(Ordering::Relaxed) >> 32).wrapping_add(1);
+        s.job.store(&mut job, Ordering::Release);
         s.state.store(epoch << 32, Ordering::SeqCst);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = s.park.lock().unwrap_or_else(|e| e.into_inner());
@@ -176,8 +183,18 @@ impl Team {
 fn claim_and_run(s: &Shared, epoch: u32) -> bool {
     loop {
         let cur = s.state.load(Ordering::Acquire);
+        if (cur >> 32) as u32 != epoch {
+            return false;
+        }
+        if cur & 0xFFFF_FFFF == CLOSED {
+            // The caller is between closing and opening this epoch.
+            std::hint::spin_loop();
+            continue;
+        }
+        // Acquire: seeing this epoch's count means seeing the close that preceded it, so
+        // a stale `cur` (an older epoch's) fails the compare-and-swap below.
         let idx = (cur & 0xFFFF_FFFF) as usize;
-        if (cur >> 32) as u32 != epoch || idx >= s.n_tasks.load(Ordering::Acquire) {
+        if idx >= s.n_tasks.load(Ordering::Acquire) {
             return false;
         }
         let job = s.job.load(Ordering::Acquire);
@@ -187,9 +204,10 @@ fn claim_and_run(s: &Shared, epoch: u32) -> bool {
         {
             continue;
         }
-        // SAFETY: the claim succeeded while `state` still held this epoch with task `idx`
-        // unclaimed, so the caller has not returned and `job` (read after `cur`, which
-        // the caller published after it) is this epoch's job.
+        // SAFETY: the claim succeeded while `state` still held this (open) epoch with task
+        // `idx` unclaimed, so the caller has not returned, and `job` — read after `cur`,
+        // whose opening store followed the job's — is this epoch's job (a newer job would
+        // have been stored only after `state` changed, failing the claim).
         let f = unsafe { &*(*job).f };
         if panic::catch_unwind(AssertUnwindSafe(|| f(idx))).is_err() {
             s.panicked.store(true, Ordering::Relaxed);
@@ -245,6 +263,23 @@ mod tests {
             assert!(
                 counts.iter().all(|c| c.load(Ordering::Relaxed) == 1),
                 "n={n}"
+            );
+        }
+    }
+
+    #[test]
+    fn back_to_back_jobs_never_run_a_task_twice_or_skip_one() {
+        // Many short jobs in a row exercise the hand-over between epochs, where a worker
+        // still looking at the previous job meets the next one being published.
+        for round in 0..20_000usize {
+            let n = 1 + round % 5;
+            let counts: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            for_each(n, |i| {
+                counts[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(
+                counts.iter().all(|c| c.load(Ordering::Relaxed) == 1),
+                "round {round}"
             );
         }
     }

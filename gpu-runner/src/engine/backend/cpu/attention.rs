@@ -19,7 +19,7 @@
 use half::f16;
 
 use super::kv_pool::{KvLayer, KvPool};
-use super::ops::{axpy, dot, softcap, softmax};
+use super::ops::{dot, softcap, softmax, weighted_sum};
 use crate::engine::backend::batch::BatchLayout;
 use crate::engine::backend::SeqSlice;
 use crate::engine::team;
@@ -190,7 +190,7 @@ fn run_task_f32(s: &Shared<'_, f32>, task: &mut Task<'_>, scratch: &mut TaskScra
         unsafe { run_task_f32_avx2(s, task, scratch) };
         return;
     }
-    run_task_body(s, task, scratch, dot, axpy, widen_f32);
+    run_task_body(s, task, scratch, dot, weighted_sum, widen_f32);
 }
 
 fn run_task_f16(s: &Shared<'_, f16>, task: &mut Task<'_>, scratch: &mut TaskScratch) {
@@ -200,7 +200,7 @@ fn run_task_f16(s: &Shared<'_, f16>, task: &mut Task<'_>, scratch: &mut TaskScra
         unsafe { run_task_f16_avx2(s, task, scratch) };
         return;
     }
-    run_task_body(s, task, scratch, dot, axpy, widen_f16);
+    run_task_body(s, task, scratch, dot, weighted_sum, widen_f16);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -209,8 +209,9 @@ unsafe fn run_task_f32_avx2(s: &Shared<'_, f32>, task: &mut Task<'_>, scratch: &
     // SAFETY: this function only runs where AVX2, FMA and F16C are available.
     let dot = |a: &[f32], b: &[f32]| unsafe { super::simd::dot(a, b) };
     // SAFETY: as above.
-    let axpy = |o: &mut [f32], w: f32, v: &[f32]| unsafe { super::simd::axpy(o, w, v) };
-    run_task_body(s, task, scratch, dot, axpy, widen_f32);
+    let weighted_sum =
+        |o: &mut [f32], w: &[f32], rows: &[f32]| unsafe { super::simd::weighted_sum(o, w, rows) };
+    run_task_body(s, task, scratch, dot, weighted_sum, widen_f32);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -219,10 +220,11 @@ unsafe fn run_task_f16_avx2(s: &Shared<'_, f16>, task: &mut Task<'_>, scratch: &
     // SAFETY: this function only runs where AVX2, FMA and F16C are available.
     let dot = |a: &[f32], b: &[f32]| unsafe { super::simd::dot(a, b) };
     // SAFETY: as above.
-    let axpy = |o: &mut [f32], w: f32, v: &[f32]| unsafe { super::simd::axpy(o, w, v) };
+    let weighted_sum =
+        |o: &mut [f32], w: &[f32], rows: &[f32]| unsafe { super::simd::weighted_sum(o, w, rows) };
     // SAFETY: as above.
     let widen = |src: &[f16], dst: &mut [f32]| unsafe { super::simd::widen_f16(src, dst) };
-    run_task_body(s, task, scratch, dot, axpy, widen);
+    run_task_body(s, task, scratch, dot, weighted_sum, widen);
 }
 
 /// Fills `offsets` with the offset of KV head `kv_head`'s row for each cached position
@@ -250,7 +252,7 @@ fn slot_offsets(
     }
 }
 
-/// The kernel, generic over the dot/axpy/widen primitives so it is compiled once per
+/// The kernel, generic over the dot/weighted-sum/widen primitives so it is compiled once per
 /// instruction set. Each cached K and V row is widened to f32 once and then serves every
 /// query head of the group (rather than being converted once per head).
 #[inline(always)]
@@ -259,7 +261,7 @@ fn run_task_body<T>(
     task: &mut Task<'_>,
     scratch: &mut TaskScratch,
     dot: impl Fn(&[f32], &[f32]) -> f32,
-    axpy: impl Fn(&mut [f32], f32, &[f32]),
+    weighted_sum: impl Fn(&mut [f32], &[f32], &[f32]),
     widen: impl Fn(&[T], &mut [f32]),
 ) {
     let p = s.p;
@@ -309,11 +311,9 @@ fn run_task_body<T>(
         out.fill(0.0);
         for (c, offs) in scratch.offsets.chunks(ROWS_PER_PASS).enumerate() {
             widen_rows(s.v, offs, hd, rows, &widen);
-            for (i, row) in rows.chunks_exact(hd).take(offs.len()).enumerate() {
-                let j = c * ROWS_PER_PASS + i;
-                for (h, out_h) in out.chunks_exact_mut(hd).enumerate() {
-                    axpy(out_h, scores[h * n_pos + j], row);
-                }
+            let (j0, n) = (c * ROWS_PER_PASS, offs.len());
+            for (h, out_h) in out.chunks_exact_mut(hd).enumerate() {
+                weighted_sum(out_h, &scores[h * n_pos + j0..][..n], &rows[..n * hd]);
             }
         }
     }

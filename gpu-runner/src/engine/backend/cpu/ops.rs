@@ -31,6 +31,13 @@ pub fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
     }
 }
 
+/// `out += Σ_i weights[i] · rows[i]`, `rows` holding `weights.len()` rows of `out.len()`.
+pub fn weighted_sum(out: &mut [f32], weights: &[f32], rows: &[f32]) {
+    for (&w, row) in weights.iter().zip(rows.chunks_exact(out.len().max(1))) {
+        axpy(out, w, row);
+    }
+}
+
 /// RMSNorm of every `weight.len()`-wide row of `x` into `out`: `x / rms(x) · weight`.
 pub fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();

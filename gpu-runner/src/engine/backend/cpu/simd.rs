@@ -1,4 +1,4 @@
-//! AVX2+FMA versions of the attention inner loops (dot product, `out += w·v`) and the
+//! AVX2+FMA versions of the attention inner loops (dot product, weighted sum of rows) and the
 //! widening of an f16 KV-cache row to f32 (8 halves per F16C `vcvtph2ps`).
 //! The compiler does not vectorise the portable versions in [`super::ops`] well enough for
 //! the innermost attention loop; callers check the CPU features once per task.
@@ -84,27 +84,6 @@ unsafe fn dot_lanes<T: Lane>(a: &[f32], b: &[T]) -> f32 {
     sum
 }
 
-/// `out[i] += w · v[i]` over the shorter length.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn axpy_lanes<T: Lane>(out: &mut [f32], w: f32, v: &[T]) {
-    let n = out.len().min(v.len());
-    let (po, pv) = (out.as_mut_ptr(), v.as_ptr());
-    let wv = _mm256_set1_ps(w);
-    let mut i = 0;
-    // SAFETY: `i + 8 <= n` before each access, so 8 elements lie inside both slices.
-    while i + 8 <= n {
-        unsafe {
-            let acc = _mm256_fmadd_ps(wv, T::load8(pv.add(i)), _mm256_loadu_ps(po.add(i)));
-            _mm256_storeu_ps(po.add(i), acc);
-        }
-        i += 8;
-    }
-    for j in i..n {
-        out[j] += w * v[j].widen();
-    }
-}
-
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn hsum(v: __m256) -> f32 {
@@ -124,15 +103,60 @@ pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
     unsafe { dot_lanes(a, b) }
 }
 
-/// `out[i] += w · v[i]` over the shorter length.
+/// `out += Σ_i weights[i] · rows[i]`, `rows` holding `weights.len()` rows of `out.len()`:
+/// attention's weighted sum of V rows. 64 outputs at a time stay in registers while every
+/// row passes, instead of `out` being loaded and stored once per row (`ops::axpy` per row).
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA ([`available`]).
-#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
-    // SAFETY: the caller checked the CPU features.
-    unsafe { axpy_lanes(out, w, v) }
+pub unsafe fn weighted_sum(out: &mut [f32], weights: &[f32], rows: &[f32]) {
+    let hd = out.len();
+    if hd == 0 {
+        return;
+    }
+    let n = weights.len().min(rows.len() / hd);
+    let (po, pr) = (out.as_mut_ptr(), rows.as_ptr());
+    let mut c = 0;
+    // SAFETY (all accesses below): `c + 64 <= hd` (resp. `c + 8 <= hd`) and `i < n`, so
+    // every 8-float access lies inside `out[..hd]` or inside row `i` of `rows[..n * hd]`.
+    while c + 64 <= hd {
+        let mut acc: [__m256; 8] =
+            std::array::from_fn(|k| unsafe { _mm256_loadu_ps(po.add(c + 8 * k)) });
+        for (i, &w) in weights[..n].iter().enumerate() {
+            let w = _mm256_set1_ps(w);
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(
+                    w,
+                    unsafe { _mm256_loadu_ps(pr.add(i * hd + c + 8 * k)) },
+                    *a,
+                );
+            }
+        }
+        for (k, a) in acc.iter().enumerate() {
+            unsafe { _mm256_storeu_ps(po.add(c + 8 * k), *a) };
+        }
+        c += 64;
+    }
+    while c + 8 <= hd {
+        let mut acc = unsafe { _mm256_loadu_ps(po.add(c)) };
+        for (i, &w) in weights[..n].iter().enumerate() {
+            acc = _mm256_fmadd_ps(
+                _mm256_set1_ps(w),
+                unsafe { _mm256_loadu_ps(pr.add(i * hd + c)) },
+                acc,
+            );
+        }
+        unsafe { _mm256_storeu_ps(po.add(c), acc) };
+        c += 8;
+    }
+    for d in c..hd {
+        out[d] += weights[..n]
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| w * rows[i * hd + d])
+            .sum::<f32>();
+    }
 }
 
 /// `dst[i] = src[i]` widened to f32, over the shorter length.
@@ -160,7 +184,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn avx2_kernels_match_the_portable_ones() {
+    fn avx2_dot_matches_the_portable_one() {
         if !available() {
             return;
         }
@@ -169,11 +193,31 @@ mod tests {
         // SAFETY: `available()` returned true.
         let fast = unsafe { dot(&a, &b) };
         assert!((fast - super::super::ops::dot(&a, &b)).abs() < 1e-4);
-        let (mut o1, mut o2) = (a.clone(), a.clone());
-        // SAFETY: as above.
-        unsafe { axpy(&mut o1, 0.5, &b) };
-        super::super::ops::axpy(&mut o2, 0.5, &b);
-        assert!(o1.iter().zip(&o2).all(|(x, y)| (x - y).abs() < 1e-6));
+    }
+
+    #[test]
+    fn weighted_row_sums_match_the_portable_ones_at_every_width() {
+        if !available() {
+            return;
+        }
+        for hd in [1, 7, 8, 9, 64, 72, 130, 256] {
+            let n = 5;
+            let rows: Vec<f32> = (0..n * hd).map(|i| (i as f32 * 0.37).sin()).collect();
+            let weights: Vec<f32> = (0..n).map(|i| 0.1 + i as f32 * 0.2).collect();
+            let (mut fast, mut slow): (Vec<f32>, Vec<f32>) = (
+                (0..hd).map(|i| i as f32).collect(),
+                (0..hd).map(|i| i as f32).collect(),
+            );
+            // SAFETY: `available()` returned true.
+            unsafe { weighted_sum(&mut fast, &weights, &rows) };
+            super::super::ops::weighted_sum(&mut slow, &weights, &rows);
+            assert!(
+                fast.iter()
+                    .zip(&slow)
+                    .all(|(x, y)| (x - y).abs() <= 1e-5 * y.abs().max(1.0)),
+                "hd={hd}"
+            );
+        }
     }
 
     #[test]
