@@ -149,6 +149,27 @@ macro_rules! x86_row_kernels {
             _mm256_mul_ps(sum, _mm256_set1_ps(d))
         }
 
+        /// `acc + scale · v` for i32 lanes `v` (a block's integer dot products).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn add_scaled(acc: __m256, scale: f32, v: __m256i) -> __m256 {
+            _mm256_fmadd_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(v), acc)
+        }
+
+        /// Writes a group's results: `out[t0 + j] = Σ lanes of acc[j] + extra[j]`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn store_group<const G: usize>(
+            acc: &[__m256; G],
+            extra: &[f32; G],
+            t0: usize,
+            out: &mut [f32],
+        ) {
+            for j in 0..G {
+                out[t0 + j] = hsum(acc[j]) + extra[j];
+            }
+        }
+
         // The formats of the affine kernel, as its const parameter.
         const Q4_0: u8 = 0;
         const Q5_0: u8 = 1;
@@ -221,9 +242,7 @@ macro_rules! x86_row_kernels {
                     acc[j] = _mm256_fmadd_ps(scaled(sum, a[j].d), dw, acc[j]);
                 }
             }
-            for j in 0..G {
-                out[t0 + j] = hsum(acc[j]);
-            }
+            store_group(&acc, &[0.0; G], t0, out);
         }
 
         /// Q4_0, Q4_1, Q5_0, Q5_1 over tokens `t0 .. t0 + G`: the offset `m` meets the
@@ -248,9 +267,7 @@ macro_rules! x86_row_kernels {
                     offsets[j] += mw * a[j].s;
                 }
             }
-            for j in 0..G {
-                out[t0 + j] = hsum(acc[j]) + offsets[j];
-            }
+            store_group(&acc, &offsets, t0, out);
         }
 
         fn row_affine<const FMT: u8>(wrow: &[u8], acts: &[BlockQ8_1], tn: usize, out: &mut [f32]) {
@@ -316,21 +333,11 @@ macro_rules! x86_row_kernels {
                         sumi = scaled_dot_acc(sumi, w[g], x, scales[g]);
                     }
                     let min_sum = _mm256_madd_epi16(mins, load_bsums(&a[j]));
-                    acc[j] = _mm256_fmadd_ps(
-                        _mm256_set1_ps(d * a[j].d),
-                        _mm256_cvtepi32_ps(sumi),
-                        acc[j],
-                    );
-                    acc[j] = _mm256_fnmadd_ps(
-                        _mm256_set1_ps(dmin * a[j].d),
-                        _mm256_cvtepi32_ps(min_sum),
-                        acc[j],
-                    );
+                    acc[j] = add_scaled(acc[j], d * a[j].d, sumi);
+                    acc[j] = add_scaled(acc[j], -dmin * a[j].d, min_sum);
                 }
             }
-            for j in 0..G {
-                out[t0 + j] = hsum(acc[j]);
-            }
+            store_group(&acc, &[0.0; G], t0, out);
         }
 
         /// Q6_K over tokens `t0 .. t0 + G`.
@@ -386,16 +393,10 @@ macro_rules! x86_row_kernels {
                     // Undo the +32 offset: Σ_g sc_g · 32 · Σ_{i∈g} x_i.
                     let offset = _mm256_slli_epi32(_mm256_madd_epi16(sc16, load_bsums(&a[j])), 5);
                     let total = _mm256_sub_epi32(sumi, offset);
-                    acc[j] = _mm256_fmadd_ps(
-                        _mm256_set1_ps(d * a[j].d),
-                        _mm256_cvtepi32_ps(total),
-                        acc[j],
-                    );
+                    acc[j] = add_scaled(acc[j], d * a[j].d, total);
                 }
             }
-            for j in 0..G {
-                out[t0 + j] = hsum(acc[j]);
-            }
+            store_group(&acc, &[0.0; G], t0, out);
         }
 
         fn row_q45_k<const FIVE: bool>(wrow: &[u8], acts: &[BlockQ8K], tn: usize, out: &mut [f32]) {
