@@ -89,26 +89,45 @@ pub(crate) fn has_vnni() -> bool {
 mod simd {
     use super::*;
 
+    /// The best kernel set this CPU may run, within `FALLOW_CPU_KERNELS`.
     #[cfg(target_arch = "x86_64")]
-    fn allowed(kind: &str) -> bool {
-        match std::env::var("FALLOW_CPU_KERNELS").as_deref() {
-            Ok("scalar") => false,
-            Ok("avx2") => kind == "avx2",
-            _ => true,
-        }
+    #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    enum Level {
+        Scalar,
+        Avx2,
+        Vnni,
+    }
+
+    /// Decided once per process: every matrix product asks, and reading the environment
+    /// takes a lock and allocates.
+    #[cfg(target_arch = "x86_64")]
+    fn level() -> Level {
+        static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
+        *LEVEL.get_or_init(|| {
+            let cap = match std::env::var("FALLOW_CPU_KERNELS").as_deref() {
+                Ok("scalar") => Level::Scalar,
+                Ok("avx2") => Level::Avx2,
+                _ => Level::Vnni,
+            };
+            let detected = if has_vnni() {
+                Level::Vnni
+            } else if has_avx2() {
+                Level::Avx2
+            } else {
+                Level::Scalar
+            };
+            cap.min(detected)
+        })
     }
 
     macro_rules! x86_kernel {
         ($fn_name:ident, $act:ty, $kernel:ident) => {
             pub(super) fn $fn_name() -> Option<RowKernel<$act>> {
                 #[cfg(target_arch = "x86_64")]
-                {
-                    if allowed("vnni") && has_vnni() {
-                        return Some(crate::engine::quant::vnni::$kernel);
-                    }
-                    if allowed("avx2") && has_avx2() {
-                        return Some(crate::engine::quant::avx2::rows::$kernel);
-                    }
+                match level() {
+                    Level::Vnni => return Some(crate::engine::quant::vnni::$kernel),
+                    Level::Avx2 => return Some(crate::engine::quant::avx2::rows::$kernel),
+                    Level::Scalar => {}
                 }
                 None
             }
