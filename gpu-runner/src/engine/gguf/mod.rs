@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 
-use crate::engine::quant::{GgmlType, QMatrix, TensorBytes};
+use crate::engine::quant::{GgmlType, Layout, QMatrix, TensorBytes};
 
 pub use error::GgufError;
 pub use value::MetaValue;
@@ -167,6 +167,7 @@ impl GgufFile {
                 offset,
                 len,
             },
+            layout: Layout::Rows,
         })
     }
 

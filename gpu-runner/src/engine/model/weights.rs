@@ -196,7 +196,7 @@ impl Loader<'_> {
                 expected: vec![rows, cols],
             });
         }
-        Ok(m)
+        Ok(m.into_cpu_layout())
     }
 
     fn vector(&self, role: Role, layer: usize, len: usize) -> Result<Vec<f32>, ModelError> {

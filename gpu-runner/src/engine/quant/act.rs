@@ -20,6 +20,10 @@ pub(crate) struct BlockQ8_1 {
     pub d: f32,
     /// `d · Σ qs`, i.e. the block's sum as the dot product sees it.
     pub s: f32,
+    /// `Σ qs`: lets the interleaved kernels of the symmetric formats, whose quants they
+    /// store with an offset, start each integer sum at the offset's share (`−offset·Σqs`)
+    /// instead of correcting in floating point.
+    pub sum: i32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -78,7 +82,8 @@ impl ActBlock for BlockQ8_1 {
     fn quantize(x: &[f32]) -> Self {
         let mut b = BlockQ8_1::default();
         b.d = quantize_symmetric(x, &mut b.qs);
-        b.s = b.d * b.qs.iter().map(|&q| q as i32).sum::<i32>() as f32;
+        b.sum = b.qs.iter().map(|&q| q as i32).sum();
+        b.s = b.d * b.sum as f32;
         b
     }
 }

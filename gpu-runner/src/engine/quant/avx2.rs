@@ -165,3 +165,28 @@ pub(crate) mod rows {
 
     x86_row_kernels!("avx2,fma,f16c");
 }
+
+/// The tile kernels (from the shared [`super::x86_tiles`] source) for AVX2 without VNNI.
+pub(crate) mod tiles {
+    use super::super::x86_tiles::x86_tile_kernels;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_u8_i8_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_add_epi32(
+            acc,
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)),
+        )
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_i16_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+    }
+
+    /// `maddubs` saturates its i16 pair sums, exact only for u8 lanes up to ~128.
+    const FULL_RANGE_U8: bool = false;
+
+    x86_tile_kernels!("avx2,fma,f16c");
+}

@@ -10,7 +10,8 @@
 use super::act::ActBlock;
 use super::float::dot_f32;
 use super::formats::WeightFormat;
-use super::QMatrix;
+use super::interleave::TILE_ROWS;
+use super::{Layout, QMatrix};
 use crate::engine::team;
 
 /// Tokens per tile: the activation tile of the widest layer stays in L2 at this size.
@@ -33,6 +34,14 @@ impl SharedOut {
         assert!(i < self.len);
         // SAFETY: in bounds (checked above) and disjoint per chunk (struct docs).
         unsafe { *self.ptr.add(i) = v }
+    }
+
+    /// Writes `vals` to `i ..` (one chunk's adjacent rows of one token).
+    #[inline(always)]
+    fn write_run(&self, i: usize, vals: &[f32]) {
+        assert!(i + vals.len() <= self.len);
+        // SAFETY: in bounds (checked above) and disjoint per chunk (struct docs).
+        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), self.ptr.add(i), vals.len()) }
     }
 }
 
@@ -92,6 +101,7 @@ pub(crate) fn matmul_quantized<W: WeightFormat>(
         return;
     };
     let kernel = W::row_kernel();
+    let tile_kernel = W::tile_kernel();
     let tiles = quantize_tiles::<W::Act>(x, n_tokens, cols);
     let total_rows: usize = mats.iter().map(|m| m.rows).sum();
     let base_chunk = rows_per_chunk(total_rows, cols, n_tokens);
@@ -102,6 +112,9 @@ pub(crate) fn matmul_quantized<W: WeightFormat>(
         if tiles.len() > 1 {
             // Several tiles pass over the chunk's rows: keep those rows cache-sized.
             chunk = chunk.min((TILED_CHUNK_BYTES / m.row_bytes().max(1)).max(1));
+        }
+        if m.layout == Layout::Interleaved {
+            chunk = chunk.next_multiple_of(TILE_ROWS);
         }
         chunks.extend(
             (0..m.rows)
@@ -120,6 +133,20 @@ pub(crate) fn matmul_quantized<W: WeightFormat>(
         let (i, r0, r1) = chunks[c];
         let (m, out) = (mats[i], &shared[i]);
         let (rows, row_bytes, weights) = (m.rows, m.row_bytes(), m.bytes());
+        if m.layout == Layout::Interleaved {
+            let tile_kernel = tile_kernel.expect("interleaved matrix without a tile kernel");
+            let mut buf = [0f32; TOKEN_TILE * TILE_ROWS];
+            for tile in &tiles {
+                for r in (r0..r1).step_by(TILE_ROWS) {
+                    let strip = &weights[r * row_bytes..(r + TILE_ROWS) * row_bytes];
+                    tile_kernel(strip, &tile.acts, tile.tn, &mut buf);
+                    for (t, vals) in buf.chunks_exact(TILE_ROWS).take(tile.tn).enumerate() {
+                        out.write_run((tile.t0 + t) * rows + r, vals);
+                    }
+                }
+            }
+            return;
+        }
         let mut buf = [0f32; TOKEN_TILE];
         for tile in &tiles {
             for r in r0..r1 {

@@ -24,3 +24,25 @@ fn scaled_dot_acc(acc: __m256i, u: __m256i, s: __m256i, scales: __m256i) -> __m2
 const FULL_RANGE_U8: bool = true;
 
 x86_row_kernels!("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni");
+
+/// The tile kernels (from the shared [`super::x86_tiles`] source) with VNNI.
+pub(crate) mod tiles {
+    use super::super::x86_tiles::x86_tile_kernels;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+    fn dot_u8_i8_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, s)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+    fn dot_i16_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpwssd_epi32(acc, a, b)
+    }
+
+    /// `vpdpbusd` sums u8 × i8 products straight into i32: exact for every u8.
+    const FULL_RANGE_U8: bool = true;
+
+    x86_tile_kernels!("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni");
+}

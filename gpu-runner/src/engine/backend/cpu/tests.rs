@@ -194,9 +194,12 @@ fn f16_and_f32_caches_give_nearly_the_same_distribution_and_the_same_argmax() {
         .filter(|(_, &p)| p > -6.0)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max);
-    // Measured 0.32: the attention-sink first token has large K/V, so ~3 significant
-    // digits still move scores noticeably; the same order as we differ from llama.cpp.
-    assert!(diff < 0.5, "likely-token log-prob difference {diff}");
+    // Measured 0.04 (portable kernels), 0.22 (row kernels) and 0.56 (interleaved tile
+    // kernels): the attention-sink first token has large K/V, so ~3 significant digits
+    // still move scores noticeably, and each moved activation can flip roundings of the
+    // next 8-bit activation quantisation, so how far this goes depends on every kernel's
+    // rounding order. The same order as we differ from llama.cpp (see `reference_tests`).
+    assert!(diff < 0.75, "likely-token log-prob difference {diff}");
     assert_eq!(argmax(&logits[0]), argmax(&logits[1]));
 }
 

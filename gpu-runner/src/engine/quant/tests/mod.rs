@@ -2,6 +2,8 @@
 //! small reference quantizers, matrix products against f32 maths, SIMD against scalar.
 
 mod golden;
+#[cfg(target_arch = "x86_64")]
+mod interleaved;
 mod matmul;
 mod ref_quant;
 mod roundtrip;
@@ -38,4 +40,43 @@ impl Rng {
     pub fn normals(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.normal() * scale).collect()
     }
+}
+
+/// Whether a SIMD kernel's `got` for one row and token agrees with the portable kernel's
+/// `want`. Kernels may round in another order; f32 rounding scales with the size of the
+/// per-block terms, which random blocks make thousands of times larger than their
+/// (cancelling) sum.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn kernel_agrees<W: crate::engine::quant::formats::WeightFormat>(
+    wrow: &[u8],
+    acts: &[W::Act],
+    tn: usize,
+    tok: usize,
+    want: f32,
+    got: f32,
+) -> bool {
+    let terms: f32 = wrow
+        .chunks_exact(W::BLOCK_BYTES)
+        .enumerate()
+        .map(|(b, block)| W::dot(block, &acts[b * tn + tok]).abs())
+        .sum();
+    (want - got).abs() <= 1e-4 * want.abs().max(1.0) + 1e-6 * terms
+}
+
+/// Activations of `tn` random tokens of `cols` inputs, block-major as kernels take them.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn random_acts<A: crate::engine::quant::act::ActBlock>(
+    rng: &mut Rng,
+    cols: usize,
+    tn: usize,
+) -> Vec<A> {
+    let nb = cols / A::ELEMS;
+    let mut acts = vec![A::default(); nb * tn];
+    for tok in 0..tn {
+        let x = rng.normals(cols, 2.0);
+        for (b, chunk) in x.chunks_exact(A::ELEMS).enumerate() {
+            acts[b * tn + tok] = A::quantize(chunk);
+        }
+    }
+    acts
 }

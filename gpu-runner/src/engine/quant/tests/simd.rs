@@ -3,7 +3,7 @@
 //! every tile width the token grouping treats differently.
 
 use super::ref_quant::quantize;
-use super::Rng;
+use super::{kernel_agrees, random_acts, Rng};
 use crate::engine::quant::act::{ActBlock, BlockQ8K, BlockQ8_1};
 use crate::engine::quant::formats::{self as f, scalar_row, RowKernel, WeightFormat};
 use crate::engine::quant::GgmlType;
@@ -53,31 +53,13 @@ fn compare<W: WeightFormat>(t: GgmlType, simd: RowKernel<W::Act>) {
         raw_blocks(&mut rng, t, nb),
     ] {
         for tn in [1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 31, 32] {
-            let mut acts = vec![W::Act::default(); nb * tn];
-            for tok in 0..tn {
-                let x = rng.normals(cols, 2.0);
-                for (b, chunk) in x.chunks_exact(W::Act::ELEMS).enumerate() {
-                    acts[b * tn + tok] = W::Act::quantize(chunk);
-                }
-            }
+            let acts = random_acts::<W::Act>(&mut rng, cols, tn);
             let (mut want, mut got) = (vec![0f32; tn], vec![0f32; tn]);
             scalar_row::<W>(&wrow, &acts, tn, &mut want);
             simd(&wrow, &acts, tn, &mut got);
             for (tok, (w, g)) in want.iter().zip(&got).enumerate() {
-                // Kernels may round in another order; f32 rounding scales with the size of
-                // the per-block terms, which random blocks make thousands of times larger
-                // than their (cancelling) sum.
-                let terms: f32 = (0..nb)
-                    .map(|b| {
-                        W::dot(
-                            &wrow[b * W::BLOCK_BYTES..][..W::BLOCK_BYTES],
-                            &acts[b * tn + tok],
-                        )
-                        .abs()
-                    })
-                    .sum();
                 assert!(
-                    (w - g).abs() <= 1e-4 * w.abs().max(1.0) + 1e-6 * terms,
+                    kernel_agrees::<W>(&wrow, &acts, tn, tok, *w, *g),
                     "{t:?} tn={tn} token {tok}: scalar {w}, simd {g}"
                 );
             }
