@@ -7,14 +7,31 @@ use rand::Rng;
 
 /// Index of the largest logit, ties to the lowest index, NaN never chosen; 0 for an empty
 /// row or one without a number. Device backends' argmax kernels match this definition.
+///
+/// Two passes: a maximum over 16 independent lanes (compiled to vector max instructions:
+/// a comparison with NaN is false, so NaN never wins), then the first index holding it.
+/// One serial compare-and-branch per logit took 4 % of a 16-stream Gemma 3 decode step
+/// (262k logits per row).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &l) in logits.iter().enumerate() {
-        if !l.is_nan() && best.is_none_or(|(_, b)| l > b) {
-            best = Some((i, l));
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (m, &l) in lanes.iter_mut().zip(chunk) {
+            *m = if l > *m { l } else { *m };
         }
     }
-    best.map_or(0, |(i, _)| i as u32)
+    let max = lanes
+        .iter()
+        .chain(rest)
+        .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
+    // All −∞ finds the first −∞ (the first number), as the one-pass definition does; no
+    // number at all finds nothing.
+    logits
+        .iter()
+        .position(|&l| l == max)
+        .map_or(0, |i| i as u32)
 }
 
 /// Candidates beyond this many are sorted for top-p only if the best ones do not already

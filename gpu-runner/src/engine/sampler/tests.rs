@@ -332,3 +332,36 @@ fn a_constrained_sequence_never_takes_the_devices_argmax() {
     };
     assert!(!seq(&p).only_needs_argmax());
 }
+
+#[test]
+fn argmax_takes_the_first_of_equal_maxima_and_never_nan_at_any_length() {
+    // The one-pass definition the device kernels also follow.
+    let reference = |l: &[f32]| {
+        let mut best: Option<(usize, f32)> = None;
+        for (i, &x) in l.iter().enumerate() {
+            if !x.is_nan() && best.is_none_or(|(_, b)| x > b) {
+                best = Some((i, x));
+            }
+        }
+        best.map_or(0, |(i, _)| i as u32)
+    };
+    for n in [0, 1, 15, 16, 17, 33, 100] {
+        let mut rows = vec![
+            (0..n).map(|i| (i % 7) as f32).collect::<Vec<f32>>(),
+            vec![f32::NAN; n],
+            vec![f32::NEG_INFINITY; n],
+            (0..n)
+                .map(|i| if i % 3 == 0 { f32::NAN } else { -(i as f32) })
+                .collect(),
+        ];
+        if n > 2 {
+            let mut late = vec![0.0; n];
+            late[n - 1] = 1.0;
+            late[n / 2] = 1.0;
+            rows.push(late);
+        }
+        for row in rows {
+            assert_eq!(argmax(&row), reference(&row), "n={n}: {row:?}");
+        }
+    }
+}

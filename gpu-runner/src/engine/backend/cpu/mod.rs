@@ -45,6 +45,8 @@ struct Scratch {
     up: Vec<f32>,
     /// Final hidden states of the rows that produce logits.
     head_in: Vec<f32>,
+    /// A logits buffer handed back by [`Backend::recycle_logits`], reused by the next step.
+    spare_logits: Vec<f32>,
     rope_global: RopeTable,
     rope_local: RopeTable,
 }
@@ -146,7 +148,9 @@ impl CpuBackend {
             self.config.rms_eps,
             &mut s.xn,
         );
-        let mut out = vec![0f32; rows.len() * vocab];
+        // Every element is written by the matmul; zeroing only what the spare lacks.
+        let mut out = std::mem::take(&mut s.spare_logits);
+        out.resize(rows.len() * vocab, 0.0);
         self.weights.lm_head().matmul(&s.xn, rows.len(), &mut out);
         if let Some(cap) = self.config.final_logit_softcap {
             ops::softcap(&mut out, cap);
@@ -162,6 +166,10 @@ impl Backend for CpuBackend {
 
     fn block_size(&self) -> usize {
         self.kv.block_size()
+    }
+
+    fn recycle_logits(&mut self, logits: Vec<f32>) {
+        self.scratch.spare_logits = logits;
     }
 
     fn num_blocks(&self) -> usize {
