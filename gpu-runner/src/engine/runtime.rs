@@ -176,7 +176,10 @@ pub fn model_id_for(path: &Path) -> String {
 }
 
 pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError> {
-    let artifacts = model::open(path)?;
+    let mut artifacts = model::open(path)?;
+    if options.device == Device::Cpu {
+        artifacts.use_cpu_layout();
+    }
     let frontend = build_frontend(&artifacts, options)?;
     let block_size = options.block_size.max(1);
     let per_block = kv_bytes_per_block(&artifacts.config, block_size).max(1);

@@ -90,6 +90,17 @@ pub struct ModelArtifacts {
     pub eos_ids: Vec<u32>,
 }
 
+impl ModelArtifacts {
+    /// Puts the weights in the CPU kernels' layout ([`Weights::use_cpu_layout`]) before a
+    /// CPU backend is built on them. Only while these artifacts hold the only reference to
+    /// the weights (as right after [`open`]); otherwise they stay as they are, still correct.
+    pub fn use_cpu_layout(&mut self) {
+        if let Some(weights) = Arc::get_mut(&mut self.weights) {
+            weights.use_cpu_layout();
+        }
+    }
+}
+
 impl std::fmt::Debug for ModelArtifacts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ModelArtifacts")

@@ -60,6 +60,29 @@ impl Weights {
             .chain(per_layer)
     }
 
+    /// Rearranges every matrix into the layout this CPU's kernels read fastest (see
+    /// [`QMatrix::use_cpu_layout`]): for weights the CPU backend will run, not for a CUDA
+    /// upload or an inspection, which would only pay for reading and copying them.
+    pub fn use_cpu_layout(&mut self) {
+        let per_layer = self.layers.iter_mut().flat_map(|l| {
+            [
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.w_gate,
+                &mut l.w_up,
+                &mut l.w_down,
+            ]
+        });
+        for m in std::iter::once(&mut self.token_embd)
+            .chain(self.output.as_mut())
+            .chain(per_layer)
+        {
+            m.use_cpu_layout();
+        }
+    }
+
     /// Elements of every vector (norms, biases, RoPE factors).
     pub fn vector_elements(&self) -> usize {
         let per_layer: usize = self
@@ -196,7 +219,7 @@ impl Loader<'_> {
                 expected: vec![rows, cols],
             });
         }
-        Ok(m.into_cpu_layout())
+        Ok(m)
     }
 
     fn vector(&self, role: Role, layer: usize, len: usize) -> Result<Vec<f32>, ModelError> {

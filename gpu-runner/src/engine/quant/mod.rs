@@ -9,7 +9,7 @@
 //!   for AVX-512 VNNI (`vnni`), picked at runtime (portable code elsewhere).
 //! - `interleave` + `x86_tiles`: the layout that stores 8 rows together
 //!   ([`Layout::Interleaved`]) and its kernels, several times faster than the row kernels
-//!   where the CPU has them ([`QMatrix::into_cpu_layout`]).
+//!   where the CPU has them ([`QMatrix::use_cpu_layout`]).
 //!
 //! **Invariant:** a [`QMatrix`] built by [`QMatrix::new`] has `cols` a whole number of blocks
 //! and exactly `rows × row_bytes` bytes, so kernels index its rows without further checks;
@@ -162,12 +162,23 @@ impl QMatrix {
         })
     }
 
-    /// The matrix in the layout this CPU's kernels read fastest: interleaved where a tile
-    /// kernel exists for its format (and its rows fill whole tiles), else unchanged. A
-    /// mapped matrix becomes owned; the mapped pages it was read from are handed back to
-    /// the kernel as it goes, so loading never holds both copies (peak memory stays that
-    /// of one copy plus a few MiB).
-    pub fn into_cpu_layout(self) -> QMatrix {
+    /// Rearranges the matrix into the layout this CPU's kernels read fastest: interleaved
+    /// where a tile kernel exists for its format (and its rows fill whole tiles), else
+    /// unchanged. A mapped matrix becomes owned; the mapped pages it was read from are
+    /// handed back to the kernel as it goes, so loading never holds both copies (peak
+    /// memory stays that of one copy plus a few MiB).
+    pub fn use_cpu_layout(&mut self) {
+        let empty = QMatrix {
+            dtype: GgmlType::F32,
+            rows: 0,
+            cols: 0,
+            data: TensorBytes::Owned(Vec::new()),
+            layout: Layout::Rows,
+        };
+        *self = std::mem::replace(self, empty).into_cpu_layout();
+    }
+
+    fn into_cpu_layout(self) -> QMatrix {
         if self.layout != Layout::Rows
             || self.cols == 0
             || !self.rows.is_multiple_of(interleave::TILE_ROWS)

@@ -59,7 +59,8 @@ fn hf_and_gguf_copies_of_a_tiny_model_give_the_same_logits() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let (hf, gguf) = write_tiny(dir.path(), arch, 11).unwrap_or_else(|e| panic!("write: {e}"));
         let a = model::open(&hf).unwrap_or_else(|e| panic!("{arch:?} hf: {e}"));
-        let g = model::open(&gguf).unwrap_or_else(|e| panic!("{arch:?} gguf: {e}"));
+        let mut g = model::open(&gguf).unwrap_or_else(|e| panic!("{arch:?} gguf: {e}"));
+        g.use_cpu_layout();
         let la = all_logits(&mut backend(&a), &[TOKENS.len()]);
         let lg = all_logits(&mut backend(&g), &[TOKENS.len()]);
         assert_eq!(la.len(), TOKENS.len() * VOCAB);
@@ -98,7 +99,8 @@ fn tiny_models_match_llama_cpp_logits() {
     for (name, arch) in ARCHS {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let (_, gguf) = write_tiny(dir.path(), arch, seed).unwrap_or_else(|e| panic!("write: {e}"));
-        let g = model::open(&gguf).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut g = model::open(&gguf).unwrap_or_else(|e| panic!("{name}: {e}"));
+        g.use_cpu_layout();
         let ours = all_logits(&mut backend(&g), &[TOKENS.len()]);
         let reference: Vec<f32> = fixture["logits"][name]
             .as_array()

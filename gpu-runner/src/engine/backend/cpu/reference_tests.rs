@@ -146,7 +146,8 @@ fn smollm2_matches_llama_cpp_along_greedy_continuations() {
     }
     let text = std::fs::read_to_string(FIXTURE).unwrap_or_else(|e| panic!("fixture: {e}"));
     let fixture: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("fixture: {e}"));
-    let a = model::open(Path::new(MODEL)).unwrap_or_else(|e| panic!("model: {e}"));
+    let mut a = model::open(Path::new(MODEL)).unwrap_or_else(|e| panic!("model: {e}"));
+    a.use_cpu_layout();
     let vocab = a.config.vocab_size;
     let mut b = CpuBackend::new(&a, 16, 16).unwrap_or_else(|e| panic!("backend: {e}"));
     let mut agreement = Agreement::default();
@@ -174,7 +175,8 @@ fn gemma3_270m_matches_llama_cpp_at_every_position() {
     }
     let fixture: Value =
         serde_json::from_str(GEMMA_FIXTURE).unwrap_or_else(|e| panic!("fixture: {e}"));
-    let a = model::open(Path::new(GEMMA)).unwrap_or_else(|e| panic!("model: {e}"));
+    let mut a = model::open(Path::new(GEMMA)).unwrap_or_else(|e| panic!("model: {e}"));
+    a.use_cpu_layout();
     let mut b = CpuBackend::new(&a, 4, 16).unwrap_or_else(|e| panic!("backend: {e}"));
     let tokens = ids(&fixture["tokens"]);
     let table = [0, 1, 2, 3];

@@ -21,7 +21,11 @@ fn load() -> Option<ModelArtifacts> {
         return None;
     }
     match model::open(Path::new(MODEL)) {
-        Ok(a) => Some(a),
+        Ok(mut a) => {
+            // As `runtime::load` prepares a CPU model.
+            a.use_cpu_layout();
+            Some(a)
+        }
         Err(e) => panic!("loading {MODEL}: {e}"),
     }
 }
