@@ -12,10 +12,12 @@
 //!   [`stop_regex`]: `stop_regex` matching.
 //! - [`grammar`]: constrained decoding (llguidance): a constraint → per-sequence token masks.
 //! - [`llm`]: the engine loop tying them together.
-//! - [`team`]: the CPU backend's persistent worker threads.
+//! - [`team`]: the CPU backend's persistent worker threads; [`fast_exp`]: a vectorisable
+//!   `e^x` for the backend's activations and the sampler.
 
 pub mod backend;
 pub mod batcher;
+pub mod fast_exp;
 pub mod footprint;
 pub mod gguf;
 pub mod grammar;

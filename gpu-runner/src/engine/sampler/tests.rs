@@ -365,3 +365,100 @@ fn argmax_takes_the_first_of_equal_maxima_and_never_nan_at_any_length() {
         }
     }
 }
+
+#[test]
+#[ignore = "timing only"]
+fn time_sampling_over_a_large_vocabulary() {
+    // Gemma 3's vocabulary, logits shaped like a model's (a few likely tokens, a long tail).
+    let logits: Vec<f32> = (0..262_144u32)
+        .map(|t| -((t.wrapping_mul(2_654_435_761) >> 20) as f32) / 256.0)
+        .collect();
+    for (name, p) in [
+        (
+            "temperature 1",
+            Sampling {
+                temperature: 1.0,
+                ..Sampling::default()
+            },
+        ),
+        (
+            "top_p 0.9",
+            Sampling {
+                temperature: 0.8,
+                top_p: 0.9,
+                ..Sampling::default()
+            },
+        ),
+        ("greedy", params()),
+    ] {
+        let mut sampler = Sampler::new();
+        let mut s = SeqSampler::new(&p, 0, &[], &[EOS]);
+        let t0 = std::time::Instant::now();
+        for _ in 0..50 {
+            std::hint::black_box(sampler.sample(&logits, &mut s).token);
+        }
+        eprintln!(
+            "{name}: {:.3} ms per draw",
+            t0.elapsed().as_secs_f64() * 1e3 / 50.0
+        );
+    }
+}
+
+#[test]
+fn the_nucleus_is_the_fewest_best_tokens_reaching_top_p_of_the_mass() {
+    let mut rng_state = 0x1234_5678_u64;
+    let mut next = || {
+        rng_state ^= rng_state << 13;
+        rng_state ^= rng_state >> 7;
+        rng_state ^= rng_state << 17;
+        (rng_state >> 40) as f32 / (1u64 << 24) as f32
+    };
+    for n in [10, 1000, 5000] {
+        let logits: Vec<f32> = (0..n).map(|_| next() * 12.0).collect();
+        let max = logits.iter().copied().fold(f32::MIN, f32::max);
+        let weights: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+        let by = |a: &u32, b: &u32| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        };
+        let total: f32 = weights.iter().sum();
+        for top_p in [0.05, 0.5, 0.9, 0.999] {
+            let mut kept: Vec<u32> = (0..n as u32).collect();
+            select::keep_nucleus(&mut kept, &weights, top_p * total, by);
+            // The kept tokens are exactly the best `kept.len()` ...
+            let mut sorted: Vec<u32> = (0..n as u32).collect();
+            sorted.sort_unstable_by(by);
+            let mut got = kept.clone();
+            got.sort_unstable_by(by);
+            assert_eq!(got, sorted[..kept.len()], "n={n} top_p={top_p}");
+            // ... and the fewest that reach the nucleus.
+            let mass = |ids: &[u32]| ids.iter().map(|&t| weights[t as usize]).sum::<f32>();
+            let tol = 1e-4 * total;
+            assert!(
+                mass(&got) >= top_p * total - tol,
+                "n={n} top_p={top_p}: too little"
+            );
+            assert!(
+                mass(&got[..got.len() - 1]) < top_p * total + tol,
+                "n={n} top_p={top_p}: more than needed"
+            );
+        }
+    }
+}
+
+#[test]
+fn unfiltered_sampling_follows_the_softmax() {
+    // 4 tokens with probabilities 0.1, 0.2, 0.3, 0.4 at temperature 1.
+    let logits: Vec<f32> = [0.1f32, 0.2, 0.3, 0.4].iter().map(|p| p.ln()).collect();
+    let p = Sampling {
+        temperature: 1.0,
+        seed: Some(7),
+        ..Sampling::default()
+    };
+    let draws = draw_many(&p, 0, &logits, 20_000);
+    for (t, want) in [0.1f64, 0.2, 0.3, 0.4].iter().enumerate() {
+        let got = draws.iter().filter(|&&d| d == t as u32).count() as f64 / draws.len() as f64;
+        assert!((got - want).abs() < 0.015, "token {t}: {got} vs {want}");
+    }
+}
