@@ -326,4 +326,11 @@ pub struct BenchEngineArgs {
     /// the constrained/unconstrained decode ratio.
     #[arg(long)]
     pub json_schema: Option<PathBuf>,
+    /// Sampling temperature (0: greedy, the llama.cpp comparison's setting). Above 0 every
+    /// sequence samples over the whole vocabulary each step, with a fixed seed per sequence.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Nucleus sampling mass (with `--temperature` above 0).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
 }

@@ -24,6 +24,14 @@ struct Round {
 }
 
 pub fn engine(args: BenchEngineArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.temperature.is_finite() && args.temperature >= 0.0,
+        "--temperature must be 0 or more"
+    );
+    anyhow::ensure!(
+        args.top_p > 0.0 && args.top_p <= 1.0,
+        "--top-p must be in (0, 1]"
+    );
     let max_conc = args.concurrency.iter().copied().max().unwrap_or(1);
     let options = LoadOptions {
         max_num_seqs: max_conc,
@@ -100,7 +108,9 @@ fn run_round(
             .collect();
         let sampling = Sampling {
             max_tokens: Some(args.gen_tokens),
-            temperature: 0.0,
+            temperature: args.temperature,
+            top_p: args.top_p,
+            seed: Some(i as u64),
             ignore_eos: true,
             constraint: constraint.cloned(),
             ..Sampling::default()

@@ -4,7 +4,8 @@
 //!   token budget and allocates their KV blocks.
 //! - **run**: one [`Backend::forward`] over every scheduled slice.
 //! - **postprocess**: per sequence that got logits: sample ([`Sampler`], under the
-//!   sequence's grammar mask if it has one — [`crate::engine::grammar`]), detokenize
+//!   sequence's grammar mask if it has one — [`crate::engine::grammar`]; several sampled
+//!   sequences draw in parallel on the worker team, see `sampling`), detokenize
 //!   incrementally, check stop tokens / stop strings / length ([`crate::engine::stop`]),
 //!   emit a [`SeqOutput`], and free a finished sequence's blocks at once.
 //!
@@ -22,6 +23,7 @@ mod output;
 mod postprocess;
 use postprocess::Row;
 mod request;
+mod sampling;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -264,19 +266,24 @@ impl LlmEngine {
         let (modes, result) = self.run(&step)?;
         self.batcher.complete_step(&step);
         let vocab = self.backend.config().vocab_size;
-        let mut outputs = Vec::new();
-        let mut rows = result.logits.chunks_exact(vocab);
+        let mut logits_rows = result.logits.chunks_exact(vocab);
         let mut greedy = result.argmax.iter();
+        let mut rows = Vec::with_capacity(step.seqs.len());
         for (entry, mode) in step.seqs.iter().zip(modes) {
             let row = match mode {
-                LogitsMode::Last => rows.next().map(Row::Logits),
+                LogitsMode::Last => logits_rows.next().map(Row::Logits),
                 LogitsMode::Argmax => greedy.next().map(|&t| Row::Greedy(t)),
                 LogitsMode::None | LogitsMode::All => continue,
             };
             let row = row.ok_or_else(|| {
                 EngineError::Internal(format!("no output row for sequence {}", entry.seq_id))
             })?;
-            if let Some(out) = self.postprocess(entry.seq_id, row)? {
+            rows.push((entry.seq_id, row));
+        }
+        let drawn = self.sample_rows(&rows);
+        let mut outputs = Vec::new();
+        for ((seq, row), drawn) in rows.iter().zip(drawn) {
+            if let Some(out) = self.postprocess(*seq, row, drawn)? {
                 outputs.push(out);
             }
         }

@@ -2,6 +2,7 @@
 
 use super::{EngineError, LlmEngine, SeqOutput};
 use crate::engine::batcher::SeqId;
+use crate::engine::sampler::Sampled;
 
 /// What the backend returned for one sequence.
 pub(super) enum Row<'a> {
@@ -12,25 +13,25 @@ pub(super) enum Row<'a> {
 }
 
 impl LlmEngine {
-    /// Handles one sequence's output row. `None` if the sequence is gone (aborted).
+    /// Handles one sequence's output row, given what [`LlmEngine::sample_rows`] drew for
+    /// it (for a logits row). `None` if the sequence is gone (aborted).
     pub(super) fn postprocess(
         &mut self,
         seq: SeqId,
-        row: Row<'_>,
+        row: &Row<'_>,
+        drawn: Option<Sampled>,
     ) -> Result<Option<SeqOutput>, EngineError> {
         let Some(choice) = self.choices.get_mut(&seq) else {
             return Ok(None);
         };
-        let sampled = match row {
-            Row::Logits(logits) => {
-                let allowed = choice.grammar.as_mut().and_then(|g| {
-                    g.prepare_mask();
-                    g.mask_words()
-                });
-                self.sampler
-                    .sample_constrained(logits, &mut choice.sampler, allowed)
+        let sampled = match (row, drawn) {
+            (Row::Greedy(token), _) => self.sampler.take_greedy(*token, &mut choice.sampler),
+            (Row::Logits(_), Some(sampled)) => sampled,
+            (Row::Logits(_), None) => {
+                return Err(EngineError::Internal(format!(
+                    "sequence {seq} has logits but drew no token"
+                )))
             }
-            Row::Greedy(token) => self.sampler.take_greedy(token, &mut choice.sampler),
         };
         let delta = choice.absorb(&self.tokenizer, &sampled);
         let (request_id, index) = (choice.request_id, choice.index);

@@ -36,9 +36,6 @@ pub fn argmax(logits: &[f32]) -> u32 {
         .map_or(0, |i| i as u32)
 }
 
-/// Below this many undecided candidates the nucleus boundary is found by sorting them.
-const NUCLEUS_SORT: usize = 1024;
-
 /// Samples from `softmax(logits / temperature)` restricted by min-p, top-k and top-p.
 /// `candidates` and `weights` are scratch buffers reused across calls; `weights` is
 /// indexed by token id.
@@ -101,35 +98,46 @@ fn mass(ids: &[u32], weights: &[f32]) -> f32 {
     ids.iter().map(|&t| weights[t as usize]).sum()
 }
 
-/// Keeps the fewest best candidates (by `by`) whose weights reach `nucleus`. Halves the
-/// undecided range with linear selections, taking whole halves that cannot reach it alone,
-/// and sorts only the last few: linear in the candidates, where sorting them all was
-/// `n log n` (a flat 262k-token distribution keeps most of them).
+/// Keeps the fewest best candidates (by `by`, which must order them by falling weight)
+/// whose weights reach `nucleus`. Linear: one pass sums the weights into buckets by their
+/// f32 bits (16 per power of two, so a bucket's weights are all above the next one's), the
+/// buckets from the top decide which are wholly in, and only the boundary bucket's few
+/// candidates are sorted. Sorting all candidates (most of a flat 262k-token
+/// distribution) took 13.7 ms per draw, halving selections 2.9 ms.
 pub(super) fn keep_nucleus(
     candidates: &mut Vec<u32>,
     weights: &[f32],
     nucleus: f32,
-    by: impl Fn(&u32, &u32) -> std::cmp::Ordering + Copy,
+    by: impl Fn(&u32, &u32) -> std::cmp::Ordering,
 ) {
-    // `candidates[..lo]` are in; the boundary lies in `lo..hi`; `need` is what is missing.
-    let (mut lo, mut hi, mut need) = (0, candidates.len(), nucleus);
-    while hi - lo > NUCLEUS_SORT {
-        let mid = lo + (hi - lo) / 2;
-        candidates[lo..hi].select_nth_unstable_by(mid - lo, by);
-        let upper = mass(&candidates[lo..mid], weights);
-        if upper >= need {
-            hi = mid;
-        } else {
-            need -= upper;
-            lo = mid;
+    // Positive finite f32s order like their bits; the top 13 bits are the exponent and 4
+    // mantissa bits.
+    let bucket = |t: u32| (weights[t as usize].to_bits() >> 19) as usize;
+    let mut mass = vec![0f64; 1 << 12];
+    for &t in candidates.iter() {
+        mass[bucket(t)] += f64::from(weights[t as usize]);
+    }
+    let mut need = f64::from(nucleus);
+    let mut boundary = 0;
+    for b in (0..mass.len()).rev() {
+        if mass[b] > 0.0 {
+            boundary = b;
+            if mass[b] >= need {
+                break;
+            }
+            need -= mass[b];
         }
     }
-    candidates[lo..hi].sort_unstable_by(by);
-    let mut kept = lo;
-    let mut acc = 0.0;
-    for &t in &candidates[lo..hi] {
+    candidates.retain(|&t| bucket(t) >= boundary);
+    // Wholly-in candidates first, then the boundary bucket's, best first.
+    candidates.sort_unstable_by_key(|&t| bucket(t) == boundary);
+    let first_edge = candidates.partition_point(|&t| bucket(t) != boundary);
+    candidates[first_edge..].sort_unstable_by(&by);
+    let mut kept = first_edge;
+    let mut acc = 0.0f64;
+    for &t in &candidates[first_edge..] {
         kept += 1;
-        acc += weights[t as usize];
+        acc += f64::from(weights[t as usize]);
         if acc >= need {
             break;
         }
