@@ -113,7 +113,7 @@ pub(super) fn keep_nucleus(
     // Positive finite f32s order like their bits; the top 13 bits are the exponent and 4
     // mantissa bits.
     let bucket = |t: u32| (weights[t as usize].to_bits() >> 19) as usize;
-    let mut mass = vec![0f64; 1 << 12];
+    let mut mass = [0f64; 1 << 12];
     for &t in candidates.iter() {
         mass[bucket(t)] += f64::from(weights[t as usize]);
     }
@@ -130,8 +130,13 @@ pub(super) fn keep_nucleus(
     }
     candidates.retain(|&t| bucket(t) >= boundary);
     // Wholly-in candidates first, then the boundary bucket's, best first.
-    candidates.sort_unstable_by_key(|&t| bucket(t) == boundary);
-    let first_edge = candidates.partition_point(|&t| bucket(t) != boundary);
+    let mut first_edge = 0;
+    for i in 0..candidates.len() {
+        if bucket(candidates[i]) != boundary {
+            candidates.swap(i, first_edge);
+            first_edge += 1;
+        }
+    }
     candidates[first_edge..].sort_unstable_by(&by);
     let mut kept = first_edge;
     let mut acc = 0.0f64;
