@@ -203,3 +203,24 @@ fn time_tile_kernels_streaming_and_in_cache() {
         }
     }
 }
+
+#[test]
+#[ignore = "timing only"]
+fn time_interleaving_at_load() {
+    let mut rng = Rng::new(9);
+    for (t, rows, cols) in [(GgmlType::Q8_0, 65_536, 640), (GgmlType::Q4K, 16_384, 2048)] {
+        let bytes = raw_blocks(&mut rng, t, rows * cols / t.block_elems());
+        let len = bytes.len();
+        let m = QMatrix::new(t, rows, cols, TensorBytes::Owned(bytes)).unwrap();
+        let t0 = std::time::Instant::now();
+        let m = m.into_cpu_layout();
+        let s = t0.elapsed().as_secs_f64();
+        assert_eq!(m.layout == Layout::Interleaved, f::has_tile_kernel(t));
+        eprintln!(
+            "{t:?}: {:.0} MB in {:.0} ms, {:.2} GB/s",
+            len as f64 / 1e6,
+            s * 1e3,
+            len as f64 / s / 1e9
+        );
+    }
+}
