@@ -118,22 +118,22 @@ fn for_each_unit(fields: &[Field], mut f: impl FnMut(usize, usize, usize, usize,
     }
 }
 
-/// Appends the tile of `TILE_ROWS` rows in `rows` (row-major ggml blocks of `dtype`, each
-/// row `row_bytes` long) to `out` in the interleaved layout.
+/// Writes the tile of `TILE_ROWS` rows in `rows` (row-major ggml blocks of `dtype`, each
+/// row `row_bytes` long) into `out` (as long as `rows`) in the interleaved layout.
 ///
 /// # Panics
-/// If `dtype` has no interleaved layout or `rows` is not `TILE_ROWS` whole rows.
-pub(crate) fn append_tile(dtype: GgmlType, rows: &[u8], row_bytes: usize, out: &mut Vec<u8>) {
-    let fields = fields(dtype).expect("append_tile: format without an interleaved layout");
+/// If `dtype` has no interleaved layout, `rows` is not `TILE_ROWS` whole rows, or `out`
+/// is not its length.
+pub(crate) fn write_tile(dtype: GgmlType, rows: &[u8], row_bytes: usize, out: &mut [u8]) {
+    let fields = fields(dtype).expect("write_tile: format without an interleaved layout");
     assert_eq!(
         rows.len(),
         TILE_ROWS * row_bytes,
-        "append_tile: not one tile"
+        "write_tile: not one tile"
     );
+    assert_eq!(out.len(), rows.len(), "write_tile: output of another size");
     let bb = dtype.block_bytes();
-    let start = out.len();
-    out.resize(start + rows.len(), 0);
-    for (b, tb) in out[start..].chunks_exact_mut(TILE_ROWS * bb).enumerate() {
+    for (b, tb) in out.chunks_exact_mut(TILE_ROWS * bb).enumerate() {
         for_each_unit(fields, |tile_at, r, at, len, flip| {
             let src = &rows[r * row_bytes + b * bb + at..][..len];
             for (d, s) in tb[tile_at..tile_at + len].iter_mut().zip(src) {
@@ -144,7 +144,7 @@ pub(crate) fn append_tile(dtype: GgmlType, rows: &[u8], row_bytes: usize, out: &
 }
 
 /// Rebuilds row `r` of a tile block by block in ggml's layout, handing each block to `f`
-/// with its index: the inverse of [`append_tile`].
+/// with its index: the inverse of [`write_tile`].
 pub(crate) fn for_each_row_block(
     dtype: GgmlType,
     tile: &[u8],

@@ -187,15 +187,26 @@ impl QMatrix {
         {
             return self;
         }
-        let tile_bytes = interleave::tile_bytes(self.dtype, self.cols);
-        let mut out = Vec::with_capacity(self.bytes().len());
-        // About 4 MiB of source per release of its pages.
+        let (dtype, row_bytes) = (self.dtype, self.row_bytes());
+        let tile_bytes = interleave::tile_bytes(dtype, self.cols);
+        let mut out = vec![0u8; self.bytes().len()];
+        // About 4 MiB of source per release of its pages; its tiles are repacked in parallel
+        // on the worker team (one thread managed ~0.9 GB/s: seconds for a big model).
         let run = ((4 << 20) / tile_bytes).max(1) * tile_bytes;
-        for (i, tiles) in self.bytes().chunks(run).enumerate() {
-            for tile in tiles.chunks_exact(tile_bytes) {
-                interleave::append_tile(self.dtype, tile, self.row_bytes(), &mut out);
-            }
-            self.data.release(i * run, tiles.len());
+        for (i, (src, dst)) in self
+            .bytes()
+            .chunks(run)
+            .zip(out.chunks_mut(run))
+            .enumerate()
+        {
+            let mut tiles: Vec<(&[u8], &mut [u8])> = src
+                .chunks_exact(tile_bytes)
+                .zip(dst.chunks_exact_mut(tile_bytes))
+                .collect();
+            crate::engine::team::for_each_mut(&mut tiles, |(rows, tile)| {
+                interleave::write_tile(dtype, rows, row_bytes, tile)
+            });
+            self.data.release(i * run, src.len());
         }
         QMatrix {
             dtype: self.dtype,

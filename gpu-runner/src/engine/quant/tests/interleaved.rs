@@ -30,11 +30,10 @@ fn raw_blocks(rng: &mut Rng, t: GgmlType, n: usize) -> Vec<u8> {
 /// The matrix in the interleaved layout, whatever this CPU would choose.
 fn interleaved(m: &QMatrix) -> QMatrix {
     let tile = interleave::tile_bytes(m.dtype, m.cols);
-    let mut out = Vec::new();
-    for rows in m.bytes().chunks_exact(tile) {
-        interleave::append_tile(m.dtype, rows, m.row_bytes(), &mut out);
+    let mut out = vec![0u8; m.bytes().len()];
+    for (rows, dst) in m.bytes().chunks_exact(tile).zip(out.chunks_exact_mut(tile)) {
+        interleave::write_tile(m.dtype, rows, m.row_bytes(), dst);
     }
-    assert_eq!(out.len(), m.bytes().len(), "the layout changes no sizes");
     QMatrix {
         dtype: m.dtype,
         rows: m.rows,
