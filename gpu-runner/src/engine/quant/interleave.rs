@@ -104,17 +104,22 @@ pub(crate) fn tile_bytes(dtype: GgmlType, cols: usize) -> usize {
     TILE_ROWS * cols / dtype.block_elems() * dtype.block_bytes()
 }
 
-/// Calls `f(tile offset, row offset, unit length, flip)` for every unit of every row of
-/// one tile block, the row offsets relative to that row's block.
-fn for_each_unit(fields: &[Field], mut f: impl FnMut(usize, usize, usize, usize, u8)) {
-    let mut tile_at = 0;
+/// Calls `f(tile offset, row, row offset, unit length, flip)` for every unit of the rows
+/// `rows` of one tile block, the row offsets relative to that row's block.
+fn for_each_unit(
+    fields: &[Field],
+    rows: std::ops::Range<usize>,
+    mut f: impl FnMut(usize, usize, usize, usize, u8),
+) {
+    let mut field_at = 0;
     for fl in fields {
         for u in 0..fl.len / fl.unit {
-            for r in 0..TILE_ROWS {
+            for r in rows.clone() {
+                let tile_at = field_at + (u * TILE_ROWS + r) * fl.unit;
                 f(tile_at, r, fl.at + u * fl.unit, fl.unit, fl.flip);
-                tile_at += fl.unit;
             }
         }
+        field_at += TILE_ROWS * fl.len;
     }
 }
 
@@ -134,7 +139,7 @@ pub(crate) fn write_tile(dtype: GgmlType, rows: &[u8], row_bytes: usize, out: &m
     assert_eq!(out.len(), rows.len(), "write_tile: output of another size");
     let bb = dtype.block_bytes();
     for (b, tb) in out.chunks_exact_mut(TILE_ROWS * bb).enumerate() {
-        for_each_unit(fields, |tile_at, r, at, len, flip| {
+        for_each_unit(fields, 0..TILE_ROWS, |tile_at, r, at, len, flip| {
             let src = &rows[r * row_bytes + b * bb + at..][..len];
             for (d, s) in tb[tile_at..tile_at + len].iter_mut().zip(src) {
                 *d = s ^ flip;
@@ -156,11 +161,10 @@ pub(crate) fn for_each_row_block(
     let mut block = [0u8; 256];
     let block = &mut block[..bb];
     for (b, tb) in tile.chunks_exact(TILE_ROWS * bb).enumerate() {
-        for_each_unit(fields, |tile_at, row, at, len, flip| {
-            if row == r {
-                for (d, s) in block[at..at + len].iter_mut().zip(&tb[tile_at..]) {
-                    *d = s ^ flip;
-                }
+        // Only this row's units: it runs per token for embedding lookups.
+        for_each_unit(fields, r..r + 1, |tile_at, _, at, len, flip| {
+            for (d, s) in block[at..at + len].iter_mut().zip(&tb[tile_at..]) {
+                *d = s ^ flip;
             }
         });
         f(b, block);

@@ -104,12 +104,12 @@ impl TensorBytes {
     /// owned bytes): for a mapped tensor that was copied elsewhere and will not be read here
     /// again, so that both copies are never resident together. Best effort.
     fn release(&self, offset: usize, len: usize) {
-        if let (
-            TensorBytes::Mapped {
-                map, offset: at, ..
-            },
-            1..,
-        ) = (self, len)
+        if len == 0 {
+            return;
+        }
+        if let TensorBytes::Mapped {
+            map, offset: at, ..
+        } = self
         {
             // SAFETY: the map is a read-only file mapping that nothing ever writes, so
             // dropping its pages loses nothing: any later read faults them back in from the
