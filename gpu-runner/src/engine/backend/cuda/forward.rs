@@ -1,10 +1,12 @@
-//! One step's launches: embedding, then per block attention (fused QKV GEMM, bias/norm/RoPE,
-//! KV store, paged attention, output GEMM) and feed-forward (fused gate/up GEMM, gated
+//! One step's launches: embedding, then per block attention (fused QKV GEMM, bias/norm/RoPE
+//! with the KV store, paged attention split over the keys when few tokens would leave the GPU
+//! idle, output GEMM) and feed-forward (fused gate/up GEMM, gated
 //! activation, down GEMM), with each residual add fused into the next block's RMSNorm;
 //! finally the norm and LM head over the rows that produce logits only.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
+use super::attention_split::{head_blocks, AttentionSplit};
 use super::step::addr;
 use super::{rope_style_code, CudaBackend, CudaError};
 use crate::engine::backend::StepOutput;
@@ -104,6 +106,9 @@ impl CudaBackend {
         };
         let (n_heads, n_kv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
         let positions = self.inputs.at(self.inputs.positions);
+        let kv_dim = c.kv_dim();
+        let layer_offset = layer * self.num_blocks * self.block_size * kv_dim;
+        let (k_cache, v_cache) = (self.k_cache.at(layer_offset), self.v_cache.at(layer_offset));
         launch!(
             self,
             "qkv_prepare",
@@ -114,6 +119,9 @@ impl CudaBackend {
             addr(&l.k_norm),
             inv_freq,
             positions,
+            self.inputs.at(self.inputs.slots),
+            k_cache,
+            v_cache,
             n_heads,
             n_kv,
             hd,
@@ -121,29 +129,22 @@ impl CudaBackend {
             rope_style_code(c.rope_style)
         )?;
 
-        let kv_dim = c.kv_dim();
-        let layer_offset = layer * self.num_blocks * self.block_size * kv_dim;
-        let (k_cache, v_cache) = (self.k_cache.at(layer_offset), self.v_cache.at(layer_offset));
         let qkv_width = (c.q_dim() + 2 * kv_dim) as i32;
-        let slots = self.inputs.at(self.inputs.slots);
-        launch!(
-            self,
-            "store_kv",
-            grid(n, 1, ROW_THREADS),
-            qkv,
-            slots,
-            k_cache,
-            v_cache,
-            qkv_width,
-            c.q_dim() as i32,
-            kv_dim as i32
-        )?;
-
-        let window = c.layer_window(layer).map_or(0, |w| w as i32);
+        let window = c.layer_window(layer);
+        let split = self.attention_split(window, n);
+        let partial = addr(&s.partial);
         launch!(
             self,
             "paged_attention",
-            grid(n, c.n_heads, ATTN_THREADS),
+            LaunchConfig {
+                grid_dim: (
+                    n as u32,
+                    head_blocks(c.n_heads, c.n_kv_heads) as u32,
+                    split.splits as u32
+                ),
+                block_dim: (ATTN_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            },
             qkv,
             qkv_width,
             k_cache,
@@ -153,14 +154,28 @@ impl CudaBackend {
             self.inputs.at(self.inputs.token_seq),
             positions,
             attn,
+            partial,
             n_heads,
             n_kv,
             hd,
             self.block_size as i32,
             c.attn_scale,
             c.attn_logit_softcap.unwrap_or(0.0),
-            window
+            window.map_or(0, |w| w as i32),
+            split.partition as i32
         )?;
+        if split.splits > 1 {
+            launch!(
+                self,
+                "attention_merge",
+                grid(n, c.n_heads, HEAD_THREADS),
+                partial,
+                attn,
+                n_heads,
+                hd,
+                split.splits as i32
+            )?;
+        }
         self.gemm.matmul(attn, &l.wo, n, proj)?;
 
         let (x, hidden) = (addr(&s.x), c.hidden as i32);
@@ -176,6 +191,18 @@ impl CudaBackend {
             hidden,
             c.rms_eps
         )
+    }
+
+    /// How this step's attention splits the keys of a layer with sliding `window` (the key
+    /// range is at most the block-table width, or the window).
+    pub(super) fn attention_split(&self, window: Option<usize>, n: usize) -> AttentionSplit {
+        if !self.split_attention {
+            return AttentionSplit::WHOLE;
+        }
+        let c = &self.config;
+        let table_keys = self.inputs.max_blocks * self.block_size;
+        let max_keys = window.map_or(table_keys, |w| w.min(table_keys));
+        AttentionSplit::plan(n, c.n_heads, c.n_kv_heads, max_keys, self.sm_count)
     }
 
     pub(super) fn feed_forward(&mut self, layer: usize, n: usize) -> Result<(), CudaError> {

@@ -101,20 +101,28 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __re
 }
 
 // Per (token, head) of the fused QKV rows: bias, per-head RMSNorm (Q and K heads) and RoPE
-// (Q and K heads). Heads are ordered Q heads, then K heads, then V heads.
-// inv_freq: head_dim/2 doubles; style 0 = interleaved pairs, 1 = NEOX halves.
+// (Q and K heads), then each K and V head is written to the token's KV slot (the attention
+// reads the current tokens' keys from the cache, like the cached ones). Heads are ordered Q
+// heads, then K heads, then V heads. inv_freq: head_dim/2 doubles; style 0 = interleaved
+// pairs, 1 = NEOX halves.
 extern "C" __global__ void qkv_prepare(float* qkv, const float* bias, const float* q_norm,
                                        const float* k_norm, const double* inv_freq,
-                                       const int* positions, int n_heads, int n_kv_heads,
-                                       int head_dim, float eps, int style) {
+                                       const int* positions, const int* slots, bf16* k_cache,
+                                       bf16* v_cache, int n_heads, int n_kv_heads, int head_dim,
+                                       float eps, int style) {
     int t = blockIdx.x, h = blockIdx.y;
     int width = (n_heads + 2 * n_kv_heads) * head_dim;
     float* v = qkv + (size_t)t * width + (size_t)h * head_dim;
+    size_t slot = (size_t)slots[t] * n_kv_heads * head_dim;
     if (bias) {
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) v[i] += bias[h * head_dim + i];
         __syncthreads();
     }
-    if (h >= n_heads + n_kv_heads) return;  // V heads: bias only
+    if (h >= n_heads + n_kv_heads) {  // V heads: bias only
+        bf16* dst = v_cache + slot + (size_t)(h - n_heads - n_kv_heads) * head_dim;
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) dst[i] = f32_to_bf16(v[i]);
+        return;
+    }
     const float* norm = h < n_heads ? q_norm : k_norm;
     if (norm) {
         float ss = 0.0f;
@@ -135,91 +143,148 @@ extern "C" __global__ void qkv_prepare(float* qkv, const float* bias, const floa
         v[a] = x0 * cf - x1 * sf;
         v[b] = x0 * sf + x1 * cf;
     }
-}
-
-// Writes each token's K and V rows (from the fused QKV rows) into its KV slot.
-extern "C" __global__ void store_kv(const float* qkv, const int* slots, bf16* k_cache,
-                                    bf16* v_cache, int qkv_width, int k_offset, int kv_dim) {
-    int t = blockIdx.x;
-    const float* row = qkv + (size_t)t * qkv_width;
-    size_t base = (size_t)slots[t] * kv_dim;
-    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-        k_cache[base + i] = f32_to_bf16(row[k_offset + i]);
-        v_cache[base + i] = f32_to_bf16(row[k_offset + kv_dim + i]);
-    }
+    if (h < n_heads) return;
+    __syncthreads();  // RoPE moved values between threads' elements
+    bf16* dst = k_cache + slot + (size_t)(h - n_heads) * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) dst[i] = f32_to_bf16(v[i]);
 }
 
 #define ATTN_WARPS 8
+#define ATTN_HEADS 4         // query heads of one KV head per block
 #define MAX_DIMS_PER_LANE 8  // head_dim <= 256 (checked by the host)
 
-// Causal attention over the paged KV cache for one (query token, query head) per block:
-// each warp walks every ATTN_WARPS-th key with an online softmax, then the warps merge.
+// Causal attention over the paged KV cache. Block (t, c, s) serves query token t, query heads
+// c·ATTN_HEADS.. of one KV head (GQA: each key and value row is read once for all of them),
+// and the s-th `partition` keys of the token's range (split-K: a long context of a few
+// sequences spreads over many blocks). Each warp walks every ATTN_WARPS-th key with an online
+// softmax, then the warps merge. With one split the block writes the normalised bf16 output;
+// with several it writes (max, sum, unnormalised accumulator) to `partial`, which
+// attention_merge combines.
 // Serves decode (one query per sequence) and prefill (every prompt token, attending to the
-// cached prefix and to the chunk's own earlier tokens, which store_kv wrote first).
+// cached prefix and to the chunk's own earlier tokens, which qkv_prepare wrote first).
 extern "C" __global__ void paged_attention(
     const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,
     const int* block_tables, int max_blocks, const int* token_seq, const int* positions,
-    bf16* out, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale,
-    float softcap, int window) {
-    int t = blockIdx.x, h = blockIdx.y;
+    bf16* out, float* partial, int n_heads, int n_kv_heads, int head_dim, int block_size,
+    float scale, float softcap, int window, int partition) {
+    int t = blockIdx.x;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int group = n_heads / n_kv_heads;
-    int kvh = h / group;
+    int chunks = (group + ATTN_HEADS - 1) / ATTN_HEADS;
+    int kvh = blockIdx.y / chunks;
+    int h0 = kvh * group + (blockIdx.y % chunks) * ATTN_HEADS;
+    int heads = min(ATTN_HEADS, (kvh + 1) * group - h0);
     int kv_dim = n_kv_heads * head_dim;
     int per_lane = (head_dim + 31) / 32;
     int pos = positions[t];
     int lo = window > 0 ? max(0, pos + 1 - window) : 0;
+    long long first = (long long)lo + (long long)blockIdx.z * partition;
+    int begin = (int)min(first, (long long)pos + 1);
+    int end = (int)min(first + partition, (long long)pos + 1);
     const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
-    const float* q = qkv + (size_t)t * qkv_width + (size_t)h * head_dim;
+    const float* q = qkv + (size_t)t * qkv_width + (size_t)h0 * head_dim;
 
-    float qr[MAX_DIMS_PER_LANE], acc[MAX_DIMS_PER_LANE];
+    float qr[ATTN_HEADS][MAX_DIMS_PER_LANE], acc[ATTN_HEADS][MAX_DIMS_PER_LANE];
+    float m[ATTN_HEADS], l[ATTN_HEADS];
 #pragma unroll
-    for (int r = 0; r < MAX_DIMS_PER_LANE; r++) {
-        qr[r] = lane + 32 * r < head_dim ? q[lane + 32 * r] * scale : 0.0f;
-        acc[r] = 0.0f;
+    for (int g = 0; g < ATTN_HEADS; g++) {
+        m[g] = NEG_INF;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < MAX_DIMS_PER_LANE; r++) {
+            int d = lane + 32 * r;
+            qr[g][r] = g < heads && d < head_dim ? q[g * head_dim + d] * scale : 0.0f;
+            acc[g][r] = 0.0f;
+        }
     }
-    float m = NEG_INF, l = 0.0f;
-    for (int j = lo + warp; j <= pos; j += ATTN_WARPS) {
+    for (int j = begin + warp; j < end; j += ATTN_WARPS) {
         size_t slot = (size_t)table[j / block_size] * block_size + (j % block_size);
-        const bf16* k = k_cache + slot * kv_dim + (size_t)kvh * head_dim;
-        float s = 0.0f;
+        size_t row = slot * kv_dim + (size_t)kvh * head_dim;
+        float kf[MAX_DIMS_PER_LANE], vf[MAX_DIMS_PER_LANE];
 #pragma unroll
-        for (int r = 0; r < MAX_DIMS_PER_LANE; r++)
-            if (r < per_lane && lane + 32 * r < head_dim) s += qr[r] * bf16_to_f32(k[lane + 32 * r]);
-        s = warp_sum(s);
-        if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
-        float m_new = fmaxf(m, s);
-        float correction = __expf(m - m_new);
-        float p = __expf(s - m_new);
-        l = l * correction + p;
-        const bf16* vv = v_cache + slot * kv_dim + (size_t)kvh * head_dim;
+        for (int r = 0; r < MAX_DIMS_PER_LANE; r++) {
+            bool in = r < per_lane && lane + 32 * r < head_dim;
+            kf[r] = in ? bf16_to_f32(k_cache[row + lane + 32 * r]) : 0.0f;
+            vf[r] = in ? bf16_to_f32(v_cache[row + lane + 32 * r]) : 0.0f;
+        }
 #pragma unroll
-        for (int r = 0; r < MAX_DIMS_PER_LANE; r++)
-            if (r < per_lane && lane + 32 * r < head_dim)
-                acc[r] = acc[r] * correction + p * bf16_to_f32(vv[lane + 32 * r]);
-        m = m_new;
+        for (int g = 0; g < ATTN_HEADS; g++) {
+            if (g >= heads) break;
+            float s = 0.0f;
+#pragma unroll
+            for (int r = 0; r < MAX_DIMS_PER_LANE; r++) s += qr[g][r] * kf[r];
+            s = warp_sum(s);
+            if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+            float m_new = fmaxf(m[g], s);
+            float correction = __expf(m[g] - m_new);
+            float p = __expf(s - m_new);
+            l[g] = l[g] * correction + p;
+#pragma unroll
+            for (int r = 0; r < MAX_DIMS_PER_LANE; r++) acc[g][r] = acc[g][r] * correction + p * vf[r];
+            m[g] = m_new;
+        }
     }
 
-    __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS];
-    __shared__ float sacc[ATTN_WARPS][MAX_DIMS_PER_LANE * 32];
-    if (lane == 0) {
-        sm[warp] = m;
-        sl[warp] = l;
-    }
+    __shared__ float sm[ATTN_WARPS][ATTN_HEADS], sl[ATTN_WARPS][ATTN_HEADS];
+    __shared__ float sacc[ATTN_WARPS][ATTN_HEADS][MAX_DIMS_PER_LANE * 32];
 #pragma unroll
-    for (int r = 0; r < MAX_DIMS_PER_LANE; r++)
-        if (r < per_lane && lane + 32 * r < head_dim) sacc[warp][lane + 32 * r] = acc[r];
+    for (int g = 0; g < ATTN_HEADS; g++) {
+        if (lane == 0) {
+            sm[warp][g] = m[g];
+            sl[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int r = 0; r < MAX_DIMS_PER_LANE; r++)
+            if (r < per_lane && lane + 32 * r < head_dim) sacc[warp][g][lane + 32 * r] = acc[g][r];
+    }
     __syncthreads();
+    int splits = gridDim.z;
+    for (int i = threadIdx.x; i < heads * head_dim; i += blockDim.x) {
+        int g = i / head_dim, d = i - g * head_dim;
+        float m_all = NEG_INF;
+        for (int w = 0; w < ATTN_WARPS; w++)
+            if (sl[w][g] > 0.0f) m_all = fmaxf(m_all, sm[w][g]);
+        float l_all = 0.0f, sum = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++) {
+            if (sl[w][g] > 0.0f) {
+                float f = __expf(sm[w][g] - m_all);
+                l_all += sl[w][g] * f;
+                sum += sacc[w][g][d] * f;
+            }
+        }
+        int h = h0 + g;
+        if (splits == 1) {
+            out[((size_t)t * n_heads + h) * head_dim + d] = f32_to_bf16(sum / l_all);
+        } else {
+            float* rec = partial + (((size_t)t * n_heads + h) * splits + blockIdx.z) * (head_dim + 2);
+            if (d == 0) {
+                rec[0] = m_all;
+                rec[1] = l_all;
+            }
+            rec[2 + d] = sum;
+        }
+    }
+}
+
+// Combines the split-K partial results of paged_attention: per (token, head), the splits'
+// accumulators rescaled to the largest maximum, over the sum of their rescaled sums.
+// Empty splits (sum 0) are skipped; the first split always holds the token itself.
+extern "C" __global__ void attention_merge(const float* partial, bf16* out, int n_heads,
+                                           int head_dim, int splits) {
+    int t = blockIdx.x, h = blockIdx.y;
+    int stride = head_dim + 2;
+    const float* rec = partial + ((size_t)t * n_heads + h) * splits * stride;
     float m_all = NEG_INF;
-    for (int w = 0; w < ATTN_WARPS; w++) m_all = fmaxf(m_all, sm[w]);
+    for (int s = 0; s < splits; s++)
+        if (rec[s * stride + 1] > 0.0f) m_all = fmaxf(m_all, rec[s * stride]);
     float l_all = 0.0f;
-    for (int w = 0; w < ATTN_WARPS; w++)
-        if (sl[w] > 0.0f) l_all += sl[w] * __expf(sm[w] - m_all);
-    bf16* o = out + (size_t)t * n_heads * head_dim + (size_t)h * head_dim;
+    for (int s = 0; s < splits; s++)
+        if (rec[s * stride + 1] > 0.0f) l_all += rec[s * stride + 1] * __expf(rec[s * stride] - m_all);
+    bf16* o = out + ((size_t)t * n_heads + h) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float sum = 0.0f;
-        for (int w = 0; w < ATTN_WARPS; w++)
-            if (sl[w] > 0.0f) sum += sacc[w][d] * __expf(sm[w] - m_all);
+        for (int s = 0; s < splits; s++)
+            if (rec[s * stride + 1] > 0.0f) sum += rec[s * stride + 2 + d] * __expf(rec[s * stride] - m_all);
         o[d] = f32_to_bf16(sum / l_all);
     }
 }

@@ -8,18 +8,23 @@
 //! The crate links CUDA dynamically, so it builds and runs on machines without it; opening a
 //! device there fails with [`CudaError::NoDevice`].
 
+mod attention_split;
 mod buffer;
 pub mod device;
+#[cfg(test)]
+mod emulator;
 mod forward;
 mod gemm;
 mod graphs;
+#[cfg(test)]
+mod kernel_tests;
 pub mod kernels;
 mod step;
 mod weights;
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{CUdevice_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 
 pub use device::DeviceInfo;
@@ -95,6 +100,9 @@ pub struct CudaBackend {
     num_blocks: usize,
     inv_freq_global: DeviceBuf<f64>,
     inv_freq_local: DeviceBuf<f64>,
+    /// Multiprocessors of the device (how far attention is split over the keys).
+    sm_count: usize,
+    split_attention: bool,
     layout: BatchLayout,
     inputs: StepInputs,
     scratch: Scratch,
@@ -127,6 +135,10 @@ impl CudaBackend {
         // Its own stream: the legacy default stream cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(CudaError::driver)?;
         let kernels = Kernels::for_device(&ctx).map_err(CudaError::Failure)?;
+        let sm_count = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(CudaError::driver)?
+            .max(1) as usize;
         let gemm = Gemm::new(&stream, Arc::clone(&kernels))?;
         let weights = DeviceWeights::upload(&stream, &config, &artifacts.weights)?;
         let num_blocks = if num_blocks > 0 {
@@ -179,6 +191,8 @@ impl CudaBackend {
             v_cache,
             block_size,
             num_blocks,
+            sm_count,
+            split_attention: true,
             layout: BatchLayout::default(),
             inputs: StepInputs::default(),
             scratch: Scratch::default(),
@@ -209,6 +223,12 @@ impl CudaBackend {
         self.graphs.set_enabled(enabled);
     }
 
+    /// Turns split-K attention on or off (on by default; tests compare the two).
+    pub fn set_split_attention(&mut self, enabled: bool) {
+        self.split_attention = enabled;
+        self.graphs.clear();
+    }
+
     fn run(&mut self, batch: &[SeqSlice<'_>]) -> Result<StepOutput, CudaError> {
         self.ctx.bind_to_thread().map_err(CudaError::driver)?;
         let n = self.layout.n_tokens();
@@ -223,9 +243,11 @@ impl CudaBackend {
             key.map(|k| k.table_width),
         )?;
         let head_rows = self.layout.logit_rows.len() + self.layout.argmax_rows.len();
-        let moved_scratch = self
-            .scratch
-            .ensure(&self.stream, &self.config, n, head_rows)?;
+        // Sliding-window layers split at most as far as the others.
+        let splits = self.attention_split(None, n).splits;
+        let moved_scratch =
+            self.scratch
+                .ensure(&self.stream, &self.config, n, head_rows, splits)?;
         if moved_inputs || moved_scratch {
             // Captured graphs hold the old addresses.
             self.graphs.clear();

@@ -118,6 +118,8 @@ pub struct Scratch {
     pub logits: Option<DeviceBuf<f32>>,
     /// Greedy token per argmax row.
     pub argmax: Option<DeviceBuf<i32>>,
+    /// Split-K attention's partial results `[n, n_heads, splits, 2 + head_dim]` f32.
+    pub partial: Option<DeviceBuf<f32>>,
 }
 
 /// Makes `slot` hold `len` elements; returns whether its address changed.
@@ -136,14 +138,16 @@ fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
 }
 
 impl Scratch {
-    /// Makes room for `n` tokens and `logit_rows` LM-head rows; returns whether any buffer
-    /// moved (which invalidates captured CUDA graphs).
+    /// Makes room for `n` tokens, `logit_rows` LM-head rows and attention split in
+    /// `attn_splits`; returns whether any buffer moved (which invalidates captured CUDA
+    /// graphs).
     pub fn ensure(
         &mut self,
         stream: &Arc<CudaStream>,
         c: &ModelConfig,
         n: usize,
         logit_rows: usize,
+        attn_splits: usize,
     ) -> Result<bool, CudaError> {
         let qkv = c.q_dim() + 2 * c.kv_dim();
         let rows = logit_rows.max(1);
@@ -158,6 +162,15 @@ impl Scratch {
             grow(&mut self.head_in, stream, rows * c.hidden)?,
             grow(&mut self.logits, stream, rows * c.vocab_size)?,
             grow(&mut self.argmax, stream, rows)?,
+            grow(
+                &mut self.partial,
+                stream,
+                if attn_splits > 1 {
+                    n * c.n_heads * attn_splits * (2 + c.head_dim)
+                } else {
+                    1
+                },
+            )?,
         ];
         Ok(moved.contains(&true))
     }

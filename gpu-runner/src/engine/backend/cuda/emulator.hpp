@@ -1,0 +1,314 @@
+// Runs Fallow's CUDA kernels (kernels.cu, unchanged) on the CPU, so that their arithmetic is
+// tested on machines without a GPU; see emulator.rs. Only what kernels.cu uses is provided.
+//
+// Model: one block at a time; each of its threads is a fiber (its own stack, switched by
+// hand on x86-64, by ucontext elsewhere) on the calling OS thread, so `__shared__` can be a
+// function-static variable (shared by the block's threads, reused by the next block).
+// `__syncthreads` is a barrier over the block's fibers and a warp shuffle exchanges values
+// through a per-warp slot array between two warp barriers; a fiber waiting at a barrier
+// yields to the next one, round robin. A thread that returns from the kernel leaves both
+// barriers, as an exited GPU thread stops counting at `__syncthreads`. Device pointers are
+// host pointers. Launches are serialised (the state is global). Fibers rather than OS
+// threads: a warp shuffle is two barriers, and a fiber switch costs nanoseconds.
+
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <type_traits>
+#include <utility>
+#include <vector>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+struct uint3 {
+    unsigned x, y, z;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(8) float2 {
+    float x, y;
+};
+
+#if defined(__x86_64__)
+// Saves the callee-saved registers, MXCSR and the x87 control word on the current stack,
+// stores the stack pointer in *from and resumes the context whose stack pointer is `to`.
+extern "C" void fallow_emu_switch(void** from, void* to);
+asm(R"(
+    .text
+    .globl fallow_emu_switch
+    .type fallow_emu_switch, @function
+fallow_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size fallow_emu_switch, .-fallow_emu_switch
+)");
+#endif
+
+namespace emu {
+
+constexpr std::size_t STACK_BYTES = 64 * 1024;
+
+struct Barrier {
+    unsigned expected = 0, arrived = 0, generation = 0;
+    void arrive() {
+        if (++arrived == expected) {
+            arrived = 0;
+            generation++;
+        }
+    }
+    void drop() {
+        expected--;
+        if (expected > 0 && arrived == expected) {
+            arrived = 0;
+            generation++;
+        }
+    }
+};
+
+struct Fiber {
+    std::unique_ptr<unsigned char[]> stack;  // STACK_BYTES, left uninitialised
+    uint3 tid{};
+    bool done = false;
+#if defined(__x86_64__)
+    void* sp = nullptr;
+#else
+    ucontext_t ctx{};
+#endif
+};
+
+inline uint3 thread_idx{}, block_idx{};
+inline dim3 block_dim{}, grid_dim{};
+inline unsigned linear = 0;
+inline std::vector<Fiber>* fibers = nullptr;
+inline Barrier block_barrier;
+inline std::vector<Barrier> warp_barriers;
+inline std::vector<uint64_t> lanes;
+inline std::function<void()> kernel_body;
+#if defined(__x86_64__)
+inline void* scheduler_sp = nullptr;
+#else
+inline ucontext_t scheduler_ctx;
+#endif
+
+inline void to_scheduler() {
+#if defined(__x86_64__)
+    fallow_emu_switch(&(*fibers)[linear].sp, scheduler_sp);
+#else
+    swapcontext(&(*fibers)[linear].ctx, &scheduler_ctx);
+#endif
+}
+
+inline void wait(Barrier& b) {
+    unsigned gen = b.generation;
+    b.arrive();
+    while (b.generation == gen) to_scheduler();
+}
+
+// A fiber's life: the kernel for the current block, then out of the barriers.
+inline void fiber_main() {
+    kernel_body();
+    block_barrier.drop();
+    warp_barriers[linear / 32].drop();
+    (*fibers)[linear].done = true;
+    for (;;) to_scheduler();
+}
+
+#if defined(__x86_64__)
+inline void start(Fiber& f) {
+    uintptr_t top = (uintptr_t)(f.stack.get() + STACK_BYTES) & ~(uintptr_t)15;
+    auto* sp = (uint64_t*)(top - 72);
+    sp[0] = 0x1F80 | ((uint64_t)0x037F << 32);  // default MXCSR, x87 control word
+    for (int i = 1; i <= 6; i++) sp[i] = 0;      // r15 r14 r13 r12 rbx rbp
+    sp[7] = (uint64_t)(void (*)()) & fiber_main;  // "returned" to by the first switch
+    sp[8] = 0;
+    f.sp = sp;
+}
+inline void resume(Fiber& f) { fallow_emu_switch(&scheduler_sp, f.sp); }
+#else
+inline void start(Fiber& f) {
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.get();
+    f.ctx.uc_stack.ss_size = STACK_BYTES;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_main, 0);
+}
+inline void resume(Fiber& f) { swapcontext(&scheduler_ctx, &f.ctx); }
+#endif
+
+inline void syncthreads() { wait(block_barrier); }
+inline void syncwarp() { wait(warp_barriers[linear / 32]); }
+
+// Value of lane `src(lane)` of this thread's warp.
+template <class T, class Src>
+T exchange(T v, Src src) {
+    static_assert(sizeof(T) <= 8, "shuffle of a wide type");
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    unsigned warp = linear / 32, lane = linear % 32;
+    lanes[linear] = bits;
+    wait(warp_barriers[warp]);
+    unsigned from = src(lane);
+    uint64_t got = from < 32 && warp * 32 + from < lanes.size() ? lanes[warp * 32 + from] : bits;
+    wait(warp_barriers[warp]);
+    T r;
+    std::memcpy(&r, &got, sizeof(T));
+    return r;
+}
+
+inline int run(dim3 grid, dim3 block, std::function<void()> body) {
+    static std::mutex one_launch;
+    std::lock_guard<std::mutex> guard(one_launch);
+    unsigned threads = block.x * block.y * block.z;
+    if (threads == 0 || threads > 1024) return 1;
+    std::vector<Fiber> pool(threads);
+    for (unsigned t = 0; t < threads; t++) {
+        pool[t].stack.reset(new unsigned char[STACK_BYTES]);
+        pool[t].tid = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+    }
+    fibers = &pool;
+    kernel_body = std::move(body);
+    lanes.assign(threads, 0);
+    block_dim = block;
+    grid_dim = grid;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                block_idx = {x, y, z};
+                block_barrier = Barrier{threads};
+                warp_barriers.clear();
+                for (unsigned w = 0; w * 32 < threads; w++)
+                    warp_barriers.push_back(Barrier{threads - w * 32 < 32 ? threads - w * 32 : 32});
+                for (auto& f : pool) {
+                    f.done = false;
+                    start(f);
+                }
+                unsigned live = threads;
+                while (live > 0) {
+                    for (unsigned t = 0; t < threads; t++) {
+                        if (pool[t].done) continue;
+                        linear = t;
+                        thread_idx = pool[t].tid;
+                        resume(pool[t]);
+                        if (pool[t].done) live--;
+                    }
+                }
+            }
+    fibers = nullptr;
+    return 0;
+}
+
+// Calls `k` with the arguments `args` points to, as cuLaunchKernel's kernelParams do.
+template <class... A, std::size_t... I>
+void call(void (*k)(A...), void** args, std::index_sequence<I...>) {
+    k(*static_cast<std::decay_t<A>*>(args[I])...);
+}
+
+template <class... A>
+int launch(void (*k)(A...), const unsigned* grid, const unsigned* block, void** args) {
+    return run(dim3{grid[0], grid[1], grid[2]}, dim3{block[0], block[1], block[2]},
+               [k, args] { call(k, args, std::index_sequence_for<A...>{}); });
+}
+
+}  // namespace emu
+
+#define FALLOW_EMU_EXPORT(name)                                                       \
+    extern "C" int fallow_emu_##name(const unsigned* grid, const unsigned* block,   \
+                                     void** args) {                                 \
+        return emu::launch(&name, grid, block, args);                              \
+    }
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __shared__ static
+#define threadIdx emu::thread_idx
+#define blockIdx emu::block_idx
+#define blockDim emu::block_dim
+#define gridDim emu::grid_dim
+#define warpSize 32
+
+inline void __syncthreads() { emu::syncthreads(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::syncwarp(); }
+
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int mask) {
+    return emu::exchange(v, [mask](unsigned lane) { return lane ^ (unsigned)mask; });
+}
+template <class T>
+T __shfl_sync(unsigned, T v, int src) {
+    return emu::exchange(v, [src](unsigned) { return (unsigned)src & 31u; });
+}
+template <class T>
+T __shfl_down_sync(unsigned, T v, unsigned delta) {
+    return emu::exchange(v, [delta](unsigned lane) { return lane + delta < 32 ? lane + delta : lane; });
+}
+
+template <class T>
+T __ldg(const T* p) {
+    return *p;
+}
+
+namespace emu {
+template <class To, class From>
+To bits_as(From v) {
+    static_assert(sizeof(To) == sizeof(From), "same width");
+    To r;
+    std::memcpy(&r, &v, sizeof(To));
+    return r;
+}
+}  // namespace emu
+inline float __int_as_float(int i) { return emu::bits_as<float>(i); }
+inline float __uint_as_float(unsigned i) { return emu::bits_as<float>(i); }
+inline unsigned __float_as_uint(float f) { return emu::bits_as<unsigned>(f); }
+inline int __float_as_int(float f) { return emu::bits_as<int>(f); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+
+inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    return std::atomic_ref<unsigned>(*p).fetch_add(v);
+}

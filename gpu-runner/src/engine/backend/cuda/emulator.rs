@@ -1,0 +1,170 @@
+//! The CUDA kernels run on the CPU, for tests on machines without a GPU. `kernels.cu` is
+//! compiled unchanged as C++ with `emulator.hpp` (thread and block indices, barriers, warp
+//! shuffles, shared memory; see its header) into a shared library, and each kernel is called
+//! with a grid and an argument list as `cuLaunchKernel` would be, on host buffers.
+//!
+//! This checks a kernel's arithmetic and indexing against a plain reference; it says nothing
+//! of speed, memory coalescing or races the emulator's barriers happen to order. The GPU
+//! conformance suite (`tests/cuda_conformance.rs`) is the real check.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use super::kernels::{NAMES, SOURCE};
+
+const PRELUDE: &str = include_str!("emulator.hpp");
+
+/// One by-value kernel argument, as the backend's `launch!` passes them.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    Ptr(u64),
+    I32(i32),
+    F32(f32),
+    I64(i64),
+}
+
+impl Arg {
+    /// A host buffer standing for a device buffer.
+    pub fn buf<T>(v: &mut [T]) -> Arg {
+        Arg::Ptr(v.as_mut_ptr() as u64)
+    }
+
+    fn bits(self) -> u64 {
+        match self {
+            Arg::Ptr(p) => p,
+            Arg::I32(v) => v as u32 as u64,
+            Arg::F32(v) => v.to_bits() as u64,
+            Arg::I64(v) => v as u64,
+        }
+    }
+}
+
+type LaunchFn = unsafe extern "C" fn(*const u32, *const u32, *const *mut c_void) -> i32;
+
+pub struct Emulator {
+    kernels: HashMap<&'static str, LaunchFn>,
+}
+
+// SAFETY: the library's launch functions serialise themselves (a mutex in `emu::run`).
+unsafe impl Sync for Emulator {}
+unsafe impl Send for Emulator {}
+
+impl Emulator {
+    /// The emulated kernels, built on first use; `None` (with the reason printed, for the
+    /// test to skip) where no C++ compiler is found. A compiler that rejects the kernels
+    /// fails the test.
+    pub fn get() -> Option<&'static Emulator> {
+        static EMULATOR: OnceLock<Result<Option<Emulator>, String>> = OnceLock::new();
+        match EMULATOR.get_or_init(build) {
+            Ok(Some(e)) => Some(e),
+            Ok(None) => None,
+            Err(why) => panic!("kernel emulator: {why}"),
+        }
+    }
+
+    /// Runs kernel `name` over `grid` blocks of `threads` threads.
+    pub fn launch(&self, name: &str, grid: (u32, u32, u32), threads: u32, args: &[Arg]) {
+        let f = self
+            .kernels
+            .get(name)
+            .unwrap_or_else(|| panic!("kernel {name} is not in kernels::NAMES"));
+        let mut values: Vec<u64> = args.iter().map(|a| a.bits()).collect();
+        let pointers: Vec<*mut c_void> = values
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut c_void)
+            .collect();
+        let grid = [grid.0, grid.1, grid.2];
+        let block = [threads, 1, 1];
+        // SAFETY: `f` was resolved from the library built from kernels.cu; the caller passes
+        // the kernel's argument list, every pointer a live host buffer large enough for the
+        // launch (the same contract as a device launch).
+        let rc = unsafe { f(grid.as_ptr(), block.as_ptr(), pointers.as_ptr()) };
+        assert_eq!(
+            rc, 0,
+            "kernel {name}: bad launch shape {grid:?} x {threads}"
+        );
+    }
+}
+
+/// Compiles kernels.cu with the prelude into a shared library (cached by content in the
+/// temporary directory) and resolves one launcher per kernel; `None` without a compiler.
+fn build() -> Result<Option<Emulator>, String> {
+    let mut source = String::from(PRELUDE);
+    source.push_str("\n#line 1 \"kernels.cu\"\n");
+    source.push_str(SOURCE);
+    source.push('\n');
+    for name in NAMES {
+        source.push_str(&format!("FALLOW_EMU_EXPORT({name})\n"));
+    }
+    let compiler = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    if Command::new(&compiler).arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no C++ compiler ({compiler}) to emulate the CUDA kernels with");
+        return Ok(None);
+    }
+    let hash = fnv1a(source.as_bytes()) ^ fnv1a(compiler.as_bytes());
+    let dir = std::env::temp_dir().join("fallow-kernel-emulator");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let lib = dir.join(format!("kernels-{hash:016x}.so"));
+    if !lib.exists() {
+        compile(&compiler, &source, &dir, &lib)?;
+    }
+    let path = CString::new(lib.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
+    // SAFETY: loading a library we just built; it has no initialisers beyond the C++ runtime.
+    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        return Err(format!("dlopen {} failed", lib.display()));
+    }
+    let mut kernels = HashMap::new();
+    for name in NAMES {
+        let symbol = CString::new(format!("fallow_emu_{name}")).map_err(|e| e.to_string())?;
+        // SAFETY: `handle` is a live library handle (never closed).
+        let f = unsafe { libc::dlsym(handle, symbol.as_ptr()) };
+        if f.is_null() {
+            return Err(format!("{} has no launcher for {name}", lib.display()));
+        }
+        // SAFETY: FALLOW_EMU_EXPORT defines every launcher with exactly this signature.
+        kernels.insert(name, unsafe {
+            std::mem::transmute::<*mut c_void, LaunchFn>(f)
+        });
+    }
+    Ok(Some(Emulator { kernels }))
+}
+
+fn compile(compiler: &str, source: &str, dir: &Path, lib: &Path) -> Result<(), String> {
+    let unique = format!("{}-{:?}", std::process::id(), std::thread::current().id());
+    let cpp = dir.join(format!("kernels-{unique}.cpp"));
+    let tmp = dir.join(format!("kernels-{unique}.so"));
+    std::fs::write(&cpp, source).map_err(|e| format!("{}: {e}", cpp.display()))?;
+    let out = Command::new(compiler)
+        .args([
+            "-std=c++20",
+            "-O2",
+            "-shared",
+            "-fPIC",
+            "-pthread",
+            "-w",
+            "-o",
+        ])
+        .arg(&tmp)
+        .arg(&cpp)
+        .output()
+        .map_err(|e| format!("running {compiler}: {e}"))?;
+    let _ = std::fs::remove_file(&cpp);
+    if !out.status.success() {
+        return Err(format!(
+            "{compiler} failed to build the emulated kernels:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    // Renamed into place so that concurrent test processes never load a half-written file.
+    std::fs::rename(&tmp, lib).map_err(|e| format!("{}: {e}", lib.display()))
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
+}
