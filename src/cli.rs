@@ -80,8 +80,9 @@ pub struct ServiceArgs {
     /// Where runners run their models: cpu, cuda, cuda:N or auto.
     #[arg(long, env = "FALLOW_DEVICE")]
     pub device: Option<String>,
-    /// KV cache budget per model, in MiB (0 with a CUDA device: size it from the device
-    /// memory the weights leave free).
+    /// KV cache per model, in MiB. Unset or 0: automatic (512 MiB on the CPU; on CUDA room
+    /// for every slot at the model's full context, within --model-memory-mb after the
+    /// weights and within the device memory free at load).
     #[arg(long, env = "FALLOW_KV_CACHE_MB")]
     pub kv_cache_mb: Option<usize>,
     /// Caps every model's context length.

@@ -235,7 +235,8 @@ impl Settings {
                     .map_err(|e: String| anyhow::anyhow!("--device: {e}"))?,
                 None => Default::default(),
             },
-            kv_cache_mb: args.kv_cache_mb.or(file.kv_cache_mb).unwrap_or(512),
+            // 0: sized per device (the CPU's default pool; on CUDA, see `kv_pool_size`).
+            kv_cache_mb: args.kv_cache_mb.or(file.kv_cache_mb).unwrap_or(0),
             max_model_len: args.max_model_len.or(file.max_model_len).unwrap_or(0),
             chat_template: args.chat_template.clone().or(file.chat_template),
             request_timeout: args.request_timeout.or(file.request_timeout).unwrap_or(600),
@@ -422,6 +423,6 @@ mod tests {
         let s = Settings::resolve(&args).unwrap();
         assert_eq!(s.listen.port(), 9000);
         assert_eq!(s.slots, 5);
-        assert_eq!(s.kv_cache_mb, 512);
+        assert_eq!(s.kv_cache_mb, 0, "automatic unless given");
     }
 }

@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use fallow_runner::engine::backend::cpu::{CpuBackend, KvDtype};
 use fallow_runner::engine::backend::cuda::{device, CudaBackend};
 use fallow_runner::engine::backend::{Backend, LogitsMode, SeqSlice};
+use fallow_runner::engine::footprint::KvPoolSize;
 use fallow_runner::engine::llm::EngineRequest;
 use fallow_runner::engine::model::{self, ModelArtifacts};
 use fallow_runner::engine::runtime::{load, Device, LoadOptions};
@@ -76,7 +77,8 @@ fn tiny(name: &str) -> ModelArtifacts {
 fn backends(artifacts: &ModelArtifacts) -> (CpuBackend, CudaBackend) {
     let cpu = CpuBackend::with_kv_dtype(artifacts, NUM_BLOCKS, BLOCK_SIZE, KvDtype::F32)
         .expect("cpu backend");
-    let cuda = CudaBackend::new(artifacts, 0, NUM_BLOCKS, BLOCK_SIZE).expect("cuda backend");
+    let cuda = CudaBackend::new(artifacts, 0, KvPoolSize::Blocks(NUM_BLOCKS), BLOCK_SIZE)
+        .expect("cuda backend");
     (cpu, cuda)
 }
 
@@ -346,7 +348,8 @@ fn the_default_model_follows_llama_cpp_exact_math_for_16_teacher_forced_steps() 
     let mut worst_lp = 0f32;
     let mut flips = 0;
     for (case_no, case) in exact_cases().iter().enumerate() {
-        let mut cuda = CudaBackend::new(&artifacts, 0, NUM_BLOCKS, BLOCK_SIZE).expect("cuda");
+        let mut cuda = CudaBackend::new(&artifacts, 0, KvPoolSize::Blocks(NUM_BLOCKS), BLOCK_SIZE)
+            .expect("cuda");
         // Prompt + the first STEPS-1 greedy tokens in one prefill, all positions' logits:
         // row prompt_len-1+i predicts greedy_ids[i].
         let mut tokens = case.prompt_ids.clone();
@@ -599,7 +602,9 @@ fn long_context_decodes_split_over_the_keys_equal_unsplit_ones() {
         .collect();
     let blocks = table(0, prompt.len() + 8);
     let run = |split: bool| -> Vec<f32> {
-        let mut cuda = CudaBackend::new(&artifacts, 0, blocks.len(), BLOCK_SIZE).expect("cuda");
+        let mut cuda =
+            CudaBackend::new(&artifacts, 0, KvPoolSize::Blocks(blocks.len()), BLOCK_SIZE)
+                .expect("cuda");
         cuda.set_split_attention(split);
         cuda.forward(&[SeqSlice {
             tokens: &prompt,

@@ -119,6 +119,7 @@ fn model_offers(settings: &Settings) -> anyhow::Result<Vec<ModelOffer>> {
             device: settings.device,
             tool_parser: spec.tool_parser.clone(),
             reasoning_parser: spec.reasoning_parser.clone(),
+            memory_budget_bytes: settings.model_memory_bytes,
             ..LoadOptions::default()
         };
         let policy = WarmPolicy {

@@ -5,7 +5,7 @@
 use crate::engine::backend::cpu::{kv_bytes_per_block, CpuBackend};
 use crate::engine::backend::cuda::CudaBackend;
 use crate::engine::backend::Backend;
-use crate::engine::footprint::weights_bytes;
+use crate::engine::footprint::{kv_pool_size, weights_bytes, DEFAULT_CPU_KV_BYTES};
 use crate::engine::llm::{EngineConfig, LlmEngine};
 use crate::engine::model::{self, ModelArtifacts, VocabSource};
 use crate::engine::tokenizer::{ChatTemplate, OutputSyntax, Tokenizer, GEMMA_CHAT_TEMPLATE};
@@ -54,8 +54,9 @@ impl std::fmt::Display for Device {
 /// How to load a model and size its engine.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
-    /// Bytes of memory given to the KV cache (0: automatic; on CUDA most of the device memory
-    /// the weights leave free, on the CPU the default 512 MiB).
+    /// Bytes of memory given to the KV cache (0: automatic; on CUDA room for every sequence
+    /// slot at full context within the memory budget and the device's free memory, on the
+    /// CPU 512 MiB; see [`kv_pool_size`]).
     pub kv_cache_bytes: usize,
     /// Tokens per KV block.
     pub block_size: usize,
@@ -74,12 +75,15 @@ pub struct LoadOptions {
     pub tool_parser: Option<String>,
     /// The model's reasoning syntax (`qwen3`, `deepseek_r1`); `None` = detect.
     pub reasoning_parser: Option<String>,
+    /// The runner's memory budget for all its models (`--model-memory-mb`): an automatically
+    /// sized KV pool leaves room in it for the model's weights.
+    pub memory_budget_bytes: Option<u64>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
-            kv_cache_bytes: 512 << 20,
+            kv_cache_bytes: DEFAULT_CPU_KV_BYTES,
             block_size: 16,
             max_num_seqs: 32,
             max_batched_tokens: 512,
@@ -89,6 +93,7 @@ impl Default for LoadOptions {
             device: Device::Cpu,
             tool_parser: None,
             reasoning_parser: None,
+            memory_budget_bytes: None,
         }
     }
 }
@@ -135,8 +140,8 @@ pub struct ModelFacts {
     pub context_length: usize,
     /// How it writes tool calls and reasoning.
     pub output_syntax: OutputSyntax,
-    /// Memory it will take once loaded; a CUDA KV pool sized automatically counts as empty
-    /// here (its size is known only on the device).
+    /// Memory it will take once loaded (at most: a CUDA KV pool sized automatically may get
+    /// fewer blocks, if the device has less memory free at load).
     pub resident_bytes: u64,
 }
 
@@ -145,24 +150,14 @@ pub struct ModelFacts {
 pub fn inspect(path: &Path, options: &LoadOptions) -> Result<ModelFacts, LoadError> {
     let artifacts = model::open(path)?;
     let frontend = build_frontend(&artifacts, options)?;
-    let block_size = options.block_size.max(1);
-    let per_block = kv_bytes_per_block(&artifacts.config, block_size).max(1);
+    let per_block = kv_bytes_per_block(&artifacts.config, options.block_size.max(1)).max(1);
+    let weights = weights_bytes(&artifacts.weights, options.device);
+    let pool = kv_pool_size(options, per_block, weights, frontend.context_length);
     Ok(ModelFacts {
         context_length: frontend.context_length,
         output_syntax: frontend.output_syntax,
-        resident_bytes: weights_bytes(&artifacts.weights, options.device)
-            + (kv_blocks(options, per_block) * per_block) as u64,
+        resident_bytes: weights + (pool.most() * per_block) as u64,
     })
-}
-
-/// KV blocks of `per_block` bytes the options ask for; 0 lets the CUDA backend size its pool
-/// from free device memory.
-fn kv_blocks(options: &LoadOptions, per_block: usize) -> usize {
-    match (options.kv_cache_bytes, options.device) {
-        (0, Device::Cuda(_)) => 0,
-        (0, Device::Cpu) => (LoadOptions::default().kv_cache_bytes / per_block).max(1),
-        (bytes, _) => (bytes / per_block).max(1),
-    }
 }
 
 /// The model id a path is served under: the file or directory stem.
@@ -183,15 +178,15 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError
     let frontend = build_frontend(&artifacts, options)?;
     let block_size = options.block_size.max(1);
     let per_block = kv_bytes_per_block(&artifacts.config, block_size).max(1);
-    let num_blocks = kv_blocks(options, per_block);
     let weights = weights_bytes(&artifacts.weights, options.device);
+    let pool = kv_pool_size(options, per_block, weights, frontend.context_length);
     let backend: Box<dyn Backend> = match options.device {
         Device::Cpu => Box::new(
-            CpuBackend::new(&artifacts, num_blocks, block_size)
+            CpuBackend::new(&artifacts, pool.most(), block_size)
                 .map_err(|e| LoadError::Backend(e.to_string()))?,
         ),
         Device::Cuda(ordinal) => Box::new(
-            CudaBackend::new(&artifacts, ordinal, num_blocks, block_size)
+            CudaBackend::new(&artifacts, ordinal, pool, block_size)
                 .map_err(|e| LoadError::Backend(e.to_string()))?,
         ),
     };
@@ -202,7 +197,7 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError
     };
     let mut engine = LlmEngine::new(backend, frontend.tokenizer.clone(), config);
     engine.add_eos_ids(&artifacts.eos_ids);
-    // The pool as the backend sized it (CUDA picks its own size when asked for 0 bytes).
+    // The pool as the backend sized it (an automatic CUDA pool may be smaller than asked).
     let kv_bytes = (engine.stats().total_blocks * per_block) as u64;
     Ok(LoadedModel {
         engine,

@@ -38,6 +38,7 @@ use self::weights::DeviceWeights;
 use super::batch::BatchLayout;
 use super::cpu::rope::inv_freqs;
 use super::{Backend, BackendError, SeqSlice, StepOutput};
+use crate::engine::footprint::KvPoolSize;
 use crate::engine::model::{ModelArtifacts, ModelConfig, RopeScaling, RopeStyle};
 
 #[cfg(test)]
@@ -110,19 +111,19 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    /// Uploads `artifacts` to device `ordinal` with a bf16 KV pool of `num_blocks` blocks of
-    /// `block_size` tokens; `num_blocks == 0` sizes the pool from the memory left free after
-    /// the weights ([`auto_kv_blocks`]).
+    /// Uploads `artifacts` to device `ordinal` with a bf16 KV pool of `pool` blocks of
+    /// `block_size` tokens; [`KvPoolSize::UpTo`] takes fewer if the memory left free after the
+    /// weights holds fewer ([`auto_kv_blocks`]).
     pub fn new(
         artifacts: &ModelArtifacts,
         ordinal: usize,
-        num_blocks: usize,
+        pool: KvPoolSize,
         block_size: usize,
     ) -> Result<Self, CudaError> {
         let config = artifacts.config.clone();
-        if block_size == 0 {
+        if block_size == 0 || pool.most() == 0 {
             return Err(CudaError::Failure(format!(
-                "KV pool needs positive sizes, got {num_blocks} blocks of {block_size} tokens"
+                "KV pool needs positive sizes, got {pool:?} of {block_size} tokens"
             )));
         }
         if config.head_dim > 256 {
@@ -141,23 +142,25 @@ impl CudaBackend {
             .max(1) as usize;
         let gemm = Gemm::new(&stream, Arc::clone(&kernels))?;
         let weights = DeviceWeights::upload(&stream, &config, &artifacts.weights)?;
-        let num_blocks = if num_blocks > 0 {
-            num_blocks
-        } else {
-            let (free, _) = ctx.mem_get_info().map_err(CudaError::driver)?;
-            let per_block = 2 * config.n_layers * block_size * config.kv_dim() * 2;
-            let blocks = auto_kv_blocks(free, per_block);
-            tracing::info!(
-                blocks,
-                free_bytes = free,
-                "KV pool sized from free device memory"
-            );
-            if blocks == 0 {
-                return Err(CudaError::Failure(format!(
-                    "no device memory left for a KV cache ({free} bytes free after the weights)"
-                )));
+        let num_blocks = match pool {
+            KvPoolSize::Blocks(n) => n,
+            KvPoolSize::UpTo(most) => {
+                let (free, _) = ctx.mem_get_info().map_err(CudaError::driver)?;
+                let per_block = 2 * config.n_layers * block_size * config.kv_dim() * 2;
+                let blocks = auto_kv_blocks(free, per_block).min(most);
+                tracing::info!(
+                    blocks,
+                    wanted = most,
+                    free_bytes = free,
+                    "KV pool sized within free device memory"
+                );
+                if blocks == 0 {
+                    return Err(CudaError::Failure(format!(
+                        "no device memory left for a KV cache ({free} bytes free after the weights)"
+                    )));
+                }
+                blocks
             }
-            blocks
         };
         let kv_len = config
             .n_layers
