@@ -107,7 +107,7 @@ impl CudaBackend {
         let (n_heads, n_kv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
         let positions = self.inputs.at(self.inputs.positions);
         let kv_dim = c.kv_dim();
-        let layer_offset = layer * self.num_blocks * self.block_size * kv_dim;
+        let layer_offset = layer * (self.num_blocks + 1) * self.block_size * kv_dim;
         let (k_cache, v_cache) = (self.k_cache.at(layer_offset), self.v_cache.at(layer_offset));
         launch!(
             self,
@@ -270,8 +270,7 @@ impl CudaBackend {
     /// Final norm and LM head over the rows that need it, then the argmax of greedy rows.
     fn head(&mut self) -> Result<(), CudaError> {
         let c = &self.config;
-        let full = self.layout.logit_rows.len();
-        let greedy = self.layout.argmax_rows.len();
+        let (full, greedy) = (self.inputs.full_rows, self.inputs.greedy_rows);
         let rows = full + greedy;
         if rows == 0 {
             return Ok(());

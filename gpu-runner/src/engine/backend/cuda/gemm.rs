@@ -9,6 +9,7 @@ use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation
 use cudarc::cublas::{result, CudaBlas};
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 
+use super::buffer::DeviceBuf;
 use super::kernels::Kernels;
 use super::weights::DeviceMatrix;
 use super::CudaError;
@@ -18,8 +19,13 @@ pub const GEMV_MAX_ROWS: usize = 8;
 /// Output columns per block of `gemv_bf16` (GEMV_WARPS in kernels.cu).
 const GEMV_WARPS: usize = 8;
 
+/// cuBLAS's workspace, ours so that no GEMM allocates while a CUDA graph is captured (the
+/// size PyTorch gives it on Hopper).
+const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
 pub struct Gemm {
     blas: CudaBlas,
+    _workspace: DeviceBuf<u8>,
     stream: Arc<CudaStream>,
     kernels: Arc<Kernels>,
     gemv_max_rows: usize,
@@ -29,16 +35,26 @@ impl Gemm {
     pub fn new(stream: &Arc<CudaStream>, kernels: Arc<Kernels>) -> Result<Self, CudaError> {
         let blas = CudaBlas::new(Arc::clone(stream))
             .map_err(|e| CudaError::Failure(format!("cuBLAS: {e}")))?;
+        let workspace = DeviceBuf::<u8>::zeros(stream, CUBLAS_WORKSPACE_BYTES)?;
+        // SAFETY: the workspace outlives the handle (both are fields of this struct, the
+        // buffer dropped after `blas`) and is only used on the handle's stream.
+        let status = unsafe {
+            cudarc::cublas::sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                workspace.ptr() as *mut std::ffi::c_void,
+                CUBLAS_WORKSPACE_BYTES,
+            )
+        };
+        if status != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(CudaError::Failure(format!("cuBLAS workspace: {status:?}")));
+        }
         Ok(Gemm {
             blas,
+            _workspace: workspace,
             stream: Arc::clone(stream),
             kernels,
             gemv_max_rows: GEMV_MAX_ROWS,
         })
-    }
-
-    pub fn gemv_max_rows(&self) -> usize {
-        self.gemv_max_rows
     }
 
     pub fn set_gemv_max_rows(&mut self, rows: usize) {

@@ -1,25 +1,42 @@
-//! CUDA graphs for decode steps. A decode step of a few sequences is a few hundred small
-//! launches whose CPU-side cost rivals the GPU work; replaying a captured graph costs one.
-//! A graph bakes in every launch's arguments, so it is keyed by what shapes them (tokens,
-//! whether rows return logits or greedy tokens, block-table width) and only steps whose
-//! indices all live in the fixed-layout step buffer qualify: one token per sequence, the
-//! same output kind for all, few enough tokens for the GEMV path. Other steps run eagerly.
+//! CUDA graphs for decode steps. A decode step is a few hundred small launches whose
+//! CPU-side cost rivals the GPU work; replaying a captured graph costs one. A graph bakes in
+//! every launch's arguments, so a step replays one only if its indices fit the graph's
+//! fixed-layout step buffer: one token per sequence, the same output kind for all, at most
+//! [`MAX_GRAPH_TOKENS`] sequences. Steps are padded up to a bucket of sizes (1, 2, 4, 8, then
+//! multiples of 8) with dummy tokens, so that 64 batch sizes need 11 graphs; other steps run
+//! eagerly.
+//!
+//! A key is captured the second time it is seen (the first, eager run lets cuBLAS pick and
+//! set up its kernels outside a capture); a key whose capture fails runs eagerly from then on.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use cudarc::driver::CudaGraph;
 
 use super::CudaError;
 use crate::engine::backend::{LogitsMode, SeqSlice};
 
+/// The largest decode step replayed from a graph.
+pub const MAX_GRAPH_TOKENS: usize = 64;
+
 /// What a captured decode step depends on besides the data in its buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GraphKey {
+    /// Token rows, padding included.
     pub tokens: usize,
     pub greedy: bool,
     /// Block-table row width, rounded up to a power of two so that growing sequences
     /// re-capture only at doublings.
     pub table_width: usize,
+}
+
+/// The graph size a decode step of `sequences` is padded to.
+pub fn bucket(sequences: usize) -> usize {
+    if sequences <= 8 {
+        sequences.next_power_of_two()
+    } else {
+        sequences.next_multiple_of(8)
+    }
 }
 
 /// A captured graph, owned by one backend.
@@ -30,9 +47,22 @@ struct OwnedGraph(CudaGraph);
 // binds the context to the calling thread first.
 unsafe impl Send for OwnedGraph {}
 
+/// What to do with a step that has a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// Replay the captured graph.
+    Launch,
+    /// Capture it now, then replay it.
+    Capture,
+    /// Run it eagerly (first sighting, or its capture failed).
+    Eager,
+}
+
 pub struct DecodeGraphs {
     enabled: bool,
     graphs: HashMap<GraphKey, OwnedGraph>,
+    seen: HashSet<GraphKey>,
+    refused: HashSet<GraphKey>,
 }
 
 impl DecodeGraphs {
@@ -40,25 +70,22 @@ impl DecodeGraphs {
         DecodeGraphs {
             enabled,
             graphs: HashMap::new(),
+            seen: HashSet::new(),
+            refused: HashSet::new(),
         }
     }
 
     pub fn set_enabled(&mut self, enabled: bool) {
         self.enabled = enabled;
-        self.graphs.clear();
+        self.clear();
     }
 
     /// The key of `batch` if it is a decode step a graph can replay.
-    pub fn key_for(
-        &self,
-        batch: &[SeqSlice<'_>],
-        block_size: usize,
-        gemv_max_rows: usize,
-    ) -> Option<GraphKey> {
+    pub fn key_for(&self, batch: &[SeqSlice<'_>], block_size: usize) -> Option<GraphKey> {
         let first = batch.first()?;
         let uniform = |s: &SeqSlice<'_>| s.tokens.len() == 1 && s.logits == first.logits;
         if !self.enabled
-            || batch.len() > gemv_max_rows
+            || batch.len() > MAX_GRAPH_TOKENS
             || !matches!(first.logits, LogitsMode::Last | LogitsMode::Argmax)
             || !batch.iter().all(uniform)
         {
@@ -69,18 +96,30 @@ impl DecodeGraphs {
             .map(|s| (s.start_pos + 1).div_ceil(block_size))
             .max()?;
         Some(GraphKey {
-            tokens: batch.len(),
+            tokens: bucket(batch.len()),
             greedy: first.logits == LogitsMode::Argmax,
             table_width: longest.next_power_of_two().max(16),
         })
     }
 
-    pub fn contains(&self, key: &GraphKey) -> bool {
-        self.graphs.contains_key(key)
+    /// What to do with a step of `key` (and notes that it was seen).
+    pub fn plan(&mut self, key: &GraphKey) -> Replay {
+        if self.graphs.contains_key(key) {
+            Replay::Launch
+        } else if self.refused.contains(key) || self.seen.insert(*key) {
+            Replay::Eager
+        } else {
+            Replay::Capture
+        }
     }
 
     pub fn insert(&mut self, key: GraphKey, graph: CudaGraph) {
         self.graphs.insert(key, OwnedGraph(graph));
+    }
+
+    /// `key`'s capture failed: its steps run eagerly from now on.
+    pub fn refuse(&mut self, key: GraphKey) {
+        self.refused.insert(key);
     }
 
     pub fn launch(&self, key: &GraphKey) -> Result<(), CudaError> {
@@ -96,5 +135,83 @@ impl DecodeGraphs {
     /// Forgets every graph (buffers they point into have moved).
     pub fn clear(&mut self) {
         self.graphs.clear();
+        self.seen.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(
+        tables: &[Vec<u32>],
+        positions: &[usize],
+        mode: LogitsMode,
+    ) -> Vec<SeqSlice<'static>> {
+        static TOKEN: [u32; 1] = [3];
+        positions
+            .iter()
+            .zip(tables)
+            .map(|(&p, t)| SeqSlice {
+                tokens: &TOKEN,
+                start_pos: p,
+                block_table: Box::leak(t.clone().into_boxed_slice()),
+                logits: mode,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn decode_steps_pad_to_a_few_bucket_sizes() {
+        let sizes: Vec<usize> = (1..=MAX_GRAPH_TOKENS).map(bucket).collect();
+        let mut distinct = sizes.clone();
+        distinct.dedup();
+        assert_eq!(distinct, vec![1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]);
+        assert!((1..=MAX_GRAPH_TOKENS).all(|n| bucket(n) >= n));
+    }
+
+    #[test]
+    fn only_uniform_decode_steps_up_to_the_largest_bucket_have_a_key() {
+        let graphs = DecodeGraphs::new(true);
+        let tables = vec![vec![0u32; 4]; 65];
+        let positions = vec![5usize; 65];
+        let key = graphs
+            .key_for(
+                &decode(&tables[..9], &positions[..9], LogitsMode::Argmax),
+                4,
+            )
+            .expect("nine greedy decodes");
+        assert_eq!(
+            key,
+            GraphKey {
+                tokens: 16,
+                greedy: true,
+                table_width: 16
+            }
+        );
+        assert!(graphs
+            .key_for(&decode(&tables, &positions, LogitsMode::Argmax), 4)
+            .is_none());
+        let mut mixed = decode(&tables[..3], &positions[..3], LogitsMode::Last);
+        mixed[1].logits = LogitsMode::Argmax;
+        assert!(graphs.key_for(&mixed, 4).is_none(), "mixed output kinds");
+        assert!(DecodeGraphs::new(false)
+            .key_for(&decode(&tables[..2], &positions[..2], LogitsMode::Last), 4)
+            .is_none());
+    }
+
+    #[test]
+    fn a_key_is_captured_on_its_second_step_and_never_after_a_refusal() {
+        let mut graphs = DecodeGraphs::new(true);
+        let key = GraphKey {
+            tokens: 8,
+            greedy: false,
+            table_width: 16,
+        };
+        assert_eq!(graphs.plan(&key), Replay::Eager);
+        assert_eq!(graphs.plan(&key), Replay::Capture);
+        graphs.refuse(key);
+        assert_eq!(graphs.plan(&key), Replay::Eager);
+        assert_eq!(graphs.plan(&key), Replay::Eager);
     }
 }

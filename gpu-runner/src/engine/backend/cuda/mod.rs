@@ -31,9 +31,9 @@ pub use device::DeviceInfo;
 
 use self::buffer::DeviceBuf;
 use self::gemm::Gemm;
-use self::graphs::DecodeGraphs;
+use self::graphs::{DecodeGraphs, GraphKey, Replay};
 use self::kernels::Kernels;
-use self::step::{Scratch, StepInputs};
+use self::step::{Padding, Scratch, StepInputs};
 use self::weights::DeviceWeights;
 use super::batch::BatchLayout;
 use super::cpu::rope::inv_freqs;
@@ -95,9 +95,12 @@ pub struct CudaBackend {
     kernels: Arc<Kernels>,
     gemm: Gemm,
     weights: DeviceWeights,
+    /// `[layer, block, slot, kv_dim]` bf16, `num_blocks + 1` blocks per layer (the last is
+    /// the graph padding's).
     k_cache: DeviceBuf<u16>,
     v_cache: DeviceBuf<u16>,
     block_size: usize,
+    /// Blocks the block manager hands out.
     num_blocks: usize,
     inv_freq_global: DeviceBuf<f64>,
     inv_freq_local: DeviceBuf<f64>,
@@ -162,9 +165,10 @@ impl CudaBackend {
                 blocks
             }
         };
+        // One block more than the block manager hands out: where graph padding writes.
         let kv_len = config
             .n_layers
-            .checked_mul(num_blocks)
+            .checked_mul(num_blocks + 1)
             .and_then(|v| v.checked_mul(block_size))
             .and_then(|v| v.checked_mul(config.kv_dim()))
             .ok_or_else(|| CudaError::Failure("KV pool size overflows".into()))?;
@@ -218,6 +222,7 @@ impl CudaBackend {
     /// cuBLAS (0 = always cuBLAS; tests compare the two).
     pub fn set_gemv_max_rows(&mut self, rows: usize) {
         self.gemm.set_gemv_max_rows(rows);
+        self.graphs.clear();
     }
 
     /// Turns CUDA graphs for decode steps on or off (on by default; `FALLOW_CUDA_GRAPHS=0`
@@ -234,18 +239,17 @@ impl CudaBackend {
 
     fn run(&mut self, batch: &[SeqSlice<'_>]) -> Result<StepOutput, CudaError> {
         self.ctx.bind_to_thread().map_err(CudaError::driver)?;
-        let n = self.layout.n_tokens();
-        let key = self
-            .graphs
-            .key_for(batch, self.block_size, self.gemm.gemv_max_rows());
-        let moved_inputs = self.inputs.upload(
-            &self.stream,
-            &self.layout,
-            batch,
-            self.block_size,
-            key.map(|k| k.table_width),
-        )?;
-        let head_rows = self.layout.logit_rows.len() + self.layout.argmax_rows.len();
+        let key = self.graphs.key_for(batch, self.block_size);
+        let padding = key.map(|k| Padding {
+            tokens: k.tokens,
+            table_width: k.table_width,
+            pad_block: self.num_blocks,
+        });
+        self.inputs
+            .pack(&self.layout, batch, self.block_size, padding);
+        let moved_inputs = self.inputs.upload(&self.stream)?;
+        let n = self.inputs.tokens;
+        let head_rows = self.inputs.full_rows + self.inputs.greedy_rows;
         // Sliding-window layers split at most as far as the others.
         let splits = self.attention_split(None, n).splits;
         let moved_scratch =
@@ -255,26 +259,36 @@ impl CudaBackend {
             // Captured graphs hold the old addresses.
             self.graphs.clear();
         }
-        match key {
-            Some(key) => {
-                if !self.graphs.contains(&key) {
-                    self.stream
-                        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                        .map_err(CudaError::driver)?;
-                    let launched = self.launch_step(n);
-                    // End the capture whatever happened, or the stream stays unusable.
-                    let graph = self.stream.end_capture(CUgraphInstantiate_flags(0));
-                    launched?;
-                    let graph = graph
-                        .map_err(CudaError::driver)?
-                        .ok_or_else(|| CudaError::Failure("empty CUDA graph".into()))?;
-                    self.graphs.insert(key, graph);
+        match key.map(|k| (k, self.graphs.plan(&k))) {
+            Some((key, Replay::Launch)) => self.graphs.launch(&key)?,
+            Some((key, Replay::Capture)) => {
+                if let Err(e) = self.capture(key) {
+                    // Nothing ran while capturing: run the step eagerly, and such steps
+                    // from now on.
+                    tracing::warn!(?key, error = %e, "CUDA graph capture failed; running eagerly");
+                    self.graphs.refuse(key);
+                    self.launch_step(n)?;
                 }
-                self.graphs.launch(&key)?;
             }
-            None => self.launch_step(n)?,
+            Some((_, Replay::Eager)) | None => self.launch_step(n)?,
         }
         self.read_outputs()
+    }
+
+    /// Captures the step's launches as `key`'s graph and replays it.
+    fn capture(&mut self, key: GraphKey) -> Result<(), CudaError> {
+        self.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(CudaError::driver)?;
+        let launched = self.launch_step(key.tokens);
+        // End the capture whatever happened, or the stream stays unusable.
+        let graph = self.stream.end_capture(CUgraphInstantiate_flags(0));
+        launched?;
+        let graph = graph
+            .map_err(CudaError::driver)?
+            .ok_or_else(|| CudaError::Failure("empty CUDA graph".into()))?;
+        self.graphs.insert(key, graph);
+        self.graphs.launch(&key)
     }
 }
 

@@ -25,30 +25,52 @@ pub struct StepInputs {
     pub block_tables: usize,
     /// Row width of the block-table matrix (the longest table of the step).
     pub max_blocks: usize,
+    /// Token rows the kernels run over: the step's tokens, then any padding.
+    pub tokens: usize,
+    /// LM-head rows returning logits, then rows returning greedy tokens (padding included).
+    pub full_rows: usize,
+    pub greedy_rows: usize,
+}
+
+/// How a decode step is padded to a captured graph's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Padding {
+    /// Token rows of the graph (at least the step's).
+    pub tokens: usize,
+    /// Block-table row width the graph baked in.
+    pub table_width: usize,
+    /// A KV block no sequence owns, where padding tokens write their keys and values.
+    pub pad_block: usize,
 }
 
 impl StepInputs {
-    /// Uploads the step's indices. `table_width` fixes the block-table row width (a CUDA
-    /// graph bakes it in); otherwise it is the step's longest table. Returns whether the
-    /// device buffer moved.
-    pub fn upload(
+    /// Packs the step's indices on the host. With `padding`, dummy tokens (id 0 at position
+    /// 0, of one dummy sequence whose table holds only the pad block) fill the step up to
+    /// the graph's rows and produce outputs of the step's kind that are never read.
+    pub fn pack(
         &mut self,
-        stream: &Arc<CudaStream>,
         layout: &BatchLayout,
         batch: &[SeqSlice<'_>],
         block_size: usize,
-        table_width: Option<usize>,
-    ) -> Result<bool, CudaError> {
-        let n = layout.n_tokens();
+        padding: Option<Padding>,
+    ) {
+        let real = layout.n_tokens();
+        let n = padding.map_or(real, |p| p.tokens.max(real));
+        let pads = n - real;
+        let pad_seq = batch.len() as i32;
+        let pad_slot = padding.map_or(0, |p| (p.pad_block * block_size) as i32);
         let h = &mut self.host;
         h.clear();
+        self.tokens = n;
         self.ids = 0;
         h.extend(layout.token_ids.iter().map(|&t| t as i32));
+        h.extend(std::iter::repeat_n(0, pads));
         self.positions = h.len();
         h.extend(layout.positions.iter().map(|&p| p as i32));
+        h.extend(std::iter::repeat_n(0, pads));
         self.slots = h.len();
         self.token_seq = self.slots + n;
-        h.resize(self.slots + n, 0);
+        h.resize(self.slots + n, pad_slot);
         for (s, (seq, win)) in batch.iter().zip(layout.offsets.windows(2)).enumerate() {
             for t in win[0]..win[1] {
                 let pos = layout.positions[t];
@@ -57,10 +79,22 @@ impl StepInputs {
                 h.push(s as i32);
             }
         }
-        // Rows through the LM head: full-logit rows first, then the greedy ones.
+        h.extend(std::iter::repeat_n(pad_seq, pads));
+        // Rows through the LM head: full-logit rows first, then the greedy ones; padding
+        // rows join whichever kind the step has (a padded step has one kind only).
+        let greedy = !layout.argmax_rows.is_empty();
+        let pad_rows = real..n;
         self.logit_rows = h.len();
         h.extend(layout.logit_rows.iter().map(|&r| r as i32));
+        if !greedy {
+            h.extend(pad_rows.clone().map(|r| r as i32));
+        }
         h.extend(layout.argmax_rows.iter().map(|&r| r as i32));
+        if greedy {
+            h.extend(pad_rows.map(|r| r as i32));
+        }
+        self.full_rows = layout.logit_rows.len() + if greedy { 0 } else { pads };
+        self.greedy_rows = layout.argmax_rows.len() + if greedy { pads } else { 0 };
         self.block_tables = h.len();
         // Only the blocks that hold positions up to the step's last token are needed.
         let longest = batch
@@ -69,13 +103,21 @@ impl StepInputs {
             .max()
             .unwrap_or(1)
             .max(1);
-        self.max_blocks = table_width.unwrap_or(longest).max(longest);
+        self.max_blocks = padding.map_or(longest, |p| p.table_width.max(longest));
         for seq in batch {
             let used = (seq.start_pos + seq.tokens.len()).div_ceil(block_size);
             h.extend(seq.block_table[..used].iter().map(|&b| b as i32));
             h.extend(std::iter::repeat_n(0, self.max_blocks - used));
         }
-        let len = h.len();
+        if pads > 0 {
+            h.push(pad_slot / block_size as i32);
+            h.extend(std::iter::repeat_n(0, self.max_blocks - 1));
+        }
+    }
+
+    /// Copies the packed indices to the device. Returns whether the device buffer moved.
+    pub fn upload(&mut self, stream: &Arc<CudaStream>) -> Result<bool, CudaError> {
+        let len = self.host.len();
         let moved = match &mut self.device {
             Some(d) => d.ensure(stream, len)?,
             None => {
@@ -92,6 +134,101 @@ impl StepInputs {
     /// Device address of element `offset` of the step buffer.
     pub fn at(&self, offset: usize) -> u64 {
         self.device.as_ref().map_or(0, |d| d.at(offset))
+    }
+
+    /// The packed host indices from `offset`, `len` of them (for tests).
+    #[cfg(test)]
+    fn host(&self, offset: usize, len: usize) -> &[i32] {
+        &self.host[offset..offset + len]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::backend::LogitsMode;
+
+    fn config() -> ModelConfig {
+        crate::engine::model::config::from_hf_json(&serde_json::json!({
+            "model_type": "llama", "num_hidden_layers": 1, "hidden_size": 8,
+            "num_attention_heads": 2, "intermediate_size": 16, "vocab_size": 100,
+            "max_position_embeddings": 256,
+        }))
+        .expect("config")
+    }
+
+    fn packed(batch: &[SeqSlice<'_>], padding: Option<Padding>) -> StepInputs {
+        let mut layout = BatchLayout::default();
+        layout.build(batch, &config(), 4, 100).expect("valid batch");
+        let mut inputs = StepInputs::default();
+        inputs.pack(&layout, batch, 4, padding);
+        inputs
+    }
+
+    #[test]
+    fn a_padded_decode_step_fills_the_graph_with_dummy_tokens_in_the_pad_block() {
+        let tables = [vec![7u32, 8], vec![3u32], vec![9u32, 10, 11]];
+        let tokens = [[11u32], [12], [13]];
+        let positions = [5usize, 2, 9];
+        let batch: Vec<SeqSlice<'_>> = (0..3)
+            .map(|s| SeqSlice {
+                tokens: &tokens[s],
+                start_pos: positions[s],
+                block_table: &tables[s],
+                logits: LogitsMode::Argmax,
+            })
+            .collect();
+        let pad = Padding {
+            tokens: 4,
+            table_width: 16,
+            pad_block: 100,
+        };
+        let p = packed(&batch, Some(pad));
+        assert_eq!(p.tokens, 4);
+        assert_eq!(p.host(p.ids, 4), &[11, 12, 13, 0]);
+        assert_eq!(p.host(p.positions, 4), &[5, 2, 9, 0]);
+        // Slots: block·4 + position % 4; the padding writes the pad block's first slot.
+        assert_eq!(p.host(p.slots, 4), &[8 * 4 + 1, 3 * 4 + 2, 11 * 4 + 1, 400]);
+        assert_eq!(p.host(p.token_seq, 4), &[0, 1, 2, 3]);
+        assert_eq!((p.full_rows, p.greedy_rows), (0, 4));
+        assert_eq!(p.host(p.logit_rows, 4), &[0, 1, 2, 3]);
+        assert_eq!(p.max_blocks, 16, "the graph's table width");
+        let tables_packed = p.host(p.block_tables, 4 * 16);
+        assert_eq!(&tables_packed[..3], &[7, 8, 0]);
+        assert_eq!(&tables_packed[32..35], &[9, 10, 11]);
+        assert_eq!(
+            &tables_packed[48..50],
+            &[100, 0],
+            "the padding sequence's table"
+        );
+    }
+
+    #[test]
+    fn an_unpadded_step_packs_only_its_tokens_with_full_rows_first() {
+        let tables = [vec![1u32, 2], vec![5u32]];
+        let prompt = [4u32, 5, 6, 7, 8];
+        let next = [9u32];
+        let batch = [
+            SeqSlice {
+                tokens: &prompt,
+                start_pos: 0,
+                block_table: &tables[0],
+                logits: LogitsMode::All,
+            },
+            SeqSlice {
+                tokens: &next,
+                start_pos: 3,
+                block_table: &tables[1],
+                logits: LogitsMode::Argmax,
+            },
+        ];
+        let p = packed(&batch, None);
+        assert_eq!(p.tokens, 6);
+        assert_eq!((p.full_rows, p.greedy_rows), (5, 1));
+        assert_eq!(p.host(p.logit_rows, 6), &[0, 1, 2, 3, 4, 5]);
+        assert_eq!(p.host(p.slots, 6), &[4, 5, 6, 7, 8, 23]);
+        assert_eq!(p.max_blocks, 2, "the longest table used");
+        assert_eq!(p.host(p.block_tables, 4), &[1, 2, 5, 0]);
     }
 }
 
