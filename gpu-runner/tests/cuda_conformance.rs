@@ -29,6 +29,7 @@ use fallow_runner::engine::footprint::KvPoolSize;
 use fallow_runner::engine::llm::EngineRequest;
 use fallow_runner::engine::model::{self, ModelArtifacts};
 use fallow_runner::engine::runtime::{load, Device, LoadOptions};
+use fallow_runner::engine::sampler::TokenDraw;
 use fallow_scheduler::job::Sampling;
 
 /// bf16 weights and activations on CUDA against the CPU backend's f32 activations on the
@@ -510,8 +511,76 @@ fn greedy_tokens_picked_on_the_device_are_the_argmax_of_the_logits() {
         .iter()
         .map(|r| fallow_runner::engine::sampler::argmax(r))
         .collect();
-    assert_eq!(step.argmax, want);
+    assert_eq!(step.picked, want);
     assert_eq!(step.logits, rows[1].to_vec());
+}
+
+#[test]
+fn tokens_drawn_on_the_device_are_the_host_definitions_draws_from_the_same_logits() {
+    if !gpu() {
+        return;
+    }
+    let artifacts = tiny("llama");
+    let vocab = artifacts.config.vocab_size;
+    let prompts: Vec<Vec<u32>> = (0..6u32).map(|s| vec![s + 1, 2 * s + 3, 7]).collect();
+    let tables: Vec<Vec<u32>> = (0..6u32).map(|s| table(s * 4, 8)).collect();
+    let knobs = [
+        (1.0, 0, 1.0, 0.0),
+        (0.7, 0, 0.9, 0.0),
+        (1.0, 20, 1.0, 0.0),
+        (1.5, 0, 1.0, 0.05),
+        (0.9, 40, 0.8, 0.02),
+        (1.0, 1, 1.0, 0.0),
+    ];
+    let mut mismatches = 0;
+    for (round, u) in [0.05f32, 0.5, 0.93].into_iter().enumerate() {
+        let draws: Vec<TokenDraw> = knobs
+            .iter()
+            .map(|&(temperature, top_k, top_p, min_p)| TokenDraw {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                u: (u + round as f32 * 0.01).min(0.99),
+            })
+            .collect();
+        let batch = |draw: bool| -> Vec<SeqSlice<'_>> {
+            prompts
+                .iter()
+                .zip(&tables)
+                .zip(&draws)
+                .map(|((p, t), d)| SeqSlice {
+                    tokens: p,
+                    start_pos: 0,
+                    block_table: t,
+                    logits: if draw {
+                        LogitsMode::Draw(*d)
+                    } else {
+                        LogitsMode::Last
+                    },
+                })
+                .collect()
+        };
+        let (_, mut a) = backends(&artifacts);
+        let (_, mut b) = backends(&artifacts);
+        let logits = a.forward(&batch(false)).expect("logits");
+        let step = b.forward_step(&batch(true)).expect("draws");
+        let want: Vec<u32> = logits
+            .chunks_exact(vocab)
+            .zip(&draws)
+            .map(|(row, d)| d.pick(row))
+            .collect();
+        // exp on the device and on the host may round a weight differently: a draw landing
+        // within that rounding of a boundary may pick the neighbour. Count, do not demand.
+        mismatches += step
+            .picked
+            .iter()
+            .zip(&want)
+            .filter(|(g, w)| g != w)
+            .count();
+    }
+    eprintln!("device draws differing from the host definition: {mismatches} of 18");
+    assert!(mismatches <= 1, "{mismatches} of 18 device draws differ");
 }
 
 #[test]

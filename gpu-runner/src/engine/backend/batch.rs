@@ -3,6 +3,7 @@
 
 use crate::engine::backend::{BackendError, LogitsMode, SeqSlice};
 use crate::engine::model::ModelConfig;
+use crate::engine::sampler::TokenDraw;
 
 /// The step's tokens, concatenated over sequences.
 #[derive(Default)]
@@ -14,8 +15,10 @@ pub struct BatchLayout {
     pub token_ids: Vec<u32>,
     /// Activation rows whose logits are returned, in output order.
     pub logit_rows: Vec<usize>,
-    /// Activation rows whose greedy token is returned (`LogitsMode::Argmax`), in order.
-    pub argmax_rows: Vec<usize>,
+    /// Activation rows whose token is returned (`LogitsMode::Argmax` or `Draw`), in order.
+    pub picked_rows: Vec<usize>,
+    /// How each of `picked_rows` is picked (an argmax is a greedy draw).
+    pub draws: Vec<TokenDraw>,
 }
 
 impl BatchLayout {
@@ -35,7 +38,8 @@ impl BatchLayout {
         self.positions.clear();
         self.token_ids.clear();
         self.logit_rows.clear();
-        self.argmax_rows.clear();
+        self.picked_rows.clear();
+        self.draws.clear();
         for (i, seq) in batch.iter().enumerate() {
             validate_seq(i, seq, config, block_size, num_blocks)?;
             let first = self.token_ids.len();
@@ -47,7 +51,14 @@ impl BatchLayout {
                 LogitsMode::None => {}
                 LogitsMode::Last => self.logit_rows.push(first + seq.tokens.len() - 1),
                 LogitsMode::All => self.logit_rows.extend(first..first + seq.tokens.len()),
-                LogitsMode::Argmax => self.argmax_rows.push(first + seq.tokens.len() - 1),
+                LogitsMode::Argmax => {
+                    self.picked_rows.push(first + seq.tokens.len() - 1);
+                    self.draws.push(TokenDraw::GREEDY);
+                }
+                LogitsMode::Draw(draw) => {
+                    self.picked_rows.push(first + seq.tokens.len() - 1);
+                    self.draws.push(draw);
+                }
             }
         }
         self.offsets.push(self.token_ids.len());

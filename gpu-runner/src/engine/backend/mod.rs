@@ -7,9 +7,10 @@ pub mod cpu;
 pub mod cuda;
 
 use crate::engine::model::ModelConfig;
+use crate::engine::sampler::TokenDraw;
 
 /// Which logits a sequence wants back from a forward pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LogitsMode {
     /// None (a prefill chunk that is not the prompt's last).
     None,
@@ -20,14 +21,24 @@ pub enum LogitsMode {
     /// The greedy token of the last position only (a sequence whose sampling needs nothing
     /// but the argmax): a device backend picks it where the logits are and copies back one id.
     Argmax,
+    /// A token drawn from the last position's logits where they are (a sampled sequence whose
+    /// logits nothing else moves); worth it with a backend that [`Backend::draws_on_device`].
+    Draw(TokenDraw),
 }
 
-/// What one step returns: the logits rows of `Last`/`All` sequences and the greedy token
-/// of every `Argmax` sequence, each in batch order.
+impl LogitsMode {
+    /// Whether the backend returns a token rather than logits.
+    pub fn picks_token(self) -> bool {
+        matches!(self, LogitsMode::Argmax | LogitsMode::Draw(_))
+    }
+}
+
+/// What one step returns: the logits rows of `Last`/`All` sequences and the token picked
+/// for every `Argmax` or `Draw` sequence, each in batch order.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct StepOutput {
     pub logits: Vec<f32>,
-    pub argmax: Vec<u32>,
+    pub picked: Vec<u32>,
 }
 
 /// One sequence's share of a forward step.
@@ -69,48 +80,68 @@ pub trait Backend: Send {
     /// allocating it afresh meant zeroing fresh pages every step). By default dropped.
     fn recycle_logits(&mut self, _logits: Vec<f32>) {}
 
-    /// [`Backend::forward`] plus the greedy tokens of `Argmax` sequences. By default the
-    /// logits come back to the host and the argmax is taken here; a device backend overrides
-    /// this to keep those rows on the device.
+    /// Whether `forward_step` draws [`LogitsMode::Draw`] sequences where the logits are
+    /// (the engine sends them only to such a backend; the default `forward_step` draws them
+    /// on the host, by the same definition).
+    fn draws_on_device(&self) -> bool {
+        false
+    }
+
+    /// [`Backend::forward`] plus the tokens of `Argmax` and `Draw` sequences. By default the
+    /// logits come back to the host and the tokens are picked here; a device backend
+    /// overrides this to keep those rows on the device.
     fn forward_step(&mut self, batch: &[SeqSlice<'_>]) -> Result<StepOutput, BackendError> {
-        if !batch.iter().any(|s| s.logits == LogitsMode::Argmax) {
-            return Ok(StepOutput {
-                logits: self.forward(batch)?,
-                argmax: Vec::new(),
-            });
-        }
-        let as_last: Vec<SeqSlice<'_>> = batch
-            .iter()
-            .map(|s| SeqSlice {
-                logits: match s.logits {
-                    LogitsMode::Argmax => LogitsMode::Last,
-                    mode => mode,
-                },
-                ..*s
-            })
-            .collect();
-        let all = self.forward(&as_last)?;
-        let vocab = self.config().vocab_size;
-        let mut out = StepOutput::default();
-        let mut rows = all.chunks_exact(vocab);
-        for seq in batch {
-            let n = match seq.logits {
-                LogitsMode::None => 0,
-                LogitsMode::Last | LogitsMode::Argmax => 1,
-                LogitsMode::All => seq.tokens.len(),
-            };
-            for _ in 0..n {
-                let row = rows.next().ok_or_else(|| {
-                    BackendError::Failure("backend returned too few logits rows".into())
-                })?;
-                if seq.logits == LogitsMode::Argmax {
-                    out.argmax.push(crate::engine::sampler::argmax(row));
-                } else {
-                    out.logits.extend_from_slice(row);
-                }
+        forward_step_on_host(self, batch)
+    }
+}
+
+/// [`Backend::forward_step`] by way of [`Backend::forward`]: picked rows come back as
+/// logits and their tokens are picked here (the default for backends whose logits are on
+/// the host anyway).
+pub fn forward_step_on_host<B: Backend + ?Sized>(
+    backend: &mut B,
+    batch: &[SeqSlice<'_>],
+) -> Result<StepOutput, BackendError> {
+    if !batch.iter().any(|s| s.logits.picks_token()) {
+        return Ok(StepOutput {
+            logits: backend.forward(batch)?,
+            picked: Vec::new(),
+        });
+    }
+    let as_last: Vec<SeqSlice<'_>> = batch
+        .iter()
+        .map(|s| SeqSlice {
+            logits: if s.logits.picks_token() {
+                LogitsMode::Last
+            } else {
+                s.logits
+            },
+            ..*s
+        })
+        .collect();
+    let all = backend.forward(&as_last)?;
+    let vocab = backend.config().vocab_size;
+    let mut out = StepOutput::default();
+    let mut rows = all.chunks_exact(vocab);
+    for seq in batch {
+        let n = match seq.logits {
+            LogitsMode::None => 0,
+            LogitsMode::Last | LogitsMode::Argmax | LogitsMode::Draw(_) => 1,
+            LogitsMode::All => seq.tokens.len(),
+        };
+        for _ in 0..n {
+            let row = rows.next().ok_or_else(|| {
+                BackendError::Failure("backend returned too few logits rows".into())
+            })?;
+            if let LogitsMode::Draw(draw) = seq.logits {
+                out.picked.push(draw.pick(row));
+            } else if seq.logits == LogitsMode::Argmax {
+                out.picked.push(crate::engine::sampler::argmax(row));
+            } else {
+                out.logits.extend_from_slice(row);
             }
         }
-        self.recycle_logits(all);
-        Ok(out)
     }
+    backend.recycle_logits(all);
+    Ok(out)
 }

@@ -267,12 +267,12 @@ impl LlmEngine {
         self.batcher.complete_step(&step);
         let vocab = self.backend.config().vocab_size;
         let mut logits_rows = result.logits.chunks_exact(vocab);
-        let mut greedy = result.argmax.iter();
+        let mut picked = result.picked.iter();
         let mut rows = Vec::with_capacity(step.seqs.len());
         for (entry, mode) in step.seqs.iter().zip(modes) {
             let row = match mode {
                 LogitsMode::Last => logits_rows.next().map(Row::Logits),
-                LogitsMode::Argmax => greedy.next().map(|&t| Row::Greedy(t)),
+                LogitsMode::Argmax | LogitsMode::Draw(_) => picked.next().map(|&t| Row::Picked(t)),
                 LogitsMode::None | LogitsMode::All => continue,
             };
             let row = row.ok_or_else(|| {
@@ -292,14 +292,20 @@ impl LlmEngine {
     }
 
     /// Runs the backend over the scheduled slices and checks the output's shape. Sequences
-    /// whose sampling is a plain argmax ask the backend for their token only.
+    /// whose sampling is a plain argmax ask the backend for their token only, and so do
+    /// sampled ones whose draw needs only the raw logits, when the backend draws itself.
     fn run(&mut self, step: &ScheduledStep) -> Result<(Vec<LogitsMode>, StepOutput), EngineError> {
+        let draws = self.backend.draws_on_device();
         let modes: Vec<LogitsMode> = step
             .seqs
             .iter()
-            .map(|entry| match self.choices.get(&entry.seq_id) {
+            .map(|entry| match self.choices.get_mut(&entry.seq_id) {
                 _ if !entry.wants_logits => LogitsMode::None,
                 Some(c) if c.sampler.only_needs_argmax() => LogitsMode::Argmax,
+                Some(c) if draws => c
+                    .sampler
+                    .remote_draw()
+                    .map_or(LogitsMode::Last, LogitsMode::Draw),
                 _ => LogitsMode::Last,
             })
             .collect();
@@ -335,14 +341,14 @@ impl LlmEngine {
         let backend = &mut self.backend;
         let out = masks::overlapped(grammars, || backend.forward_step(&slices))?;
         let rows = modes.iter().filter(|&&m| m == LogitsMode::Last).count();
-        let greedy = modes.iter().filter(|&&m| m == LogitsMode::Argmax).count();
+        let picked = modes.iter().filter(|m| m.picks_token()).count();
         let expected = rows * self.backend.config().vocab_size;
-        if out.logits.len() != expected || out.argmax.len() != greedy {
+        if out.logits.len() != expected || out.picked.len() != picked {
             return Err(EngineError::Internal(format!(
                 "backend returned {} logits and {} tokens, expected {rows} rows = {expected} \
-                 and {greedy} tokens",
+                 and {picked} tokens",
                 out.logits.len(),
-                out.argmax.len()
+                out.picked.len()
             )));
         }
         Ok((modes, out))

@@ -44,7 +44,7 @@ impl LlmEngine {
             .enumerate()
             .filter_map(|(i, (seq, row))| match row {
                 Row::Logits(logits) => Some((*seq, (i, *logits))),
-                Row::Greedy(_) => None,
+                Row::Picked(_) => None,
             })
             .collect();
         let mut out: Vec<Option<Sampled>> = (0..rows.len()).map(|_| None).collect();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use fallow_scheduler::job::{FinishReason, Sampling};
 
 use super::*;
-use crate::engine::backend::BackendError;
+use crate::engine::backend::{forward_step_on_host, BackendError};
 use crate::engine::model::ModelConfig;
 use crate::engine::tokenizer::GgufVocab;
 
@@ -26,6 +26,9 @@ enum Rule {
 
 struct FakeBackend {
     config: ModelConfig,
+    /// Claims to draw sampled tokens itself (it draws them on the host, by the same
+    /// definition a device backend follows); counts the rows it drew.
+    draws: Option<Arc<std::sync::atomic::AtomicUsize>>,
     block_size: usize,
     kv: Vec<Option<u32>>,
     rule: Rule,
@@ -43,11 +46,18 @@ impl FakeBackend {
         .unwrap();
         FakeBackend {
             config,
+            draws: None,
             block_size,
             kv: vec![None; num_blocks * block_size],
             rule,
             peak,
         }
+    }
+
+    /// This backend drawing sampled tokens itself; the counter counts its draws.
+    fn drawing(mut self, counter: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        self.draws = Some(Arc::clone(counter));
+        self
     }
 
     fn slot(&self, table: &[u32], pos: usize) -> Result<usize, BackendError> {
@@ -76,6 +86,19 @@ impl Backend for FakeBackend {
     }
     fn num_blocks(&self) -> usize {
         self.kv.len() / self.block_size
+    }
+    fn draws_on_device(&self) -> bool {
+        self.draws.is_some()
+    }
+    fn forward_step(&mut self, batch: &[SeqSlice<'_>]) -> Result<StepOutput, BackendError> {
+        if let Some(counter) = &self.draws {
+            let drawn = batch
+                .iter()
+                .filter(|s| matches!(s.logits, LogitsMode::Draw(_)))
+                .count();
+            counter.fetch_add(drawn, std::sync::atomic::Ordering::Relaxed);
+        }
+        forward_step_on_host(self, batch)
     }
     fn forward(&mut self, batch: &[SeqSlice<'_>]) -> Result<Vec<f32>, BackendError> {
         let mut out = Vec::new();

@@ -1,4 +1,5 @@
 use super::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 #[test]
 fn greedy_generation_streams_text_until_max_tokens() {
@@ -199,12 +200,23 @@ fn outputs_do_not_depend_on_batch_composition() {
         max_tokens: Some(20),
         ..Sampling::default()
     };
-    for sampling in [greedy(20), seeded] {
-        let mut alone = engine_with(FakeBackend::new(Rule::HistorySum, 64, 4, 1.5), 8, 32);
+    let drawn = Arc::new(AtomicUsize::new(0));
+    // The seeded request once more on a backend that draws sampled tokens itself.
+    let backends: [fn(usize, &Arc<AtomicUsize>) -> FakeBackend; 2] = [
+        |blocks, _| FakeBackend::new(Rule::HistorySum, blocks, 4, 1.5),
+        |blocks, counter| FakeBackend::new(Rule::HistorySum, blocks, 4, 1.5).drawing(counter),
+    ];
+    let cases = [
+        (greedy(20), backends[0]),
+        (seeded.clone(), backends[0]),
+        (seeded, backends[1]),
+    ];
+    for (sampling, backend) in cases {
+        let mut alone = engine_with(backend(64, &drawn), 8, 32);
         alone.add_request(target(sampling.clone())).unwrap();
         let expected = choice(&run_all(&mut alone), 0, 0).1;
 
-        let mut crowded = engine_with(FakeBackend::new(Rule::HistorySum, 40, 4, 1.5), 6, 16);
+        let mut crowded = engine_with(backend(40, &drawn), 6, 16);
         let mut outputs = Vec::new();
         for id in 1..=16u64 {
             let len = 1 + (id as usize * 7) % 30;
@@ -223,6 +235,56 @@ fn outputs_do_not_depend_on_batch_composition() {
         assert!(stats.preemptions > 0, "the crowded pool forced preemptions");
         assert_eq!(stats.free_blocks, stats.total_blocks);
     }
+    assert!(
+        drawn.load(Ordering::Relaxed) >= 2 * 20,
+        "the drawing backend drew the sampled tokens"
+    );
+}
+
+/// On a backend that draws, only sequences whose draw needs nothing but the raw logits are
+/// sent as draws; the others still get their logits (here: logprobs, a logit bias).
+#[test]
+fn a_drawing_backend_draws_only_what_needs_no_processing_on_the_host() {
+    let drawn = Arc::new(AtomicUsize::new(0));
+    let mut e = engine_with(
+        FakeBackend::new(Rule::Successor, 64, 4, 10.0).drawing(&drawn),
+        8,
+        32,
+    );
+    let sampled = Sampling {
+        temperature: 1.0,
+        seed: Some(7),
+        max_tokens: Some(5),
+        ..Sampling::default()
+    };
+    let with_logprobs = Sampling {
+        logprobs: true,
+        ..sampled.clone()
+    };
+    let mut biased = sampled.clone();
+    biased.logit_bias.insert(3, -100.0);
+    e.add_request(request(1, vec![0, 1], with_logprobs))
+        .unwrap();
+    e.add_request(request(2, vec![5, 6], biased)).unwrap();
+    let outputs = run_all(&mut e);
+    assert_eq!(
+        drawn.load(Ordering::Relaxed),
+        0,
+        "neither was drawn remotely"
+    );
+    assert!(outputs
+        .iter()
+        .filter(|o| o.request_id == 1)
+        .all(|o| o.logprobs.is_some()));
+    e.add_request(request(3, vec![10, 11], sampled)).unwrap();
+    let outputs = run_all(&mut e);
+    assert_eq!(
+        drawn.load(Ordering::Relaxed),
+        5,
+        "one draw per generated token"
+    );
+    // A peak of 10 over 27 other tokens: the successor, almost surely.
+    assert_eq!(choice(&outputs, 3, 0).1, vec![12, 13, 14, 15, 16]);
 }
 
 #[test]

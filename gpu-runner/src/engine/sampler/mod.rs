@@ -26,6 +26,8 @@
 
 mod logprobs;
 pub use select::argmax;
+mod draw;
+pub use draw::TokenDraw;
 mod penalties;
 mod select;
 
@@ -33,7 +35,7 @@ use std::collections::{HashMap, HashSet};
 
 use fallow_scheduler::job::Sampling;
 use rand::rngs::StdRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 
 /// Below this temperature sampling is greedy (dividing by it would overflow).
 pub const GREEDY_TEMPERATURE: f32 = 1e-5;
@@ -109,12 +111,30 @@ impl SeqSampler {
     /// Whether the next token is the plain argmax of the raw logits: greedy, no logprobs,
     /// and no processing that would move a logit (grammar mask, bias, `min_tokens` masking,
     /// penalties).
-    /// Such a sequence can take its token from the device ([`Sampler::take_greedy`]).
+    /// Such a sequence can take its token from the device ([`Sampler::take_picked`]).
     pub fn only_needs_argmax(&self) -> bool {
-        self.is_greedy()
-            && !self.params.logprobs
-            && self.params.constraint.is_none()
-            && penalties::change_nothing(self)
+        self.is_greedy() && self.draws_from_raw_logits()
+    }
+
+    /// For a sampled sequence whose draw needs nothing but its raw logits (no logprobs,
+    /// grammar mask, bias, `min_tokens` masking or penalties), so that a backend can draw
+    /// it where the logits are: the draw, with its uniform number taken from the sequence's
+    /// own RNG. The token is then recorded with [`Sampler::take_picked`].
+    pub fn remote_draw(&mut self) -> Option<TokenDraw> {
+        if self.is_greedy() || !self.draws_from_raw_logits() {
+            return None;
+        }
+        Some(TokenDraw {
+            temperature: self.params.temperature,
+            top_k: self.params.top_k,
+            top_p: self.params.top_p,
+            min_p: self.params.min_p,
+            u: self.rng.gen::<f32>(),
+        })
+    }
+
+    fn draws_from_raw_logits(&self) -> bool {
+        !self.params.logprobs && self.params.constraint.is_none() && penalties::change_nothing(self)
     }
 
     fn record(&mut self, token: u32) {
@@ -136,9 +156,10 @@ impl Sampler {
         Self::default()
     }
 
-    /// Records `token`, the argmax a backend picked for a sequence that
-    /// [`SeqSampler::only_needs_argmax`].
-    pub fn take_greedy(&mut self, token: u32, seq: &mut SeqSampler) -> Sampled {
+    /// Records `token`, which a backend picked for a sequence that
+    /// [`SeqSampler::only_needs_argmax`] or drew for one with
+    /// [`SeqSampler::uniform_for_remote_draw`].
+    pub fn take_picked(&mut self, token: u32, seq: &mut SeqSampler) -> Sampled {
         seq.record(token);
         Sampled {
             token,

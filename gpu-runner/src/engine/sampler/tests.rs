@@ -283,8 +283,49 @@ fn only_plain_greedy_sequences_can_take_their_token_from_the_device() {
     p.min_tokens = 1;
     let mut s = seq(&p);
     assert!(!s.only_needs_argmax());
-    Sampler::new().take_greedy(4, &mut s);
+    Sampler::new().take_picked(4, &mut s);
     assert!(s.only_needs_argmax());
+}
+
+#[test]
+fn sampled_sequences_with_untouched_logits_can_be_drawn_elsewhere_with_their_own_rng() {
+    let sampled = Sampling {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.9,
+        min_p: 0.05,
+        seed: Some(99),
+        ..params()
+    };
+    let draw = seq(&sampled)
+        .remote_draw()
+        .expect("a plain sampled sequence");
+    assert_eq!(
+        (draw.temperature, draw.top_k, draw.top_p, draw.min_p),
+        (0.8, 20, 0.9, 0.05)
+    );
+    assert!((0.0..1.0).contains(&draw.u));
+    // The same seed draws the same uniform numbers, one per token.
+    let (mut a, mut b) = (seq(&sampled), seq(&sampled));
+    let us = |s: &mut SeqSampler| -> Vec<f32> {
+        (0..4)
+            .map(|_| s.remote_draw().map_or(-1.0, |d| d.u))
+            .collect()
+    };
+    let first = us(&mut a);
+    assert_eq!(first, us(&mut b));
+    assert!(first.windows(2).all(|w| w[0] != w[1]));
+    let with = |f: fn(&mut Sampling)| {
+        let mut p = sampled.clone();
+        f(&mut p);
+        seq(&p).remote_draw().is_some()
+    };
+    assert!(!with(|p| p.temperature = 0.0), "greedy goes by argmax");
+    assert!(!with(|p| p.logprobs = true), "logprobs need the row");
+    assert!(!with(|p| {
+        p.logit_bias.insert(3, 1.0);
+    }));
+    assert!(!with(|p| p.presence_penalty = 0.5));
 }
 
 #[test]

@@ -278,6 +278,11 @@ T __shfl_down_sync(unsigned, T v, unsigned delta) {
 }
 
 template <class T>
+T __shfl_up_sync(unsigned, T v, unsigned delta) {
+    return emu::exchange(v, [delta](unsigned lane) { return lane >= delta ? lane - delta : lane; });
+}
+
+template <class T>
 T __ldg(const T* p) {
     return *p;
 }
@@ -309,6 +314,11 @@ inline long long max(long long a, long long b) { return a > b ? a : b; }
 
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+inline int atomicMax(int* p, int v) {
+    int old = *p;
+    if (v > old) *p = v;
+    return old;  // fibers never run at once: no other thread can interleave
+}
 inline unsigned atomicAdd(unsigned* p, unsigned v) {
     return std::atomic_ref<unsigned>(*p).fetch_add(v);
 }

@@ -21,6 +21,8 @@ const ELEMENT_THREADS: u32 = 256;
 const ATTN_THREADS: u32 = 256;
 /// Threads per (token, head) block of `qkv_prepare`.
 const HEAD_THREADS: u32 = 64;
+/// Threads per row of `pick_rows`.
+pub(super) const PICK_THREADS: u32 = 1024;
 
 fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
@@ -267,11 +269,12 @@ impl CudaBackend {
         self.head()
     }
 
-    /// Final norm and LM head over the rows that need it, then the argmax of greedy rows.
+    /// Final norm and LM head over the rows that need it, then the picks of the rows that
+    /// return a token (greedy or drawn).
     fn head(&mut self) -> Result<(), CudaError> {
         let c = &self.config;
-        let (full, greedy) = (self.inputs.full_rows, self.inputs.greedy_rows);
-        let rows = full + greedy;
+        let (full, picked) = (self.inputs.full_rows, self.inputs.picked_rows);
+        let rows = full + picked;
         if rows == 0 {
             return Ok(());
         }
@@ -280,7 +283,7 @@ impl CudaBackend {
             addr(&s.x),
             addr(&s.head_in),
             addr(&s.logits),
-            addr(&s.argmax),
+            addr(&s.picked),
         );
         let row_index = self.inputs.at(self.inputs.logit_rows);
         let hidden = c.hidden as i32;
@@ -309,33 +312,34 @@ impl CudaBackend {
                 cap
             )?;
         }
-        if greedy > 0 {
+        if picked > 0 {
             let vocab = c.vocab_size as i32;
             launch!(
                 self,
-                "argmax_rows",
-                grid(greedy, 1, 1024),
+                "pick_rows",
+                grid(picked, 1, PICK_THREADS),
                 logits,
                 full as i32,
                 vocab,
+                self.inputs.at(self.inputs.pick_params),
                 ids
             )?;
         }
         Ok(())
     }
 
-    /// Copies back the full-logit rows and the greedy rows' tokens (waits for the stream).
+    /// Copies back the full-logit rows and the picked rows' tokens (waits for the stream).
     pub(super) fn read_outputs(&self) -> Result<StepOutput, CudaError> {
         let full = self.layout.logit_rows.len();
-        let greedy = self.layout.argmax_rows.len();
+        let picked = self.layout.picked_rows.len();
         let vocab = self.config.vocab_size;
         let mut out = StepOutput::default();
-        if greedy > 0 {
-            let picked = match &self.scratch.argmax {
-                Some(buf) => buf.read(&self.stream, greedy)?,
-                None => return Err(CudaError::Failure("argmax buffer missing".into())),
+        if picked > 0 {
+            let tokens = match &self.scratch.picked {
+                Some(buf) => buf.read(&self.stream, picked)?,
+                None => return Err(CudaError::Failure("picked-token buffer missing".into())),
             };
-            out.argmax = picked.into_iter().map(|t| t as u32).collect();
+            out.picked = tokens.into_iter().map(|t| t as u32).collect();
         }
         if full > 0 {
             out.logits = match &self.scratch.logits {

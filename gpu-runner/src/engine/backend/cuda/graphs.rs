@@ -24,7 +24,8 @@ pub const MAX_GRAPH_TOKENS: usize = 64;
 pub struct GraphKey {
     /// Token rows, padding included.
     pub tokens: usize,
-    pub greedy: bool,
+    /// Rows return a picked token (greedy or drawn) rather than logits.
+    pub picks: bool,
     /// Block-table row width, rounded up to a power of two so that growing sequences
     /// re-capture only at doublings.
     pub table_width: usize,
@@ -83,12 +84,16 @@ impl DecodeGraphs {
     /// The key of `batch` if it is a decode step a graph can replay.
     pub fn key_for(&self, batch: &[SeqSlice<'_>], block_size: usize) -> Option<GraphKey> {
         let first = batch.first()?;
-        let uniform = |s: &SeqSlice<'_>| s.tokens.len() == 1 && s.logits == first.logits;
-        if !self.enabled
-            || batch.len() > MAX_GRAPH_TOKENS
-            || !matches!(first.logits, LogitsMode::Last | LogitsMode::Argmax)
-            || !batch.iter().all(uniform)
-        {
+        // Picks draw with per-row parameters from the step buffer: greedy and sampled rows
+        // share a graph.
+        let kind = |m: LogitsMode| match m {
+            LogitsMode::Last => Some(false),
+            LogitsMode::Argmax | LogitsMode::Draw(_) => Some(true),
+            LogitsMode::None | LogitsMode::All => None,
+        };
+        let picks = kind(first.logits)?;
+        let uniform = |s: &SeqSlice<'_>| s.tokens.len() == 1 && kind(s.logits) == Some(picks);
+        if !self.enabled || batch.len() > MAX_GRAPH_TOKENS || !batch.iter().all(uniform) {
             return None;
         }
         let longest = batch
@@ -97,7 +102,7 @@ impl DecodeGraphs {
             .max()?;
         Some(GraphKey {
             tokens: bucket(batch.len()),
-            greedy: first.logits == LogitsMode::Argmax,
+            picks,
             table_width: longest.next_power_of_two().max(16),
         })
     }
@@ -185,7 +190,7 @@ mod tests {
             key,
             GraphKey {
                 tokens: 16,
-                greedy: true,
+                picks: true,
                 table_width: 16
             }
         );
@@ -195,6 +200,16 @@ mod tests {
         let mut mixed = decode(&tables[..3], &positions[..3], LogitsMode::Last);
         mixed[1].logits = LogitsMode::Argmax;
         assert!(graphs.key_for(&mixed, 4).is_none(), "mixed output kinds");
+        let mut picks = decode(&tables[..3], &positions[..3], LogitsMode::Argmax);
+        picks[2].logits = LogitsMode::Draw(crate::engine::sampler::TokenDraw {
+            temperature: 0.7,
+            u: 0.5,
+            ..crate::engine::sampler::TokenDraw::GREEDY
+        });
+        assert!(
+            graphs.key_for(&picks, 4).is_some_and(|k| k.picks),
+            "greedy and drawn rows share a graph"
+        );
         assert!(DecodeGraphs::new(false)
             .key_for(&decode(&tables[..2], &positions[..2], LogitsMode::Last), 4)
             .is_none());
@@ -205,7 +220,7 @@ mod tests {
         let mut graphs = DecodeGraphs::new(true);
         let key = GraphKey {
             tokens: 8,
-            greedy: false,
+            picks: false,
             table_width: 16,
         };
         assert_eq!(graphs.plan(&key), Replay::Eager);

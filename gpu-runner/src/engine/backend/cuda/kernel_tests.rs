@@ -9,6 +9,7 @@ use super::attention_split::{head_blocks, AttentionSplit};
 use super::emulator::{Arg, Emulator};
 use crate::engine::backend::cpu::rope::{inv_freqs, RopeTable};
 use crate::engine::model::{RopeScaling, RopeStyle};
+use crate::engine::sampler::TokenDraw;
 
 /// A small deterministic generator (xorshift) of values in [-1, 1).
 struct Values(u64);
@@ -429,31 +430,130 @@ fn gemv_matches_a_plain_matrix_product_for_every_row_count() {
     }
 }
 
-#[test]
-fn argmax_rows_picks_the_first_largest_and_never_nan() {
-    let Some(emu) = Emulator::get() else { return };
-    let vocab = 3000usize;
-    let mut values = Values(3);
-    let mut logits = values.vec(4 * vocab);
-    logits[vocab + 2999] = 5.0; // row 1: the last token
-    logits[2 * vocab + 17] = 9.0; // row 2: a tie, the lower index wins
-    logits[2 * vocab + 2500] = 9.0;
-    logits[2 * vocab + 3] = f32::NAN;
-    logits[3 * vocab..].fill(f32::NAN); // row 3: nothing but NaN
-    let mut ids = vec![-1i32; 3];
-    // Rows 1.. (the first is a full-logit row).
+/// Runs pick_rows over `rows` (each `vocab` wide, after `first` logit rows that it must not
+/// touch) with `draws`, on blocks of `threads`.
+fn emulated_picks(
+    emu: &Emulator,
+    rows: &[Vec<f32>],
+    draws: &[TokenDraw],
+    threads: u32,
+) -> Vec<i32> {
+    let vocab = rows[0].len();
+    let first = 1;
+    let mut logits = vec![7.0f32; vocab]; // a full-logit row before the picked ones
+    logits.extend(rows.iter().flatten());
+    let mut params: Vec<i32> = draws
+        .iter()
+        .flat_map(|d| {
+            [
+                d.temperature.to_bits() as i32,
+                d.top_k as i32,
+                d.top_p.to_bits() as i32,
+                d.min_p.to_bits() as i32,
+                d.u.to_bits() as i32,
+            ]
+        })
+        .collect();
+    let mut ids = vec![-1i32; rows.len()];
     emu.launch(
-        "argmax_rows",
-        (3, 1, 1),
-        1024,
+        "pick_rows",
+        (rows.len() as u32, 1, 1),
+        threads,
         &[
             Arg::buf(&mut logits),
-            Arg::I32(1),
+            Arg::I32(first),
             Arg::I32(vocab as i32),
+            Arg::buf(&mut params),
             Arg::buf(&mut ids),
         ],
     );
+    assert!(
+        logits[..vocab].iter().all(|&l| l == 7.0),
+        "the logit row is untouched"
+    );
+    ids
+}
+
+#[test]
+fn pick_rows_takes_the_first_largest_logit_for_greedy_rows_and_never_nan() {
+    let Some(emu) = Emulator::get() else { return };
+    let vocab = 3000usize;
+    let mut values = Values(3);
+    let mut rows: Vec<Vec<f32>> = (0..3).map(|_| values.vec(vocab)).collect();
+    rows[0][2999] = 5.0; // the last token
+    rows[1][17] = 9.0; // a tie: the lower id wins
+    rows[1][2500] = 9.0;
+    rows[1][3] = f32::NAN;
+    rows[2].fill(f32::NAN); // nothing but NaN: token 0
+    let ids = emulated_picks(emu, &rows, &[TokenDraw::GREEDY; 3], 1024);
     assert_eq!(ids, vec![2999, 17, 0]);
+}
+
+#[test]
+fn pick_rows_draws_what_the_host_definition_draws() {
+    let Some(emu) = Emulator::get() else { return };
+    let vocab = 1000usize;
+    let mut values = Values(21);
+    let knobs = [
+        (1.0, 0, 1.0, 0.0),
+        (0.7, 0, 1.0, 0.0),
+        (1.0, 40, 1.0, 0.0),
+        (1.0, 0, 0.9, 0.0),
+        (1.3, 0, 0.5, 0.0),
+        (1.0, 0, 1.0, 0.05),
+        (0.8, 50, 0.8, 0.01),
+        (1.0, 1, 1.0, 0.0),
+        (1.0, 0, 0.0, 0.0),
+        (2.0, 5000, 0.95, 0.0),
+    ];
+    let mut rows = Vec::new();
+    let mut draws = Vec::new();
+    for (i, &(temperature, top_k, top_p, min_p)) in knobs.iter().enumerate() {
+        for u in [0.0f32, 0.31, 0.77, 0.999] {
+            // Sharp rows (logits over ±8) and rows with tied logits, NaN and −∞.
+            let mut row: Vec<f32> = values.vec(vocab).iter().map(|v| v * 8.0).collect();
+            if i % 2 == 1 {
+                for t in (0..vocab).step_by(7) {
+                    row[t] = 4.0;
+                }
+                row[5] = f32::NAN;
+                row[6] = f32::NEG_INFINITY;
+            }
+            rows.push(row);
+            draws.push(TokenDraw {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                u,
+            });
+        }
+    }
+    // Cuts that fall inside a run of tied tokens: one best token, twenty tied at e^-5 of it.
+    let mut tied = vec![-10.0f32; vocab];
+    tied[0] = 10.0;
+    tied[1..=20].fill(5.0);
+    for (top_k, top_p) in [(0, 0.885), (0, 0.9), (3, 1.0), (3, 0.995)] {
+        for u in [0.5f32, 0.999] {
+            rows.push(tied.clone());
+            draws.push(TokenDraw {
+                temperature: 1.0,
+                top_k,
+                top_p,
+                min_p: 0.0,
+                u,
+            });
+        }
+    }
+    let want: Vec<i32> = rows
+        .iter()
+        .zip(&draws)
+        .map(|(row, d)| d.pick(row) as i32)
+        .collect();
+    let got = emulated_picks(emu, &rows, &draws, 256);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "row {i}: {:?}", draws[i]);
+    }
 }
 
 #[test]

@@ -384,10 +384,76 @@ extern "C" __global__ void gemv_bf16(const bf16* __restrict__ w, const bf16* __r
     }
 }
 
-// ids[r] = argmax of logits row `first + r` (NaN never wins; ties go to the lowest index),
-// so that greedy sequences copy one id back instead of a vocabulary of floats.
-extern "C" __global__ void argmax_rows(const float* logits, int first, int vocab, int* ids) {
-    const float* row = logits + (size_t)(first + blockIdx.x) * vocab;
+// Block-wide sum and inclusive prefix sum of int/double values (blockDim.x a multiple of
+// 32, at most 1024); every thread gets the block total in *total.
+template <class T>
+__device__ T block_inclusive_scan(T v, T* total) {
+    __shared__ T warp_totals[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int o = 1; o < 32; o <<= 1) {
+        T other = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += other;
+    }
+    if (lane == 31) warp_totals[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        T w = lane < warps ? warp_totals[lane] : (T)0;
+        for (int o = 1; o < 32; o <<= 1) {
+            T other = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += other;
+        }
+        if (lane < warps) warp_totals[lane] = w;
+    }
+    __syncthreads();
+    T before = warp > 0 ? warp_totals[warp - 1] : (T)0;
+    *total = warp_totals[warps - 1];
+    __syncthreads();
+    return v + before;
+}
+
+template <class T>
+__device__ T block_total(T v) {
+    T total;
+    block_inclusive_scan(v, &total);
+    return total;
+}
+
+// Tokens of a weight row with weight >= bits `t` (positive floats order like their bits):
+// their count and their mass.
+__device__ int count_at_least(const float* w, int vocab, unsigned t) {
+    int c = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) c += __float_as_uint(w[i]) >= t;
+    return block_total(c);
+}
+
+__device__ double mass_at_least(const float* w, int vocab, unsigned t) {
+    double m = 0.0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float x = w[i];
+        if (__float_as_uint(x) >= t) m += x;
+    }
+    return block_total(m);
+}
+
+#define ONE_BITS 0x3f800000u
+#define PICK_PARAMS 5
+
+// ids[r] = the token picked from logits row `first + r`, one block per row. params[r] =
+// {temperature, top_k, top_p, min_p, u} (floats as bits, top_k an int). Temperature < 1e-5
+// (or a row without a number) is greedy: the argmax, NaN never wins, ties to the lowest id.
+// Otherwise the row becomes weights exp((l - max) / T) in place (NaN and masked tokens weigh
+// 0), min-p, top-k and top-p keep a prefix of the tokens ordered by weight (ties by id), as
+// the host sampler defines them, and u picks in token order among the kept ones, by their
+// weights. The kept prefix is "weight above t, and the first m tokens weighing exactly t";
+// top-k's and top-p's thresholds are found by bisection over the weights' bits.
+extern "C" __global__ void pick_rows(float* logits, int first, int vocab, const int* params,
+                                     int* ids) {
+    float* row = logits + (size_t)(first + blockIdx.x) * vocab;
+    const int* p = params + (size_t)blockIdx.x * PICK_PARAMS;
+    float temperature = __int_as_float(p[0]), top_p = __int_as_float(p[2]);
+    float min_p = __int_as_float(p[3]), u = __int_as_float(p[4]);
+    int top_k = p[1];
+
     float best = NEG_INF;
     int best_i = 0x7fffffff;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
@@ -413,14 +479,102 @@ extern "C" __global__ void argmax_rows(const float* logits, int first, int vocab
         si[warp] = best_i;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++) {
-            if (sv[w] > best || (sv[w] == best && si[w] < best_i)) {
-                best = sv[w];
-                best_i = si[w];
-            }
+    best = sv[0];
+    best_i = si[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++) {
+        if (sv[w] > best || (sv[w] == best && si[w] < best_i)) {
+            best = sv[w];
+            best_i = si[w];
         }
-        // A row of NaN / -inf only: token 0, as the host sampler does.
-        ids[blockIdx.x] = best_i == 0x7fffffff ? 0 : best_i;
     }
+    __syncthreads();
+    bool finite = best > NEG_INF && best < -NEG_INF;
+    if (temperature < 1e-5f || !finite) {
+        // A row of NaN / -inf only: token 0, as the host sampler does.
+        if (threadIdx.x == 0) ids[blockIdx.x] = best_i == 0x7fffffff ? 0 : best_i;
+        return;
+    }
+
+    float inv_t = 1.0f / temperature;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float l = row[i];
+        float x = (l - best) * inv_t;
+        row[i] = (l == l && x >= -87.0f) ? __expf(x) : 0.0f;
+    }
+    __syncthreads();
+
+    // min-p: every token weighing at least min_p (the best weighs 1); at least the smallest
+    // positive weight.
+    float min_w = fminf(fmaxf(min_p, 0.0f), 1.0f);
+    unsigned t = min_w > 0.0f ? __float_as_uint(min_w) : 1u;
+    int ties = 0x7fffffff;  // tokens weighing exactly t that are kept, in id order
+    int kept = count_at_least(row, vocab, t);
+    if (top_k > 0 && top_k < kept) {
+        unsigned a = t, b = ONE_BITS;  // count(w >= a) >= top_k throughout
+        while (a < b) {
+            unsigned mid = a + (b - a + 1) / 2;
+            if (count_at_least(row, vocab, mid) >= top_k) a = mid; else b = mid - 1;
+        }
+        t = a;
+        ties = top_k - count_at_least(row, vocab, t + 1);
+    }
+    if (top_p < 1.0f) {
+        float wt = __uint_as_float(t);
+        double above = mass_at_least(row, vocab, t + 1);
+        int at_t = count_at_least(row, vocab, t) - count_at_least(row, vocab, t + 1);
+        double total = above + (double)min(ties, at_t) * wt;
+        double need = (double)(top_p * (float)total);
+        unsigned a = t, b = ONE_BITS;  // the kept mass from a up reaches `need` throughout
+        while (a < b) {
+            unsigned mid = a + (b - a + 1) / 2;
+            if (mass_at_least(row, vocab, mid) >= need) a = mid; else b = mid - 1;
+        }
+        if (a > t) {
+            t = a;
+            ties = 0x7fffffff;
+            above = mass_at_least(row, vocab, t + 1);
+            wt = __uint_as_float(t);
+        }
+        int wanted = (int)ceil((need - above) / (double)wt);
+        ties = min(ties, max(wanted, 1));
+    }
+
+    // The draw: each thread owns a contiguous run of ids, so that id order is thread order.
+    float wt = __uint_as_float(t);
+    int per = (vocab + blockDim.x - 1) / blockDim.x;
+    int lo = min((int)threadIdx.x * per, vocab), hi = min(lo + per, vocab);
+    int my_ties = 0;
+    double my_above = 0.0;
+    for (int i = lo; i < hi; i++) {
+        unsigned b = __float_as_uint(row[i]);
+        if (b > t) my_above += row[i]; else if (b == t) my_ties++;
+    }
+    int ties_total;
+    int ties_before = block_inclusive_scan(my_ties, &ties_total) - my_ties;
+    int my_kept_ties = max(0, min(my_ties, ties - ties_before));
+    double my_mass = my_above + (double)my_kept_ties * wt;
+    double mass_total;
+    double before = block_inclusive_scan(my_mass, &mass_total) - my_mass;
+    double target = (double)u * mass_total;
+    __shared__ int picked;
+    if (threadIdx.x == 0) picked = -1;
+    __syncthreads();
+    bool mine = my_mass > 0.0 && target >= before && target < before + my_mass;
+    // Rounding can leave the target at the very end: the last kept token then.
+    bool last = my_mass > 0.0 && before + my_mass >= mass_total && target >= mass_total;
+    if (mine || last) {
+        double acc = before;
+        int tie_rank = ties_before, choice = -1;
+        for (int i = lo; i < hi; i++) {
+            unsigned b = __float_as_uint(row[i]);
+            bool keep = b > t || (b == t && tie_rank++ < ties);
+            if (!keep) continue;
+            acc += row[i];
+            choice = i;
+            if (mine && target < acc) break;
+        }
+        atomicMax(&picked, choice);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) ids[blockIdx.x] = picked >= 0 ? picked : best_i;
 }

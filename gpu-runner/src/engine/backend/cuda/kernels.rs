@@ -21,7 +21,7 @@ pub const NAMES: [&str; 10] = [
     "gated_act",
     "softcap",
     "gemv_bf16",
-    "argmax_rows",
+    "pick_rows",
 ];
 
 /// Compiles [`SOURCE`] to PTX for `arch` (e.g. `compute_90`).

@@ -1,7 +1,7 @@
 //! The CUDA backend: weights (bf16) and the paged KV cache (bf16) on one NVIDIA GPU, one
 //! batched step per `forward_step` on one stream. Large GEMMs go through cuBLAS, decode-sized
 //! ones through our GEMV ([`gemm`]); everything else is a kernel of ours compiled at run time
-//! with NVRTC ([`kernels`]). Greedy rows get their argmax on the device, and decode steps of
+//! with NVRTC ([`kernels`]). Greedy and sampled rows get their token picked on the device, and decode steps of
 //! a few sequences replay CUDA graphs ([`graphs`]). The batcher, block manager and sampler
 //! are the CPU backend's: only [`Backend::forward_step`] differs.
 //!
@@ -249,7 +249,7 @@ impl CudaBackend {
             .pack(&self.layout, batch, self.block_size, padding);
         let moved_inputs = self.inputs.upload(&self.stream)?;
         let n = self.inputs.tokens;
-        let head_rows = self.inputs.full_rows + self.inputs.greedy_rows;
+        let head_rows = self.inputs.full_rows + self.inputs.picked_rows;
         // Sliding-window layers split at most as far as the others.
         let splits = self.attention_split(None, n).splits;
         let moved_scratch =
@@ -309,7 +309,12 @@ impl Backend for CudaBackend {
         Ok(self.forward_step(batch)?.logits)
     }
 
-    /// Greedy rows go through the LM head with the others, but only their argmax comes back.
+    fn draws_on_device(&self) -> bool {
+        true
+    }
+
+    /// Rows that pick a token (greedy or drawn) go through the LM head with the others, but
+    /// only their token comes back.
     fn forward_step(&mut self, batch: &[SeqSlice<'_>]) -> Result<StepOutput, BackendError> {
         self.layout
             .build(batch, &self.config, self.block_size, self.num_blocks)?;

@@ -11,6 +11,7 @@ use super::CudaError;
 use crate::engine::backend::batch::BatchLayout;
 use crate::engine::backend::SeqSlice;
 use crate::engine::model::ModelConfig;
+use crate::engine::sampler::TokenDraw;
 
 /// Offsets (in i32 elements) of each index array inside the uploaded step buffer.
 #[derive(Default)]
@@ -22,14 +23,31 @@ pub struct StepInputs {
     pub slots: usize,
     pub token_seq: usize,
     pub logit_rows: usize,
+    /// [`PICK_PARAMS`] values per picked row (floats as their bits), after the LM-head rows.
+    pub pick_params: usize,
     pub block_tables: usize,
     /// Row width of the block-table matrix (the longest table of the step).
     pub max_blocks: usize,
     /// Token rows the kernels run over: the step's tokens, then any padding.
     pub tokens: usize,
-    /// LM-head rows returning logits, then rows returning greedy tokens (padding included).
+    /// LM-head rows returning logits, then rows returning a picked token (padding included).
     pub full_rows: usize,
-    pub greedy_rows: usize,
+    pub picked_rows: usize,
+}
+
+/// Values per picked row of `pick_rows` (PICK_PARAMS in kernels.cu): temperature, top-k,
+/// top-p, min-p, u.
+pub const PICK_PARAMS: usize = 5;
+
+fn pick_params(d: &TokenDraw) -> [i32; PICK_PARAMS] {
+    let bits = |x: f32| x.to_bits() as i32;
+    [
+        bits(d.temperature),
+        d.top_k.min(i32::MAX as u32) as i32,
+        bits(d.top_p),
+        bits(d.min_p),
+        bits(d.u),
+    ]
 }
 
 /// How a decode step is padded to a captured graph's shape.
@@ -80,21 +98,30 @@ impl StepInputs {
             }
         }
         h.extend(std::iter::repeat_n(pad_seq, pads));
-        // Rows through the LM head: full-logit rows first, then the greedy ones; padding
-        // rows join whichever kind the step has (a padded step has one kind only).
-        let greedy = !layout.argmax_rows.is_empty();
+        // Rows through the LM head: full-logit rows first, then the picked ones; padding
+        // rows join whichever kind the step has (a padded step has one kind only) and are
+        // picked greedily.
+        let picks = !layout.picked_rows.is_empty();
         let pad_rows = real..n;
         self.logit_rows = h.len();
         h.extend(layout.logit_rows.iter().map(|&r| r as i32));
-        if !greedy {
+        if !picks {
             h.extend(pad_rows.clone().map(|r| r as i32));
         }
-        h.extend(layout.argmax_rows.iter().map(|&r| r as i32));
-        if greedy {
+        h.extend(layout.picked_rows.iter().map(|&r| r as i32));
+        if picks {
             h.extend(pad_rows.map(|r| r as i32));
         }
-        self.full_rows = layout.logit_rows.len() + if greedy { 0 } else { pads };
-        self.greedy_rows = layout.argmax_rows.len() + if greedy { pads } else { 0 };
+        self.full_rows = layout.logit_rows.len() + if picks { 0 } else { pads };
+        self.picked_rows = layout.picked_rows.len() + if picks { pads } else { 0 };
+        self.pick_params = h.len();
+        for draw in &layout.draws {
+            h.extend(pick_params(draw));
+        }
+        let padding_draws = self.picked_rows - layout.draws.len();
+        for _ in 0..padding_draws {
+            h.extend(pick_params(&TokenDraw::GREEDY));
+        }
         self.block_tables = h.len();
         // Only the blocks that hold positions up to the step's last token are needed.
         let longest = batch
@@ -190,8 +217,14 @@ mod tests {
         // Slots: block·4 + position % 4; the padding writes the pad block's first slot.
         assert_eq!(p.host(p.slots, 4), &[8 * 4 + 1, 3 * 4 + 2, 11 * 4 + 1, 400]);
         assert_eq!(p.host(p.token_seq, 4), &[0, 1, 2, 3]);
-        assert_eq!((p.full_rows, p.greedy_rows), (0, 4));
+        assert_eq!((p.full_rows, p.picked_rows), (0, 4));
         assert_eq!(p.host(p.logit_rows, 4), &[0, 1, 2, 3]);
+        let greedy = pick_params(&TokenDraw::GREEDY);
+        let params = p.host(p.pick_params, 4 * PICK_PARAMS);
+        assert!(
+            params.chunks(PICK_PARAMS).all(|row| row == greedy),
+            "padding picks greedily"
+        );
         assert_eq!(p.max_blocks, 16, "the graph's table width");
         let tables_packed = p.host(p.block_tables, 4 * 16);
         assert_eq!(&tables_packed[..3], &[7, 8, 0]);
@@ -224,7 +257,7 @@ mod tests {
         ];
         let p = packed(&batch, None);
         assert_eq!(p.tokens, 6);
-        assert_eq!((p.full_rows, p.greedy_rows), (5, 1));
+        assert_eq!((p.full_rows, p.picked_rows), (5, 1));
         assert_eq!(p.host(p.logit_rows, 6), &[0, 1, 2, 3, 4, 5]);
         assert_eq!(p.host(p.slots, 6), &[4, 5, 6, 7, 8, 23]);
         assert_eq!(p.max_blocks, 2, "the longest table used");
@@ -253,8 +286,8 @@ pub struct Scratch {
     pub head_in: Option<DeviceBuf<u16>>,
     /// `[r, vocab]` f32.
     pub logits: Option<DeviceBuf<f32>>,
-    /// Greedy token per argmax row.
-    pub argmax: Option<DeviceBuf<i32>>,
+    /// The token of each picked row.
+    pub picked: Option<DeviceBuf<i32>>,
     /// Split-K attention's partial results `[n, n_heads, splits, 2 + head_dim]` f32.
     pub partial: Option<DeviceBuf<f32>>,
 }
@@ -298,7 +331,7 @@ impl Scratch {
             grow(&mut self.act, stream, n * c.ffn)?,
             grow(&mut self.head_in, stream, rows * c.hidden)?,
             grow(&mut self.logits, stream, rows * c.vocab_size)?,
-            grow(&mut self.argmax, stream, rows)?,
+            grow(&mut self.picked, stream, rows)?,
             grow(
                 &mut self.partial,
                 stream,
