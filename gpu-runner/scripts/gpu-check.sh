@@ -6,7 +6,7 @@
 #   c. `fallow generate` with SmolLM2-135M on cuda and on cpu
 #   d. a random-weight Llama-3.1-8B shaped bf16 checkpoint (make_random_llama.py)
 #   e. the GPU's memory read bandwidth (bandwidth.py)
-#   f. `fallow bench engine` on that checkpoint
+#   f. `fallow bench engine` on that checkpoint (f3: per-kernel GPU time, FALLOW_CUDA_PROFILE)
 #   g. transformers generate() on it (hf_bench.py)
 #   h. a summary: Fallow vs transformers, and batch 1 against the bandwidth roofline
 #
@@ -17,7 +17,7 @@
 # next. The whole run keeps within GPU_CHECK_BUDGET_S seconds: a step gets the smaller of
 # its own limit and what is left, and is skipped when too little is.
 # Output, in $OUT (default /tmp/gpu-check-out; at most 8 flat files): gpu-check.log
-# (everything), summary.txt, steps.tsv, fallow-bench.log, hf-bench.log.
+# (everything), summary.txt, steps.tsv, fallow-bench.log, fallow-profile.log, hf-bench.log.
 #
 # The default model (94 MiB) is over one call's 64 MiB transfer limit, so it may arrive in
 # parts over two calls to the same warm machine: `.gpu/models/*.part-*` (first call) and
@@ -330,6 +330,13 @@ main() {
     run_step "f2. fallow bench engine, no CUDA graphs" 120 "$WORK/fallow-bench-nographs.log" \
       env FALLOW_CUDA_GRAPHS=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
       --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+    # Per launch GPU time (CUDA events, graphs off) at batch 1 and 64: which kernels keep
+    # batch 1 from the roofline (GEMM rows show the weight GB/s they reach).
+    # (The table goes to stderr when the model is dropped: folded into the log.)
+    run_step "f3. per-kernel profile" 90 "$OUT/fallow-profile.log" \
+      bash -c 'FALLOW_CUDA_PROFILE=1 "$0" bench engine --model "$1" --device cuda \
+        --concurrency 1,64 --prompt-tokens 32 --gen-tokens 32 --kv-cache-mib 8192 2>&1' \
+      "$FALLOW" "$LLAMA_DIR"
     run_step "g. HF transformers bench" 180 "$OUT/hf-bench.log" \
       "$PY" gpu-runner/scripts/hf_bench.py "$LLAMA_DIR" --batches 1,8,64 --prompt-tokens 32 --gen-tokens 128
   else
@@ -353,5 +360,6 @@ main() {
 }
 
 mkdir -p "$OUT" "$WORK"
-rm -rf "$OUT/steps.tsv" "$OUT/summary.txt" "$OUT/fallow-bench.log" "$OUT/hf-bench.log" "${WORK:?}"/*
+rm -rf "$OUT/steps.tsv" "$OUT/summary.txt" "$OUT/fallow-bench.log" "$OUT/fallow-profile.log" \
+  "$OUT/hf-bench.log" "${WORK:?}"/*
 main 2>&1 | tee "$OUT/gpu-check.log"

@@ -744,3 +744,36 @@ fn decode_steps_padded_to_a_graph_bucket_equal_unpadded_eager_ones() {
     // cuBLAS may pick other kernels for 16 rows than for 12 (another summation order).
     assert!(diff <= 1e-2, "padded graph replay differs by {diff}");
 }
+
+#[test]
+fn dropping_a_cuda_model_gives_its_device_memory_back() {
+    if !gpu() {
+        return;
+    }
+    let Some(path) = default_model() else { return };
+    let options = LoadOptions {
+        device: Device::Cuda(0),
+        kv_cache_bytes: 256 << 20,
+        ..LoadOptions::default()
+    };
+    let free = || device::probe(0).expect("probe").free_bytes;
+    // The first load also compiles and keeps the kernels: measure from after it.
+    drop(load(&path, &options).expect("load"));
+    let before = free();
+    for round in 0..2 {
+        let model = load(&path, &options).expect("load");
+        let taken = before.saturating_sub(free());
+        assert!(
+            taken as u64 >= model.resident_bytes * 9 / 10,
+            "round {round}: the model takes {taken} bytes, it says {}",
+            model.resident_bytes
+        );
+        drop(model);
+        let kept = before.saturating_sub(free());
+        eprintln!("round {round}: {taken} bytes while loaded, {kept} kept after the drop");
+        assert!(
+            kept < 64 << 20,
+            "round {round}: {kept} bytes not given back"
+        );
+    }
+}

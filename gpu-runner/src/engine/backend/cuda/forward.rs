@@ -33,18 +33,24 @@ fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {
 }
 
 /// Launches `name` on the backend's stream with the given by-value arguments (each bound
-/// to a local first: the builder keeps their addresses until the launch).
+/// to a local first: the builder keeps their addresses until the launch), timed when
+/// profiling ([`super::profile`]).
 macro_rules! launch {
     ($self:ident, $name:literal, $cfg:expr, $($arg:expr),+ $(,)?) => {{
+        let started = $self.profiler.start(&$self.ctx, &$self.stream)?;
         let f = $self.kernels.get($name);
         let mut b = $self.stream.launch_builder(f);
         launch!(@push b, $($arg),+);
         // SAFETY: every address comes from a live buffer sized for this step by
-        // `Scratch::ensure` / `StepInputs::upload`, and the argument list matches the
+        // `Scratch::ensure` / `StepInputs::pack`, and the argument list matches the
         // kernel's signature in kernels.cu.
-        unsafe { b.launch($cfg) }
+        let launched = unsafe { b.launch($cfg) }
             .map(|_| ())
-            .map_err(|e| CudaError::Failure(format!("kernel {}: {e}", $name)))
+            .map_err(|e| CudaError::Failure(format!("kernel {}: {e}", $name)));
+        let tokens = $self.inputs.tokens;
+        launched.and_then(|()| {
+            $self.profiler.stop(started, &$self.stream, || format!("{} n={tokens}", $name), 0)
+        })
     }};
     (@push $b:ident, $head:expr $(, $tail:expr)*) => {
         let value = $head;
@@ -52,6 +58,25 @@ macro_rules! launch {
         launch!(@push $b $(, $tail)*);
     };
     (@push $b:ident) => {};
+}
+
+/// `out = x · wᵀ` for `n` token rows ([`super::gemm::Gemm::matmul`]), timed when profiling
+/// with the weight bytes it streams.
+macro_rules! gemm {
+    ($self:ident, $what:literal, $x:expr, $w:expr, $n:expr, $out:expr) => {{
+        let (w, n) = ($w, $n);
+        let started = $self.profiler.start(&$self.ctx, &$self.stream)?;
+        let done = $self.gemm.matmul($x, w, n, $out);
+        let bytes = (w.rows * w.cols * 2) as u64;
+        done.and_then(|()| {
+            $self.profiler.stop(
+                started,
+                &$self.stream,
+                || format!("gemm {} {}x{} n={n}", $what, w.rows, w.cols),
+                bytes,
+            )
+        })
+    }};
 }
 
 impl CudaBackend {
@@ -99,7 +124,7 @@ impl CudaBackend {
         let l = &self.weights.layers[layer];
         let s = &self.scratch;
         let (qkv, xn, attn, proj) = (addr(&s.qkv), addr(&s.xn), addr(&s.attn), addr(&s.proj));
-        self.gemm.matmul(xn, &l.wqkv, n, qkv)?;
+        gemm!(self, "qkv", xn, &l.wqkv, n, qkv)?;
 
         let inv_freq = if c.uses_local_rope(layer) {
             self.inv_freq_local.ptr()
@@ -178,7 +203,7 @@ impl CudaBackend {
                 split.splits as i32
             )?;
         }
-        self.gemm.matmul(attn, &l.wo, n, proj)?;
+        gemm!(self, "o", attn, &l.wo, n, proj)?;
 
         let (x, hidden) = (addr(&s.x), c.hidden as i32);
         launch!(
@@ -218,7 +243,7 @@ impl CudaBackend {
             addr(&s.proj),
             addr(&s.x),
         );
-        self.gemm.matmul(xn, &l.w_gate_up, n, gate_up)?;
+        gemm!(self, "gate_up", xn, &l.w_gate_up, n, gate_up)?;
         let kind = match c.activation {
             Activation::Silu => 0i32,
             Activation::GeluTanh => 1,
@@ -234,7 +259,7 @@ impl CudaBackend {
             ffn,
             kind
         )?;
-        self.gemm.matmul(act, &l.w_down, n, proj)?;
+        gemm!(self, "down", act, &l.w_down, n, proj)?;
 
         let post = addr(&l.post_ffn_norm);
         // The last block only adds its residual: the final norm runs over logit rows alone.
@@ -298,8 +323,14 @@ impl CudaBackend {
             hidden,
             c.rms_eps
         )?;
-        self.gemm
-            .matmul(head_in, self.weights.lm_head(), rows, logits)?;
+        gemm!(
+            self,
+            "lm_head",
+            head_in,
+            self.weights.lm_head(),
+            rows,
+            logits
+        )?;
         let total = rows * c.vocab_size;
         if let Some(cap) = c.final_logit_softcap {
             let blocks = total.div_ceil(ELEMENT_THREADS as usize);

@@ -19,6 +19,7 @@ mod graphs;
 #[cfg(test)]
 mod kernel_tests;
 pub mod kernels;
+mod profile;
 mod step;
 mod weights;
 
@@ -33,6 +34,7 @@ use self::buffer::DeviceBuf;
 use self::gemm::Gemm;
 use self::graphs::{DecodeGraphs, GraphKey, Replay};
 use self::kernels::Kernels;
+use self::profile::Profiler;
 use self::step::{Padding, Scratch, StepInputs};
 use self::weights::DeviceWeights;
 use super::batch::BatchLayout;
@@ -111,6 +113,7 @@ pub struct CudaBackend {
     inputs: StepInputs,
     scratch: Scratch,
     graphs: DecodeGraphs,
+    profiler: Profiler,
 }
 
 impl CudaBackend {
@@ -139,6 +142,7 @@ impl CudaBackend {
         // Its own stream: the legacy default stream cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(CudaError::driver)?;
         let kernels = Kernels::for_device(&ctx).map_err(CudaError::Failure)?;
+        let profiler = Profiler::from_env();
         let sm_count = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(CudaError::driver)?
@@ -203,7 +207,11 @@ impl CudaBackend {
             layout: BatchLayout::default(),
             inputs: StepInputs::default(),
             scratch: Scratch::default(),
-            graphs: DecodeGraphs::new(std::env::var("FALLOW_CUDA_GRAPHS").as_deref() != Ok("0")),
+            // A profile times each launch: graphs would hide them.
+            graphs: DecodeGraphs::new(
+                std::env::var("FALLOW_CUDA_GRAPHS").as_deref() != Ok("0") && !profiler.enabled(),
+            ),
+            profiler,
             stream,
         })
     }
@@ -272,7 +280,9 @@ impl CudaBackend {
             }
             Some((_, Replay::Eager)) | None => self.launch_step(n)?,
         }
-        self.read_outputs()
+        let out = self.read_outputs()?;
+        self.profiler.end_step()?;
+        Ok(out)
     }
 
     /// Captures the step's launches as `key`'s graph and replays it.
