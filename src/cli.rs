@@ -80,6 +80,10 @@ pub struct ServiceArgs {
     /// Where runners run their models: cpu, cuda, cuda:N or auto.
     #[arg(long, env = "FALLOW_DEVICE")]
     pub device: Option<String>,
+    /// How CUDA runners store a GGUF model's matrices: bf16 (default) or quantized (the
+    /// file's blocks, read by dequantizing kernels).
+    #[arg(long, env = "FALLOW_CUDA_WEIGHTS")]
+    pub cuda_weights: Option<String>,
     /// KV cache per model, in MiB. Unset or 0: automatic (512 MiB on the CPU; on CUDA room
     /// for every slot at the model's full context, within --model-memory-mb after the
     /// weights and within the device memory free at load).
@@ -323,6 +327,9 @@ pub struct BenchEngineArgs {
     /// Where the model runs: cpu, cuda, cuda:N, or auto (a GPU when one is usable).
     #[arg(long, default_value = "cpu")]
     pub device: fallow_runner::engine::runtime::Device,
+    /// On CUDA, how a GGUF model's matrices are stored: bf16 or quantized.
+    #[arg(long, default_value = "bf16")]
+    pub cuda_weights: fallow_runner::engine::backend::cuda::CudaWeights,
     /// Also run every concurrency under this JSON schema (constrained decoding) and print
     /// the constrained/unconstrained decode ratio.
     #[arg(long)]

@@ -22,6 +22,7 @@ pub struct FileConfig {
     pub auth: Option<bool>,
     pub slots: Option<usize>,
     pub device: Option<String>,
+    pub cuda_weights: Option<String>,
     pub kv_cache_mb: Option<usize>,
     pub max_model_len: Option<usize>,
     pub chat_template: Option<PathBuf>,
@@ -160,6 +161,8 @@ pub struct Settings {
     pub slots: usize,
     /// Where runners run their models.
     pub device: fallow_runner::engine::runtime::Device,
+    /// How CUDA runners store quantized matrices.
+    pub cuda_weights: fallow_runner::engine::backend::cuda::CudaWeights,
     pub kv_cache_mb: usize,
     pub max_model_len: usize,
     pub chat_template: Option<PathBuf>,
@@ -233,6 +236,12 @@ impl Settings {
                 Some(d) => d
                     .parse()
                     .map_err(|e: String| anyhow::anyhow!("--device: {e}"))?,
+                None => Default::default(),
+            },
+            cuda_weights: match args.cuda_weights.clone().or(file.cuda_weights) {
+                Some(w) => w
+                    .parse()
+                    .map_err(|e: String| anyhow::anyhow!("--cuda-weights: {e}"))?,
                 None => Default::default(),
             },
             // 0: sized per device (the CPU's default pool; on CUDA, see `kv_pool_size`).

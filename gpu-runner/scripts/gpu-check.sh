@@ -3,7 +3,8 @@
 # GPU machine (no network, no Rust toolchain there):
 #   a. environment: nvidia-smi, the CUDA 13 libraries cudarc opens (LD_LIBRARY_PATH)
 #   b. the prebuilt cargo test executables in .gpu/tests/, on device cuda
-#   c. `fallow generate` with SmolLM2-135M on cuda and on cpu
+#   c. `fallow generate` with SmolLM2-135M on cuda and on cpu; its decode speed with bf16
+#      and with quantized (the file's blocks) weights
 #   d. a random-weight Llama-3.1-8B shaped bf16 checkpoint (make_random_llama.py)
 #   e. the GPU's memory read bandwidth (bandwidth.py)
 #   f. `fallow bench engine` on that checkpoint (f3: per-kernel GPU time, FALLOW_CUDA_PROFILE)
@@ -305,6 +306,14 @@ step_generate() {
   else
     record "c. generate output cuda vs cpu" "DIFFERENT (or missing)"
   fi
+  # The GGUF's matrices as bf16 against its own Q4_1/Q8_0 blocks (dequantizing GEMV):
+  # decode tok/s of each, side by side in the log.
+  local storage
+  for storage in bf16 quantized; do
+    run_step "c2. SmolLM2 bench, $storage weights" 60 - \
+      "$FALLOW" bench engine --model "$SMOL" --device cuda --cuda-weights "$storage" \
+      --concurrency 1,8,64 --prompt-tokens 32 --gen-tokens 64 --kv-cache-mib 2048
+  done
 }
 
 main() {

@@ -23,7 +23,7 @@
 use std::path::PathBuf;
 
 use fallow_runner::engine::backend::cpu::{CpuBackend, KvDtype};
-use fallow_runner::engine::backend::cuda::{device, CudaBackend};
+use fallow_runner::engine::backend::cuda::{device, CudaBackend, CudaWeights};
 use fallow_runner::engine::backend::{Backend, LogitsMode, SeqSlice};
 use fallow_runner::engine::footprint::KvPoolSize;
 use fallow_runner::engine::llm::EngineRequest;
@@ -78,8 +78,14 @@ fn tiny(name: &str) -> ModelArtifacts {
 fn backends(artifacts: &ModelArtifacts) -> (CpuBackend, CudaBackend) {
     let cpu = CpuBackend::with_kv_dtype(artifacts, NUM_BLOCKS, BLOCK_SIZE, KvDtype::F32)
         .expect("cpu backend");
-    let cuda = CudaBackend::new(artifacts, 0, KvPoolSize::Blocks(NUM_BLOCKS), BLOCK_SIZE)
-        .expect("cuda backend");
+    let cuda = CudaBackend::new(
+        artifacts,
+        0,
+        KvPoolSize::Blocks(NUM_BLOCKS),
+        BLOCK_SIZE,
+        CudaWeights::Bf16,
+    )
+    .expect("cuda backend");
     (cpu, cuda)
 }
 
@@ -360,11 +366,24 @@ fn the_default_model_follows_llama_cpp_exact_math_for_16_teacher_forced_steps() 
         return;
     };
     let artifacts = model::open(&path).expect("model opens");
+    // Prefills of many tokens: bf16 weights, or the file's blocks expanded per product.
+    for storage in [CudaWeights::Bf16, CudaWeights::Quantized] {
+        follows_llama_cpp_exact_math(&artifacts, storage);
+    }
+}
+
+fn follows_llama_cpp_exact_math(artifacts: &ModelArtifacts, storage: CudaWeights) {
     let mut worst_lp = 0f32;
     let mut flips = 0;
     for (case_no, case) in exact_cases().iter().enumerate() {
-        let mut cuda = CudaBackend::new(&artifacts, 0, KvPoolSize::Blocks(NUM_BLOCKS), BLOCK_SIZE)
-            .expect("cuda");
+        let mut cuda = CudaBackend::new(
+            artifacts,
+            0,
+            KvPoolSize::Blocks(NUM_BLOCKS),
+            BLOCK_SIZE,
+            storage,
+        )
+        .expect("cuda");
         // Prompt + the first STEPS-1 greedy tokens in one prefill, all positions' logits:
         // row prompt_len-1+i predicts greedy_ids[i].
         let mut tokens = case.prompt_ids.clone();
@@ -399,10 +418,56 @@ fn the_default_model_follows_llama_cpp_exact_math_for_16_teacher_forced_steps() 
         }
     }
     eprintln!(
-        "SmolLM2 vs llama.cpp f32: max |Δ logprob| over llama.cpp's top-5 = {worst_lp:.4}; \
-         {flips} near-tie flips in {STEPS} steps of every prompt"
+        "SmolLM2 ({storage:?}) vs llama.cpp f32: max |Δ logprob| over llama.cpp's top-5 = \
+         {worst_lp:.4}; {flips} near-tie flips in {STEPS} steps of every prompt"
     );
-    assert!(worst_lp <= NEAR_TIE, "top-5 logprobs differ by {worst_lp}");
+    assert!(
+        worst_lp <= NEAR_TIE,
+        "{storage:?}: top-5 logprobs differ by {worst_lp}"
+    );
+}
+
+#[test]
+fn decode_steps_from_quantized_blocks_match_decode_from_bf16_weights() {
+    if !gpu() {
+        return;
+    }
+    let Some(path) = default_model() else { return };
+    let artifacts = model::open(&path).expect("default model");
+    let vocab = artifacts.config.vocab_size;
+    let tables: Vec<Vec<u32>> = (0..3u32).map(|s| table(s * 16, 40)).collect();
+    let run = |storage: CudaWeights| -> (Vec<f32>, usize) {
+        let mut cuda = CudaBackend::new(
+            &artifacts,
+            0,
+            KvPoolSize::Blocks(NUM_BLOCKS),
+            BLOCK_SIZE,
+            storage,
+        )
+        .expect("cuda");
+        let mut all = Vec::new();
+        // Teacher-forced decodes of three sequences: the GEMV path (3 rows).
+        for pos in 0..16 {
+            let tokens: Vec<u32> = (0..3u32)
+                .map(|s| (s * 977 + pos as u32 * 131 + 5) % vocab as u32)
+                .collect();
+            let logits = cuda
+                .forward(&decode_step(&tokens, pos, &tables))
+                .expect("decode step");
+            all.extend(logits);
+        }
+        (all, cuda.weight_bytes())
+    };
+    let (bf16, bf16_bytes) = run(CudaWeights::Bf16);
+    let (blocks, block_bytes) = run(CudaWeights::Quantized);
+    let diff = relative_diff(&blocks, &bf16, vocab);
+    eprintln!(
+        "quantized blocks ({block_bytes} B) vs bf16 ({bf16_bytes} B) decode logits: max \
+         relative |Δ| {diff:.5}"
+    );
+    assert!(block_bytes < bf16_bytes, "the blocks are smaller");
+    // bf16 rounds every weight (2^-9 relative); the blocks are read exactly.
+    assert!(diff <= 0.03, "quantized and bf16 decodes differ by {diff}");
 }
 
 fn generate_all(device: Device, prompts: &[Vec<u32>], path: &std::path::Path) -> Vec<Vec<u32>> {
@@ -679,9 +744,14 @@ fn long_context_decodes_split_over_the_keys_equal_unsplit_ones() {
         .collect();
     let blocks = table(0, prompt.len() + 8);
     let run = |split: bool| -> Vec<f32> {
-        let mut cuda =
-            CudaBackend::new(&artifacts, 0, KvPoolSize::Blocks(blocks.len()), BLOCK_SIZE)
-                .expect("cuda");
+        let mut cuda = CudaBackend::new(
+            &artifacts,
+            0,
+            KvPoolSize::Blocks(blocks.len()),
+            BLOCK_SIZE,
+            CudaWeights::Bf16,
+        )
+        .expect("cuda");
         cuda.set_split_attention(split);
         cuda.forward(&[SeqSlice {
             tokens: &prompt,

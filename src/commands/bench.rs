@@ -39,6 +39,7 @@ pub fn engine(args: BenchEngineArgs) -> anyhow::Result<()> {
         enable_prefix_cache: false,
         kv_cache_bytes: args.kv_cache_mib << 20,
         device: args.device,
+        cuda_weights: args.cuda_weights,
         ..LoadOptions::default()
     };
     let constraint = match &args.json_schema {

@@ -120,6 +120,7 @@ fn model_offers(settings: &Settings) -> anyhow::Result<Vec<ModelOffer>> {
             tool_parser: spec.tool_parser.clone(),
             reasoning_parser: spec.reasoning_parser.clone(),
             memory_budget_bytes: settings.model_memory_bytes,
+            cuda_weights: settings.cuda_weights,
             ..LoadOptions::default()
         };
         let policy = WarmPolicy {

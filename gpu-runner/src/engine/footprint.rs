@@ -9,7 +9,9 @@
 //! weights, and at load within the device memory then free. So several models can share a
 //! GPU, and the budget's figure for a model is what it will really take (or more).
 
+use crate::engine::backend::cuda::{stays_quantized, CudaWeights};
 use crate::engine::model::Weights;
+use crate::engine::quant::QMatrix;
 use crate::engine::runtime::{Device, LoadOptions};
 
 /// The CPU backend's KV pool when the operator gives none.
@@ -57,13 +59,19 @@ pub fn kv_pool_size(
     }
 }
 
-/// Bytes the weights take on `device`.
-pub fn weights_bytes(weights: &Weights, device: Device) -> u64 {
+/// Bytes the weights take on `device` (on CUDA, stored as `cuda_weights` says).
+pub fn weights_bytes(weights: &Weights, device: Device, cuda_weights: CudaWeights) -> u64 {
+    let bf16 = |m: &QMatrix| (m.rows * m.cols * 2) as u64;
     let matrices: u64 = weights
         .matrices()
-        .map(|m| match device {
-            Device::Cpu => m.data.as_slice().len() as u64,
-            Device::Cuda(_) => (m.rows * m.cols * 2) as u64,
+        .map(|m| match (device, cuda_weights) {
+            (Device::Cpu, _) => m.data.as_slice().len() as u64,
+            (Device::Cuda(_), CudaWeights::Quantized)
+                if stays_quantized(m) && !std::ptr::eq(m, &weights.token_embd) =>
+            {
+                m.data.as_slice().len() as u64
+            }
+            (Device::Cuda(_), _) => bf16(m),
         })
         .sum();
     // Vectors are f32 on the CPU and bf16 on the GPU.
@@ -142,13 +150,16 @@ mod tests {
         }
         let file = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         let artifacts = model::open(&path).expect("open the default model");
-        let cpu = weights_bytes(&artifacts.weights, Device::Cpu);
-        let gpu = weights_bytes(&artifacts.weights, Device::Cuda(0));
+        let cpu = weights_bytes(&artifacts.weights, Device::Cpu, CudaWeights::Bf16);
+        let gpu = weights_bytes(&artifacts.weights, Device::Cuda(0), CudaWeights::Bf16);
+        let blocks = weights_bytes(&artifacts.weights, Device::Cuda(0), CudaWeights::Quantized);
         assert!(
             cpu <= file && cpu * 10 >= file * 9,
             "quantized weights ({cpu} B) are most of the file ({file} B)"
         );
         // 135M parameters as bf16.
         assert!((250_000_000..300_000_000).contains(&gpu), "{gpu}");
+        // Kept in blocks, all but the (tied, bf16) embedding table: between the two.
+        assert!(blocks > cpu && blocks < gpu, "{cpu} < {blocks} < {gpu}");
     }
 }

@@ -3,7 +3,7 @@
 //! engine's parts together, for the worker and for the engine-only CLI commands alike.
 
 use crate::engine::backend::cpu::{kv_bytes_per_block, CpuBackend};
-use crate::engine::backend::cuda::CudaBackend;
+use crate::engine::backend::cuda::{CudaBackend, CudaWeights};
 use crate::engine::backend::Backend;
 use crate::engine::footprint::{kv_pool_size, weights_bytes, DEFAULT_CPU_KV_BYTES};
 use crate::engine::llm::{EngineConfig, LlmEngine};
@@ -78,6 +78,8 @@ pub struct LoadOptions {
     /// The runner's memory budget for all its models (`--model-memory-mb`): an automatically
     /// sized KV pool leaves room in it for the model's weights.
     pub memory_budget_bytes: Option<u64>,
+    /// On CUDA, whether a GGUF model's matrices stay in their quantized blocks.
+    pub cuda_weights: CudaWeights,
 }
 
 impl Default for LoadOptions {
@@ -94,6 +96,7 @@ impl Default for LoadOptions {
             tool_parser: None,
             reasoning_parser: None,
             memory_budget_bytes: None,
+            cuda_weights: CudaWeights::Bf16,
         }
     }
 }
@@ -151,7 +154,7 @@ pub fn inspect(path: &Path, options: &LoadOptions) -> Result<ModelFacts, LoadErr
     let artifacts = model::open(path)?;
     let frontend = build_frontend(&artifacts, options)?;
     let per_block = kv_bytes_per_block(&artifacts.config, options.block_size.max(1)).max(1);
-    let weights = weights_bytes(&artifacts.weights, options.device);
+    let weights = weights_bytes(&artifacts.weights, options.device, options.cuda_weights);
     let pool = kv_pool_size(options, per_block, weights, frontend.context_length);
     Ok(ModelFacts {
         context_length: frontend.context_length,
@@ -178,7 +181,7 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError
     let frontend = build_frontend(&artifacts, options)?;
     let block_size = options.block_size.max(1);
     let per_block = kv_bytes_per_block(&artifacts.config, block_size).max(1);
-    let weights = weights_bytes(&artifacts.weights, options.device);
+    let weights = weights_bytes(&artifacts.weights, options.device, options.cuda_weights);
     let pool = kv_pool_size(options, per_block, weights, frontend.context_length);
     let backend: Box<dyn Backend> = match options.device {
         Device::Cpu => Box::new(
@@ -186,7 +189,7 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError
                 .map_err(|e| LoadError::Backend(e.to_string()))?,
         ),
         Device::Cuda(ordinal) => Box::new(
-            CudaBackend::new(&artifacts, ordinal, pool, block_size)
+            CudaBackend::new(&artifacts, ordinal, pool, block_size, options.cuda_weights)
                 .map_err(|e| LoadError::Backend(e.to_string()))?,
         ),
     };

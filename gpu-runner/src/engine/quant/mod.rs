@@ -26,7 +26,7 @@ mod kquants;
 mod legacy;
 mod matmul;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 #[cfg(target_arch = "x86_64")]

@@ -24,6 +24,11 @@ impl<T> DeviceBuf<T> {
     pub fn at(&self, i: usize) -> u64 {
         self.ptr + (i * std::mem::size_of::<T>()) as u64
     }
+
+    /// Elements allocated.
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
 }
 
 impl<T: DeviceRepr + ValidAsZeroBits> DeviceBuf<T> {

@@ -67,7 +67,7 @@ macro_rules! gemm {
         let (w, n) = ($w, $n);
         let started = $self.profiler.start(&$self.ctx, &$self.stream)?;
         let done = $self.gemm.matmul($x, w, n, $out);
-        let bytes = (w.rows * w.cols * 2) as u64;
+        let bytes = w.bytes() as u64;
         done.and_then(|()| {
             $self.profiler.stop(
                 started,
@@ -84,7 +84,7 @@ impl CudaBackend {
         let c = &self.config;
         let scale = c.embedding_scale.unwrap_or(1.0);
         let (table, ids, x) = (
-            self.weights.token_embd.buf.ptr(),
+            self.weights.token_embd.bf16_ptr().unwrap_or(0),
             self.inputs.at(self.inputs.ids),
             addr(&self.scratch.x),
         );

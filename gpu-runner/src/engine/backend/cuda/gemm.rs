@@ -11,13 +11,15 @@ use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 
 use super::buffer::DeviceBuf;
 use super::kernels::Kernels;
-use super::weights::DeviceMatrix;
+use super::weights::{DeviceMatrix, QuantPart, Storage};
 use super::CudaError;
 
 /// Rows up to which `gemv_bf16` is used (GEMV_MAX_ROWS in kernels.cu).
 pub const GEMV_MAX_ROWS: usize = 8;
-/// Output columns per block of `gemv_bf16` (GEMV_WARPS in kernels.cu).
+/// Output columns per block of the GEMV kernels (GEMV_WARPS in kernels.cu).
 const GEMV_WARPS: usize = 8;
+/// Threads per block of the `dequant_*` kernels (one per group of 32 elements).
+const EXPAND_THREADS: usize = 256;
 
 /// cuBLAS's workspace, ours so that no GEMM allocates while a CUDA graph is captured (the
 /// size PyTorch gives it on Hopper).
@@ -26,6 +28,9 @@ const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 pub struct Gemm {
     blas: CudaBlas,
     _workspace: DeviceBuf<u8>,
+    /// Where a quantized matrix is expanded to bf16 for cuBLAS (sized at load for the
+    /// largest one: nothing is allocated while a CUDA graph is captured).
+    expanded: Option<DeviceBuf<u16>>,
     stream: Arc<CudaStream>,
     kernels: Arc<Kernels>,
     gemv_max_rows: usize,
@@ -51,6 +56,7 @@ impl Gemm {
         Ok(Gemm {
             blas,
             _workspace: workspace,
+            expanded: None,
             stream: Arc::clone(stream),
             kernels,
             gemv_max_rows: GEMV_MAX_ROWS,
@@ -61,39 +67,137 @@ impl Gemm {
         self.gemv_max_rows = rows.min(GEMV_MAX_ROWS);
     }
 
+    /// Makes room to expand a quantized matrix of `elements` to bf16.
+    pub fn reserve_expansion(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        elements: usize,
+    ) -> Result<(), CudaError> {
+        if elements > 0 && self.expanded.as_ref().is_none_or(|b| b.len() < elements) {
+            self.expanded = Some(DeviceBuf::zeros(stream, elements)?);
+        }
+        Ok(())
+    }
+
     /// `out[n, w.rows] = x[n, w.cols] · wᵀ` with `x` bf16 (row-major) and `out` f32.
     pub fn matmul(&self, x: u64, w: &DeviceMatrix, n: usize, out: u64) -> Result<(), CudaError> {
         if n == 0 {
             return Ok(());
         }
-        if n <= self.gemv_max_rows && w.cols.is_multiple_of(8) {
-            self.gemv(x, w, n, out)
-        } else {
-            self.cublas(x, w, n, out)
+        let decode = n <= self.gemv_max_rows && w.cols.is_multiple_of(8);
+        match &w.storage {
+            Storage::Bf16(buf) if decode => {
+                self.gemv("gemv_bf16", buf.ptr(), w.rows, w.cols, w.rows, x, n, out)
+            }
+            Storage::Bf16(buf) => self.cublas(buf.ptr(), w.rows, w.cols, x, n, out),
+            Storage::Quantized(parts) if decode => {
+                let mut first_row = 0;
+                for part in parts {
+                    let out = out + (first_row * std::mem::size_of::<f32>()) as u64;
+                    let weights = part.buf.ptr();
+                    self.gemv(
+                        part.kernels.gemv,
+                        weights,
+                        part.rows,
+                        w.cols,
+                        w.rows,
+                        x,
+                        n,
+                        out,
+                    )?;
+                    first_row += part.rows;
+                }
+                Ok(())
+            }
+            Storage::Quantized(parts) => {
+                let expanded = self
+                    .expanded
+                    .as_ref()
+                    .filter(|b| b.len() >= w.rows * w.cols)
+                    .ok_or_else(|| {
+                        CudaError::Failure(format!(
+                            "no room to expand a {}×{} matrix",
+                            w.rows, w.cols
+                        ))
+                    })?;
+                let mut first_row = 0;
+                for part in parts {
+                    self.expand(part, w.cols, expanded.at(first_row * w.cols))?;
+                    first_row += part.rows;
+                }
+                self.cublas(expanded.ptr(), w.rows, w.cols, x, n, out)
+            }
         }
     }
 
-    fn gemv(&self, x: u64, w: &DeviceMatrix, n: usize, out: u64) -> Result<(), CudaError> {
-        let (m, k, rows) = (w.rows as i32, w.cols as i32, n as i32);
-        let weights = w.buf.ptr();
+    /// `out[j·ldo + m] = x[j] · w[m]` for the `rows` rows of `weights`, read by `kernel`
+    /// (`gemv_bf16` or a block format's `gemv_*`: the same arguments).
+    #[allow(clippy::too_many_arguments)]
+    fn gemv(
+        &self,
+        kernel: &'static str,
+        weights: u64,
+        rows: usize,
+        cols: usize,
+        ldo: usize,
+        x: u64,
+        n: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let (m, k, n_rows, ldo) = (rows as i32, cols as i32, n as i32, ldo as i32);
         let cfg = LaunchConfig {
-            grid_dim: (w.rows.div_ceil(GEMV_WARPS) as u32, 1, 1),
+            grid_dim: (rows.div_ceil(GEMV_WARPS) as u32, 1, 1),
             block_dim: ((GEMV_WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(self.kernels.get("gemv_bf16"));
-        b.arg(&weights).arg(&x).arg(&out).arg(&m).arg(&k).arg(&rows);
-        // SAFETY: `w` holds rows·cols bf16 with cols % 8 == 0 (16-byte rows); the caller
-        // sized `x` (n·cols bf16) and `out` (n·rows f32).
+        let mut b = self.stream.launch_builder(self.kernels.get(kernel));
+        b.arg(&weights)
+            .arg(&x)
+            .arg(&out)
+            .arg(&m)
+            .arg(&k)
+            .arg(&n_rows)
+            .arg(&ldo);
+        // SAFETY: `weights` holds `rows` rows of `cols` in the kernel's format (bf16 with
+        // cols % 8 == 0, or whole blocks, checked when the file was opened); the caller sized
+        // `x` (n·cols bf16) and `out` (n rows `ldo` floats apart, `rows` of them from here).
         unsafe { b.launch(cfg) }
             .map(|_| ())
-            .map_err(|e| CudaError::Failure(format!("kernel gemv_bf16: {e}")))
+            .map_err(|e| CudaError::Failure(format!("kernel {kernel}: {e}")))
+    }
+
+    /// Expands one part to bf16 rows at `dst`.
+    fn expand(&self, part: &QuantPart, cols: usize, dst: u64) -> Result<(), CudaError> {
+        let groups = part.rows * cols / 32;
+        let (rows, k) = (part.rows as i32, cols as i32);
+        let weights = part.buf.ptr();
+        let cfg = LaunchConfig {
+            grid_dim: (groups.div_ceil(EXPAND_THREADS) as u32, 1, 1),
+            block_dim: (EXPAND_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let name = part.kernels.dequant;
+        let mut b = self.stream.launch_builder(self.kernels.get(name));
+        b.arg(&weights).arg(&dst).arg(&rows).arg(&k);
+        // SAFETY: the part holds `rows` whole-block rows of `cols`; `dst` has room for
+        // rows·cols bf16 (`reserve_expansion`).
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| CudaError::Failure(format!("kernel {name}: {e}")))
     }
 
     /// Row-major `W[out, in]` is column-major `Wᵀ`, so cuBLAS computes the column-major
     /// `outᵀ = op(W) · xᵀ` with `op = T`: m = out, n = tokens, k = in.
-    fn cublas(&self, x: u64, w: &DeviceMatrix, n: usize, out: u64) -> Result<(), CudaError> {
-        let (m, k) = (w.rows as i32, w.cols as i32);
+    fn cublas(
+        &self,
+        weights: u64,
+        rows: usize,
+        cols: usize,
+        x: u64,
+        n: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let (m, k) = (rows as i32, cols as i32);
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: as for `gemv`; cuBLAS runs on the backend's stream.
         unsafe {
@@ -105,7 +209,7 @@ impl Gemm {
                 n as i32,
                 k,
                 (&alpha as *const f32).cast(),
-                w.buf.ptr() as *const _,
+                weights as *const _,
                 cudaDataType::CUDA_R_16BF,
                 k,
                 x as *const _,

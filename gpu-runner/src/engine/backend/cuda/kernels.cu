@@ -318,13 +318,13 @@ extern "C" __global__ void softcap(float* x, long long n, float cap) {
 // K elements of x staged in shared memory per pass: 32 lanes × GEMV_UNROLL chunks of 8.
 #define GEMV_TILE (32 * GEMV_UNROLL * 8)
 
-// out[j, m] = sum_k x[j, k] * w[m, k] for j < n <= GEMV_MAX_ROWS: the decode-sized matrix
+// out[j·ldo + m] = sum_k x[j, k] * w[m, k] for j < n <= GEMV_MAX_ROWS: the decode-sized matrix
 // product, bound by reading W once. One warp per output column m, GEMV_WARPS per block; x is
 // staged tile by tile in shared memory (read from L2 once per block, not once per warp and
 // row), and each lane keeps GEMV_UNROLL independent 16-byte loads of W in flight. Each lane
 // adds its chunks of K in ascending order whatever the tiling. K % 8 == 0.
 extern "C" __global__ void gemv_bf16(const bf16* __restrict__ w, const bf16* __restrict__ x,
-                                     float* __restrict__ out, int M, int K, int n) {
+                                     float* __restrict__ out, int M, int K, int n, int ldo) {
     __shared__ uint4 xs[GEMV_MAX_ROWS][GEMV_TILE / 8];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int m = blockIdx.x * GEMV_WARPS + warp;
@@ -379,7 +379,7 @@ extern "C" __global__ void gemv_bf16(const bf16* __restrict__ w, const bf16* __r
     for (int j = 0; j < GEMV_MAX_ROWS; j++) {
         if (j < n) {
             float s = warp_sum(acc[j]);
-            if (lane == 0) out[(size_t)j * M + m] = s;
+            if (lane == 0) out[(size_t)j * ldo + m] = s;
         }
     }
 }

@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
-/// The kernel source (also compiled by the PTX test on machines without a GPU).
-pub const SOURCE: &str = include_str!("kernels.cu");
+/// The kernel source (also compiled by the PTX test on machines without a GPU): the step's
+/// kernels, then those that read GGUF block formats.
+pub const SOURCE: &str = concat!(include_str!("kernels.cu"), include_str!("quant.cu"));
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 10] = [
+pub const NAMES: [&str; 26] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -22,6 +23,22 @@ pub const NAMES: [&str; 10] = [
     "softcap",
     "gemv_bf16",
     "pick_rows",
+    "gemv_q4_0",
+    "gemv_q4_1",
+    "gemv_q5_0",
+    "gemv_q5_1",
+    "gemv_q8_0",
+    "gemv_q4_k",
+    "gemv_q5_k",
+    "gemv_q6_k",
+    "dequant_q4_0",
+    "dequant_q4_1",
+    "dequant_q5_0",
+    "dequant_q5_1",
+    "dequant_q8_0",
+    "dequant_q4_k",
+    "dequant_q5_k",
+    "dequant_q6_k",
 ];
 
 /// Compiles [`SOURCE`] to PTX for `arch` (e.g. `compute_90`).

@@ -29,6 +29,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUgraphInstantiate_flags, CUstream
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 
 pub use device::DeviceInfo;
+pub use weights::{stays_quantized, CudaWeights};
 
 use self::buffer::DeviceBuf;
 use self::gemm::Gemm;
@@ -125,6 +126,7 @@ impl CudaBackend {
         ordinal: usize,
         pool: KvPoolSize,
         block_size: usize,
+        weight_storage: CudaWeights,
     ) -> Result<Self, CudaError> {
         let config = artifacts.config.clone();
         if block_size == 0 || pool.most() == 0 {
@@ -147,8 +149,9 @@ impl CudaBackend {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(CudaError::driver)?
             .max(1) as usize;
-        let gemm = Gemm::new(&stream, Arc::clone(&kernels))?;
-        let weights = DeviceWeights::upload(&stream, &config, &artifacts.weights)?;
+        let mut gemm = Gemm::new(&stream, Arc::clone(&kernels))?;
+        let weights = DeviceWeights::upload(&stream, &config, &artifacts.weights, weight_storage)?;
+        gemm.reserve_expansion(&stream, weights.largest_quantized())?;
         let num_blocks = match pool {
             KvPoolSize::Blocks(n) => n,
             KvPoolSize::UpTo(most) => {

@@ -1,7 +1,9 @@
-//! The model's weights on the device, in the layout the step wants: every matrix as bf16
-//! rows (GGUF quantized types are dequantized once at load; bf16 safetensors are copied as
-//! they are), Q/K/V fused into one `[q + k + v, hidden]` matrix and gate/up into one
-//! `[2·ffn, hidden]` matrix so that each is one GEMM, and the small vectors as f32.
+//! The model's weights on the device, in the layout the step wants: Q/K/V fused into one
+//! `[q + k + v, hidden]` matrix and gate/up into one `[2·ffn, hidden]` matrix so that each is
+//! one product, the small vectors as f32, and every matrix either as bf16 rows (GGUF
+//! quantized types dequantized once at load; bf16 safetensors copied as they are) or, with
+//! [`CudaWeights::Quantized`], in its GGUF blocks as the file has them (the embedding table
+//! stays bf16: the gather reads it row by row).
 
 use std::sync::Arc;
 
@@ -12,13 +14,98 @@ use rayon::prelude::*;
 use super::buffer::DeviceBuf;
 use super::CudaError;
 use crate::engine::model::{ModelConfig, Weights};
-use crate::engine::quant::{GgmlType, QMatrix};
+use crate::engine::quant::{GgmlType, Layout, QMatrix};
 
-/// A `[rows, cols]` bf16 matrix on the device.
+/// How a backend stores weight matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CudaWeights {
+    /// bf16, whatever the file's format: cuBLAS and the bf16 GEMV at every batch size.
+    #[default]
+    Bf16,
+    /// A GGUF file's quantized blocks as they are (where every stacked part is of a format
+    /// the kernels read; others bf16): decode reads fewer bytes, larger batches expand a
+    /// matrix to bf16 per product.
+    Quantized,
+}
+
+impl std::str::FromStr for CudaWeights {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "bf16" => Ok(CudaWeights::Bf16),
+            "quantized" => Ok(CudaWeights::Quantized),
+            _ => Err(format!(
+                "unknown CUDA weight storage `{s}` (bf16 or quantized)"
+            )),
+        }
+    }
+}
+
+/// A `[rows, cols]` matrix on the device.
 pub struct DeviceMatrix {
-    pub buf: DeviceBuf<u16>,
     pub rows: usize,
     pub cols: usize,
+    pub storage: Storage,
+}
+
+pub enum Storage {
+    Bf16(DeviceBuf<u16>),
+    /// Parts stacked by rows, each in its own block format.
+    Quantized(Vec<QuantPart>),
+}
+
+/// Rows of a matrix in one GGUF block format, ggml's layout.
+pub struct QuantPart {
+    pub dtype: GgmlType,
+    /// The format's decode product and its expansion to bf16 (kernels.cu's quant part).
+    pub kernels: QuantKernels,
+    pub rows: usize,
+    pub buf: DeviceBuf<u8>,
+}
+
+impl DeviceMatrix {
+    /// Bytes on the device (what a decode step streams).
+    pub fn bytes(&self) -> usize {
+        match &self.storage {
+            Storage::Bf16(_) => self.rows * self.cols * 2,
+            Storage::Quantized(parts) => parts
+                .iter()
+                .map(|p| p.rows * self.cols / p.dtype.block_elems() * p.dtype.block_bytes())
+                .sum(),
+        }
+    }
+
+    /// The bf16 rows' address, for a matrix stored as bf16.
+    pub fn bf16_ptr(&self) -> Option<u64> {
+        match &self.storage {
+            Storage::Bf16(buf) => Some(buf.ptr()),
+            Storage::Quantized(_) => None,
+        }
+    }
+}
+
+/// The kernels that read one block format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuantKernels {
+    pub gemv: &'static str,
+    pub dequant: &'static str,
+}
+
+/// The kernels for a block format, if they read it.
+pub fn quant_kernels(dtype: GgmlType) -> Option<QuantKernels> {
+    let (gemv, dequant) = match dtype {
+        GgmlType::Q4_0 => ("gemv_q4_0", "dequant_q4_0"),
+        GgmlType::Q4_1 => ("gemv_q4_1", "dequant_q4_1"),
+        GgmlType::Q5_0 => ("gemv_q5_0", "dequant_q5_0"),
+        GgmlType::Q5_1 => ("gemv_q5_1", "dequant_q5_1"),
+        GgmlType::Q8_0 => ("gemv_q8_0", "dequant_q8_0"),
+        GgmlType::Q4K => ("gemv_q4_k", "dequant_q4_k"),
+        GgmlType::Q5K => ("gemv_q5_k", "dequant_q5_k"),
+        GgmlType::Q6K => ("gemv_q6_k", "dequant_q6_k"),
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => return None,
+    };
+    Some(QuantKernels { gemv, dequant })
 }
 
 pub struct DeviceLayer {
@@ -51,7 +138,9 @@ impl DeviceWeights {
         stream: &Arc<CudaStream>,
         config: &ModelConfig,
         w: &Weights,
+        mode: CudaWeights,
     ) -> Result<Self, CudaError> {
+        let stacked = |parts: &[&QMatrix]| upload_stacked(stream, parts, mode);
         let vector = |v: &[f32]| DeviceBuf::from_host(stream, v);
         let optional = |v: &Option<Vec<f32>>| v.as_deref().map(vector).transpose();
         let mut layers = Vec::with_capacity(w.layers.len());
@@ -74,26 +163,23 @@ impl DeviceWeights {
             };
             layers.push(DeviceLayer {
                 attn_norm: vector(&l.attn_norm)?,
-                wqkv: upload_stacked(stream, &[&l.wq, &l.wk, &l.wv])?,
+                wqkv: stacked(&[&l.wq, &l.wk, &l.wv])?,
                 bqkv,
                 q_norm: optional(&l.q_norm)?,
                 k_norm: optional(&l.k_norm)?,
-                wo: upload_stacked(stream, &[&l.wo])?,
+                wo: stacked(&[&l.wo])?,
                 post_attn_norm: optional(&l.post_attn_norm)?,
                 ffn_norm: vector(&l.ffn_norm)?,
-                w_gate_up: upload_stacked(stream, &[&l.w_gate, &l.w_up])?,
-                w_down: upload_stacked(stream, &[&l.w_down])?,
+                w_gate_up: stacked(&[&l.w_gate, &l.w_up])?,
+                w_down: stacked(&[&l.w_down])?,
                 post_ffn_norm: optional(&l.post_ffn_norm)?,
             });
         }
         Ok(DeviceWeights {
-            token_embd: upload_stacked(stream, &[&w.token_embd])?,
+            // The gather reads rows of bf16 (and a tied LM head uses it as is).
+            token_embd: upload_stacked(stream, &[&w.token_embd], CudaWeights::Bf16)?,
             output_norm: vector(&w.output_norm)?,
-            output: w
-                .output
-                .as_ref()
-                .map(|m| upload_stacked(stream, &[m]))
-                .transpose()?,
+            output: w.output.as_ref().map(|m| stacked(&[m])).transpose()?,
             layers,
         })
     }
@@ -102,20 +188,45 @@ impl DeviceWeights {
         self.output.as_ref().unwrap_or(&self.token_embd)
     }
 
+    /// Elements of the largest matrix kept in blocks (0 if none): the bf16 room a product
+    /// over many tokens expands it into.
+    pub fn largest_quantized(&self) -> usize {
+        let quantized = |m: &DeviceMatrix| match m.storage {
+            Storage::Quantized(_) => m.rows * m.cols,
+            Storage::Bf16(_) => 0,
+        };
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down])
+            .chain(self.output.as_ref())
+            .map(quantized)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Bytes of every matrix (what a decode step streams, embeddings aside).
     pub fn matrix_bytes(&self) -> usize {
-        let m = |d: &DeviceMatrix| d.rows * d.cols * 2;
         let layers: usize = self
             .layers
             .iter()
-            .map(|l| m(&l.wqkv) + m(&l.wo) + m(&l.w_gate_up) + m(&l.w_down))
+            .map(|l| l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes())
             .sum();
-        layers + m(&self.token_embd) + self.output.as_ref().map_or(0, m)
+        layers + self.token_embd.bytes() + self.output.as_ref().map_or(0, DeviceMatrix::bytes)
     }
 }
 
-/// Uploads matrices with the same column count as one matrix, rows stacked in order.
-fn upload_stacked(stream: &Arc<CudaStream>, parts: &[&QMatrix]) -> Result<DeviceMatrix, CudaError> {
+/// Whether `m` can stay in its blocks on the device.
+pub fn stays_quantized(m: &QMatrix) -> bool {
+    quant_kernels(m.dtype).is_some() && m.layout == Layout::Rows
+}
+
+/// Uploads matrices with the same column count as one matrix, rows stacked in order: in
+/// their blocks when `mode` asks for it and every part can, else as bf16.
+fn upload_stacked(
+    stream: &Arc<CudaStream>,
+    parts: &[&QMatrix],
+    mode: CudaWeights,
+) -> Result<DeviceMatrix, CudaError> {
     let cols = parts[0].cols;
     if let Some(bad) = parts.iter().find(|p| p.cols != cols) {
         return Err(CudaError::Failure(format!(
@@ -123,14 +234,32 @@ fn upload_stacked(stream: &Arc<CudaStream>, parts: &[&QMatrix]) -> Result<Device
         )));
     }
     let rows: usize = parts.iter().map(|p| p.rows).sum();
+    if mode == CudaWeights::Quantized && parts.iter().all(|p| stays_quantized(p)) {
+        let mut quantized = Vec::with_capacity(parts.len());
+        for p in parts {
+            if let Some(kernels) = quant_kernels(p.dtype) {
+                quantized.push(QuantPart {
+                    dtype: p.dtype,
+                    kernels,
+                    rows: p.rows,
+                    buf: DeviceBuf::from_host(stream, p.bytes())?,
+                });
+            }
+        }
+        return Ok(DeviceMatrix {
+            rows,
+            cols,
+            storage: Storage::Quantized(quantized),
+        });
+    }
     let mut host: Vec<u16> = Vec::with_capacity(rows * cols);
     for part in parts {
         append_bf16(part, &mut host);
     }
     Ok(DeviceMatrix {
-        buf: DeviceBuf::from_host(stream, &host)?,
         rows,
         cols,
+        storage: Storage::Bf16(DeviceBuf::from_host(stream, &host)?),
     })
 }
 

@@ -3,29 +3,10 @@
 //! the ggml-layout one.
 
 use super::ref_quant::quantize;
-use super::{kernel_agrees, random_acts, Rng};
+use super::{kernel_agrees, random_acts, raw_blocks, Rng};
 use crate::engine::quant::formats::{self as f, scalar_row, TileKernel, WeightFormat};
 use crate::engine::quant::interleave::{self, TILE_ROWS};
 use crate::engine::quant::{GgmlType, Layout, QMatrix, TensorBytes};
-
-/// Random bytes for `n` blocks of `t`, with small finite f16 scale (and offset) fields, so
-/// every quant and packed-scale value (including Q8_0's −128) occurs.
-fn raw_blocks(rng: &mut Rng, t: GgmlType, n: usize) -> Vec<u8> {
-    let bb = t.block_bytes();
-    let mut bytes: Vec<u8> = (0..n * bb).map(|_| rng.next_u64() as u8).collect();
-    let fields: &[usize] = match t {
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
-        GgmlType::Q6K => &[208],
-        _ => &[0],
-    };
-    for block in bytes.chunks_exact_mut(bb) {
-        for &at in fields {
-            let v = half::f16::from_f32(rng.normal() * 0.05).to_le_bytes();
-            block[at..at + 2].copy_from_slice(&v);
-        }
-    }
-    bytes
-}
 
 /// The matrix in the interleaved layout, whatever this CPU would choose.
 fn interleaved(m: &QMatrix) -> QMatrix {

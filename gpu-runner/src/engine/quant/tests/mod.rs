@@ -1,6 +1,8 @@
 //! Tests of the block formats: golden vectors from ggml's reference, round trips through
 //! small reference quantizers, matrix products against f32 maths, SIMD against scalar.
 
+use crate::engine::quant::GgmlType;
+
 mod golden;
 #[cfg(target_arch = "x86_64")]
 mod interleaved;
@@ -10,8 +12,27 @@ mod roundtrip;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 
+/// Random bytes for `n` blocks of `t`, with small finite f16 scale (and offset) fields, so
+/// every quant and packed-scale value (including Q8_0's −128) occurs.
+pub(crate) fn raw_blocks(rng: &mut Rng, t: GgmlType, n: usize) -> Vec<u8> {
+    let bb = t.block_bytes();
+    let mut bytes: Vec<u8> = (0..n * bb).map(|_| rng.next_u64() as u8).collect();
+    let fields: &[usize] = match t {
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+        GgmlType::Q6K => &[208],
+        _ => &[0],
+    };
+    for block in bytes.chunks_exact_mut(bb) {
+        for &at in fields {
+            let v = half::f16::from_f32(rng.normal() * 0.05).to_le_bytes();
+            block[at..at + 2].copy_from_slice(&v);
+        }
+    }
+    bytes
+}
+
 /// A small deterministic generator (xorshift64*), so tests need no extra crates.
-pub(super) struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {

@@ -3,7 +3,7 @@
 //! every tile width the token grouping treats differently.
 
 use super::ref_quant::quantize;
-use super::{kernel_agrees, random_acts, Rng};
+use super::{kernel_agrees, random_acts, raw_blocks, Rng};
 use crate::engine::quant::act::{ActBlock, BlockQ8K, BlockQ8_1};
 use crate::engine::quant::formats::{self as f, scalar_row, RowKernel, WeightFormat};
 use crate::engine::quant::GgmlType;
@@ -15,25 +15,6 @@ fn has_avx2() -> bool {
         eprintln!("skipping: this CPU lacks AVX2/FMA/F16C");
     }
     ok
-}
-
-/// Random bytes for `n_blocks` blocks of `t`, with every f16 scale field made small and finite.
-fn raw_blocks(rng: &mut Rng, t: GgmlType, n_blocks: usize) -> Vec<u8> {
-    let scale_fields: &[usize] = match t {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
-        GgmlType::Q6K => &[208],
-        _ => unreachable!("no SIMD kernel for {t:?}"),
-    };
-    let bb = t.block_bytes();
-    let mut bytes: Vec<u8> = (0..n_blocks * bb).map(|_| rng.next_u64() as u8).collect();
-    for b in 0..n_blocks {
-        for &off in scale_fields {
-            let v = half::f16::from_f32(rng.normal() * 0.05).to_le_bytes();
-            bytes[b * bb + off..b * bb + off + 2].copy_from_slice(&v);
-        }
-    }
-    bytes
 }
 
 fn has_vnni() -> bool {
