@@ -80,8 +80,9 @@ pub struct ServiceArgs {
     /// Where runners run their models: cpu, cuda, cuda:N or auto.
     #[arg(long, env = "FALLOW_DEVICE")]
     pub device: Option<String>,
-    /// How CUDA runners store a GGUF model's matrices: bf16 (default) or quantized (the
-    /// file's blocks, read by dequantizing kernels).
+    /// How CUDA runners store a model's matrices: bf16 (default), quantized (a GGUF's
+    /// blocks, read by dequantizing kernels) or q8_0 (those, and float matrices quantized to
+    /// Q8_0 at load).
     #[arg(long, env = "FALLOW_CUDA_WEIGHTS")]
     pub cuda_weights: Option<String>,
     /// KV cache per model, in MiB. Unset or 0: automatic (512 MiB on the CPU; on CUDA room
@@ -327,7 +328,8 @@ pub struct BenchEngineArgs {
     /// Where the model runs: cpu, cuda, cuda:N, or auto (a GPU when one is usable).
     #[arg(long, default_value = "cpu")]
     pub device: fallow_runner::engine::runtime::Device,
-    /// On CUDA, how a GGUF model's matrices are stored: bf16 or quantized.
+    /// On CUDA, how the model's matrices are stored: bf16, quantized (a GGUF's blocks) or
+    /// q8_0 (and float matrices quantized to Q8_0 at load).
     #[arg(long, default_value = "bf16")]
     pub cuda_weights: fallow_runner::engine::backend::cuda::CudaWeights,
     /// Also run every concurrency under this JSON schema (constrained decoding) and print

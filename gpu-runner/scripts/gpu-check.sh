@@ -7,7 +7,8 @@
 #      and with quantized (the file's blocks) weights
 #   d. a random-weight Llama-3.1-8B shaped bf16 checkpoint (make_random_llama.py)
 #   e. the GPU's memory read bandwidth (bandwidth.py)
-#   f. `fallow bench engine` on that checkpoint (f3: per-kernel GPU time, FALLOW_CUDA_PROFILE)
+#   f. `fallow bench engine` on that checkpoint (f3: per-kernel GPU time, FALLOW_CUDA_PROFILE;
+#      f4: its matrices quantized to Q8_0 at load)
 #   g. transformers generate() on it (hf_bench.py)
 #   h. a summary: Fallow vs transformers, and batch 1 against the bandwidth roofline
 #
@@ -336,9 +337,8 @@ main() {
     run_step "f. fallow bench engine" 240 "$OUT/fallow-bench.log" \
       "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda --concurrency 1,8,64 \
       --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
-    run_step "f2. fallow bench engine, no CUDA graphs" 120 "$WORK/fallow-bench-nographs.log" \
-      env FALLOW_CUDA_GRAPHS=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
-      --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+    run_step "g. HF transformers bench" 180 "$OUT/hf-bench.log" \
+      "$PY" gpu-runner/scripts/hf_bench.py "$LLAMA_DIR" --batches 1,8,64 --prompt-tokens 32 --gen-tokens 128
     # Per launch GPU time (CUDA events, graphs off) at batch 1 and 64: which kernels keep
     # batch 1 from the roofline (GEMM rows show the weight GB/s they reach).
     # (The table goes to stderr when the model is dropped: folded into the log.)
@@ -346,8 +346,14 @@ main() {
       bash -c 'FALLOW_CUDA_PROFILE=1 "$0" bench engine --model "$1" --device cuda \
         --concurrency 1,64 --prompt-tokens 32 --gen-tokens 32 --kv-cache-mib 8192 2>&1' \
       "$FALLOW" "$LLAMA_DIR"
-    run_step "g. HF transformers bench" 180 "$OUT/hf-bench.log" \
-      "$PY" gpu-runner/scripts/hf_bench.py "$LLAMA_DIR" --batches 1,8,64 --prompt-tokens 32 --gen-tokens 128
+    # The same model's matrices quantized to Q8_0 at load (about half the bytes per step):
+    # against f., does the dequantizing GEMV turn fewer bytes into more tokens/s?
+    run_step "f4. fallow bench engine, Q8_0 weights" 150 "$WORK/fallow-bench-q8_0.log" \
+      "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda --cuda-weights q8_0 \
+      --concurrency 1,8,64 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+    run_step "f2. fallow bench engine, no CUDA graphs" 120 "$WORK/fallow-bench-nographs.log" \
+      env FALLOW_CUDA_GRAPHS=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
+      --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
   else
     section "f./g. benchmarks"
     record "f. fallow bench engine" "SKIPPED (no model in $LLAMA_DIR)"

@@ -78,15 +78,20 @@ fn tiny(name: &str) -> ModelArtifacts {
 fn backends(artifacts: &ModelArtifacts) -> (CpuBackend, CudaBackend) {
     let cpu = CpuBackend::with_kv_dtype(artifacts, NUM_BLOCKS, BLOCK_SIZE, KvDtype::F32)
         .expect("cpu backend");
-    let cuda = CudaBackend::new(
+    let cuda = cuda_with(artifacts, CudaWeights::Bf16);
+    (cpu, cuda)
+}
+
+/// A CUDA backend of the suite's pool over `artifacts`, its matrices stored as `storage`.
+fn cuda_with(artifacts: &ModelArtifacts, storage: CudaWeights) -> CudaBackend {
+    CudaBackend::new(
         artifacts,
         0,
         KvPoolSize::Blocks(NUM_BLOCKS),
         BLOCK_SIZE,
-        CudaWeights::Bf16,
+        storage,
     )
-    .expect("cuda backend");
-    (cpu, cuda)
+    .expect("cuda backend")
 }
 
 fn table(first: u32, len: usize) -> Vec<u32> {
@@ -376,14 +381,7 @@ fn follows_llama_cpp_exact_math(artifacts: &ModelArtifacts, storage: CudaWeights
     let mut worst_lp = 0f32;
     let mut flips = 0;
     for (case_no, case) in exact_cases().iter().enumerate() {
-        let mut cuda = CudaBackend::new(
-            artifacts,
-            0,
-            KvPoolSize::Blocks(NUM_BLOCKS),
-            BLOCK_SIZE,
-            storage,
-        )
-        .expect("cuda");
+        let mut cuda = cuda_with(artifacts, storage);
         // Prompt + the first STEPS-1 greedy tokens in one prefill, all positions' logits:
         // row prompt_len-1+i predicts greedy_ids[i].
         let mut tokens = case.prompt_ids.clone();
@@ -427,6 +425,30 @@ fn follows_llama_cpp_exact_math(artifacts: &ModelArtifacts, storage: CudaWeights
     );
 }
 
+/// Logits of `steps` teacher-forced decode steps of `sequences` sequences (fixed tokens, so
+/// that two storages cannot take different paths), and the weights' bytes on the device.
+fn teacher_forced_decodes(
+    artifacts: &ModelArtifacts,
+    storage: CudaWeights,
+    sequences: u32,
+    steps: usize,
+) -> (Vec<f32>, usize) {
+    let vocab = artifacts.config.vocab_size as u32;
+    let tables: Vec<Vec<u32>> = (0..sequences).map(|s| table(s * 16, 40)).collect();
+    let mut cuda = cuda_with(artifacts, storage);
+    let mut all = Vec::new();
+    for pos in 0..steps {
+        let tokens: Vec<u32> = (0..sequences)
+            .map(|s| (s * 977 + pos as u32 * 131 + 5) % vocab)
+            .collect();
+        let logits = cuda
+            .forward(&decode_step(&tokens, pos, &tables))
+            .expect("decode step");
+        all.extend(logits);
+    }
+    (all, cuda.weight_bytes())
+}
+
 #[test]
 fn decode_steps_from_quantized_blocks_match_decode_from_bf16_weights() {
     if !gpu() {
@@ -435,29 +457,8 @@ fn decode_steps_from_quantized_blocks_match_decode_from_bf16_weights() {
     let Some(path) = default_model() else { return };
     let artifacts = model::open(&path).expect("default model");
     let vocab = artifacts.config.vocab_size;
-    let tables: Vec<Vec<u32>> = (0..3u32).map(|s| table(s * 16, 40)).collect();
-    let run = |storage: CudaWeights| -> (Vec<f32>, usize) {
-        let mut cuda = CudaBackend::new(
-            &artifacts,
-            0,
-            KvPoolSize::Blocks(NUM_BLOCKS),
-            BLOCK_SIZE,
-            storage,
-        )
-        .expect("cuda");
-        let mut all = Vec::new();
-        // Teacher-forced decodes of three sequences: the GEMV path (3 rows).
-        for pos in 0..16 {
-            let tokens: Vec<u32> = (0..3u32)
-                .map(|s| (s * 977 + pos as u32 * 131 + 5) % vocab as u32)
-                .collect();
-            let logits = cuda
-                .forward(&decode_step(&tokens, pos, &tables))
-                .expect("decode step");
-            all.extend(logits);
-        }
-        (all, cuda.weight_bytes())
-    };
+    // Three sequences: the GEMV path.
+    let run = |storage| teacher_forced_decodes(&artifacts, storage, 3, 16);
     let (bf16, bf16_bytes) = run(CudaWeights::Bf16);
     let (blocks, block_bytes) = run(CudaWeights::Quantized);
     let diff = relative_diff(&blocks, &bf16, vocab);
@@ -845,5 +846,20 @@ fn dropping_a_cuda_model_gives_its_device_memory_back() {
             kept < 64 << 20,
             "round {round}: {kept} bytes not given back"
         );
+    }
+}
+
+#[test]
+fn float_weights_quantized_to_q8_0_at_load_stay_close_to_bf16() {
+    if !gpu() {
+        return;
+    }
+    for name in ["llama", "qwen3", "gemma3"] {
+        let artifacts = tiny(name);
+        let vocab = artifacts.config.vocab_size;
+        let run = |storage| teacher_forced_decodes(&artifacts, storage, 2, 12).0;
+        let diff = relative_diff(&run(CudaWeights::Q8_0), &run(CudaWeights::Bf16), vocab);
+        eprintln!("{name}: Q8_0 at load vs bf16 decode logits, max relative |Δ| {diff:.5}");
+        assert!(diff <= RELATIVE_TOLERANCE, "{name}: {diff}");
     }
 }

@@ -9,9 +9,8 @@
 //! weights, and at load within the device memory then free. So several models can share a
 //! GPU, and the budget's figure for a model is what it will really take (or more).
 
-use crate::engine::backend::cuda::{stays_quantized, CudaWeights};
+use crate::engine::backend::cuda::{device_block_format, CudaWeights};
 use crate::engine::model::Weights;
-use crate::engine::quant::QMatrix;
 use crate::engine::runtime::{Device, LoadOptions};
 
 /// The CPU backend's KV pool when the operator gives none.
@@ -61,17 +60,22 @@ pub fn kv_pool_size(
 
 /// Bytes the weights take on `device` (on CUDA, stored as `cuda_weights` says).
 pub fn weights_bytes(weights: &Weights, device: Device, cuda_weights: CudaWeights) -> u64 {
-    let bf16 = |m: &QMatrix| (m.rows * m.cols * 2) as u64;
     let matrices: u64 = weights
         .matrices()
-        .map(|m| match (device, cuda_weights) {
-            (Device::Cpu, _) => m.data.as_slice().len() as u64,
-            (Device::Cuda(_), CudaWeights::Quantized)
-                if stays_quantized(m) && !std::ptr::eq(m, &weights.token_embd) =>
-            {
-                m.data.as_slice().len() as u64
+        .map(|m| {
+            // The embedding table stays bf16 on CUDA (the gather reads its rows).
+            let mode = if std::ptr::eq(m, &weights.token_embd) {
+                CudaWeights::Bf16
+            } else {
+                cuda_weights
+            };
+            match (device, device_block_format(m, mode)) {
+                (Device::Cpu, _) => m.data.as_slice().len() as u64,
+                (Device::Cuda(_), Some(t)) => {
+                    (m.rows * m.cols / t.block_elems() * t.block_bytes()) as u64
+                }
+                (Device::Cuda(_), None) => (m.rows * m.cols * 2) as u64,
             }
-            (Device::Cuda(_), _) => bf16(m),
         })
         .sum();
     // Vectors are f32 on the CPU and bf16 on the GPU.

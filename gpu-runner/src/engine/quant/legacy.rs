@@ -70,6 +70,16 @@ pub(crate) fn dequantize_q8_0(block: &[u8], out: &mut [f32]) {
     }
 }
 
+/// Appends the Q8_0 block of 32 values `x` (ggml's reference quantizer: `d = max|x|/127`,
+/// quants rounded to nearest).
+pub(crate) fn quantize_q8_0(x: &[f32], out: &mut Vec<u8>) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    out.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+    out.extend(x.iter().map(|v| (v * id).round() as i8 as u8));
+}
+
 /// Σ over 32 lanes of `w[i]·a[i]` with `w` given as unsigned quants and an offset.
 #[inline(always)]
 fn idot(w: &[u8; QK], offset: i32, a: &[i8; QK]) -> i32 {

@@ -23,7 +23,7 @@ mod formats;
 pub mod ggml_type;
 mod interleave;
 mod kquants;
-mod legacy;
+pub(crate) mod legacy;
 mod matmul;
 #[cfg(test)]
 pub(crate) mod tests;

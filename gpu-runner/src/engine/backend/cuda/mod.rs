@@ -29,7 +29,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUgraphInstantiate_flags, CUstream
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 
 pub use device::DeviceInfo;
-pub use weights::{stays_quantized, CudaWeights};
+pub use weights::{device_block_format, CudaWeights};
 
 use self::buffer::DeviceBuf;
 use self::gemm::Gemm;

@@ -14,6 +14,8 @@ use rayon::prelude::*;
 use super::buffer::DeviceBuf;
 use super::CudaError;
 use crate::engine::model::{ModelConfig, Weights};
+use crate::engine::quant::ggml_type::QK;
+use crate::engine::quant::legacy::quantize_q8_0;
 use crate::engine::quant::{GgmlType, Layout, QMatrix};
 
 /// How a backend stores weight matrices.
@@ -26,6 +28,9 @@ pub enum CudaWeights {
     /// the kernels read; others bf16): decode reads fewer bytes, larger batches expand a
     /// matrix to bf16 per product.
     Quantized,
+    /// As `Quantized`, and float matrices (safetensors, F16/BF16 GGUF tensors) quantized
+    /// to Q8_0 at load: about half of bf16's memory and decode bytes, near-lossless.
+    Q8_0,
 }
 
 impl std::str::FromStr for CudaWeights {
@@ -35,8 +40,9 @@ impl std::str::FromStr for CudaWeights {
         match s {
             "bf16" => Ok(CudaWeights::Bf16),
             "quantized" => Ok(CudaWeights::Quantized),
+            "q8_0" => Ok(CudaWeights::Q8_0),
             _ => Err(format!(
-                "unknown CUDA weight storage `{s}` (bf16 or quantized)"
+                "unknown CUDA weight storage `{s}` (bf16, quantized or q8_0)"
             )),
         }
     }
@@ -220,6 +226,34 @@ pub fn stays_quantized(m: &QMatrix) -> bool {
     quant_kernels(m.dtype).is_some() && m.layout == Layout::Rows
 }
 
+/// The block format `m` takes on the device under `mode`, if not bf16.
+pub fn device_block_format(m: &QMatrix, mode: CudaWeights) -> Option<GgmlType> {
+    match mode {
+        CudaWeights::Bf16 => None,
+        _ if stays_quantized(m) => Some(m.dtype),
+        CudaWeights::Q8_0 if m.cols.is_multiple_of(QK) => Some(GgmlType::Q8_0),
+        _ => None,
+    }
+}
+
+/// `m`'s rows quantized to Q8_0 (from whatever float type it has).
+fn to_q8_0(m: &QMatrix) -> Vec<u8> {
+    let row_bytes = m.cols / QK * GgmlType::Q8_0.block_bytes();
+    let mut out = vec![0u8; m.rows * row_bytes];
+    out.par_chunks_mut(row_bytes).enumerate().for_each_init(
+        || (vec![0f32; m.cols], Vec::with_capacity(row_bytes)),
+        |(row, blocks), (r, dst)| {
+            m.dequantize_row(r, row);
+            blocks.clear();
+            for x in row.chunks_exact(QK) {
+                quantize_q8_0(x, blocks);
+            }
+            dst.copy_from_slice(blocks);
+        },
+    );
+    out
+}
+
 /// Uploads matrices with the same column count as one matrix, rows stacked in order: in
 /// their blocks when `mode` asks for it and every part can, else as bf16.
 fn upload_stacked(
@@ -234,17 +268,25 @@ fn upload_stacked(
         )));
     }
     let rows: usize = parts.iter().map(|p| p.rows).sum();
-    if mode == CudaWeights::Quantized && parts.iter().all(|p| stays_quantized(p)) {
+    let formats: Option<Vec<GgmlType>> =
+        parts.iter().map(|p| device_block_format(p, mode)).collect();
+    if let Some(formats) = formats {
         let mut quantized = Vec::with_capacity(parts.len());
-        for p in parts {
-            if let Some(kernels) = quant_kernels(p.dtype) {
-                quantized.push(QuantPart {
-                    dtype: p.dtype,
-                    kernels,
-                    rows: p.rows,
-                    buf: DeviceBuf::from_host(stream, p.bytes())?,
-                });
-            }
+        for (p, dtype) in parts.iter().zip(formats) {
+            let Some(kernels) = quant_kernels(dtype) else {
+                continue;
+            };
+            let buf = if dtype == p.dtype {
+                DeviceBuf::from_host(stream, p.bytes())?
+            } else {
+                DeviceBuf::from_host(stream, &to_q8_0(p))?
+            };
+            quantized.push(QuantPart {
+                dtype,
+                kernels,
+                rows: p.rows,
+                buf,
+            });
         }
         return Ok(DeviceMatrix {
             rows,
@@ -284,4 +326,72 @@ fn append_bf16(m: &QMatrix, out: &mut Vec<u16>) {
             }
         },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::quant::TensorBytes;
+
+    fn matrix(dtype: GgmlType, rows: usize, cols: usize) -> QMatrix {
+        let bytes = vec![0u8; rows * cols / dtype.block_elems() * dtype.block_bytes()];
+        QMatrix::new(dtype, rows, cols, TensorBytes::Owned(bytes)).expect("whole blocks")
+    }
+
+    #[test]
+    fn each_storage_keeps_or_makes_the_blocks_the_kernels_read() {
+        let q4 = matrix(GgmlType::Q4_1, 2, 64);
+        let f32s = matrix(GgmlType::F32, 2, 64);
+        let ragged = matrix(GgmlType::F16, 2, 48);
+        assert_eq!(device_block_format(&q4, CudaWeights::Bf16), None);
+        assert_eq!(
+            device_block_format(&q4, CudaWeights::Quantized),
+            Some(GgmlType::Q4_1)
+        );
+        assert_eq!(device_block_format(&f32s, CudaWeights::Quantized), None);
+        assert_eq!(
+            device_block_format(&q4, CudaWeights::Q8_0),
+            Some(GgmlType::Q4_1)
+        );
+        assert_eq!(
+            device_block_format(&f32s, CudaWeights::Q8_0),
+            Some(GgmlType::Q8_0)
+        );
+        assert_eq!(
+            device_block_format(&ragged, CudaWeights::Q8_0),
+            None,
+            "rows that are not whole blocks stay bf16"
+        );
+        assert_eq!("q8_0".parse(), Ok(CudaWeights::Q8_0));
+        assert!("fp8".parse::<CudaWeights>().is_err());
+    }
+
+    #[test]
+    fn float_rows_quantized_at_load_come_back_within_half_a_step() {
+        let (rows, cols) = (3usize, 96usize);
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * (1 + i % 5) as f32)
+            .collect();
+        let m = QMatrix::from_f32(rows, cols, &values).expect("f32 matrix");
+        let q = QMatrix::new(GgmlType::Q8_0, rows, cols, TensorBytes::Owned(to_q8_0(&m)))
+            .expect("whole Q8_0 blocks");
+        let mut back = vec![0f32; cols];
+        for r in 0..rows {
+            q.dequantize_row(r, &mut back);
+            for (block, (got, want)) in back
+                .chunks(QK)
+                .zip(values[r * cols..(r + 1) * cols].chunks(QK))
+                .enumerate()
+            {
+                let step = want.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+                for (g, w) in got.iter().zip(want) {
+                    assert!(
+                        // Half a step, plus the f16 rounding of the step itself.
+                        (g - w).abs() <= step * 0.6,
+                        "row {r} block {block}: {g} for {w} (step {step})"
+                    );
+                }
+            }
+        }
+    }
 }

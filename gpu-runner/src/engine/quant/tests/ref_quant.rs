@@ -22,7 +22,7 @@ pub fn quantize(dtype: GgmlType, x: &[f32]) -> Vec<u8> {
             let block: fn(&[f32], &mut Vec<u8>) = match dtype {
                 GgmlType::Q4_0 => |x, o| q_symmetric(x, 4, o),
                 GgmlType::Q5_0 => |x, o| q_symmetric(x, 5, o),
-                GgmlType::Q8_0 => q8_0,
+                GgmlType::Q8_0 => crate::engine::quant::legacy::quantize_q8_0,
                 GgmlType::Q4_1 => |x, o| q_affine(x, 4, o),
                 GgmlType::Q5_1 => |x, o| q_affine(x, 5, o),
                 GgmlType::Q4K => |x, o| q45_k(x, false, o),
@@ -76,14 +76,6 @@ fn q_affine(x: &[f32], bits: u32, out: &mut Vec<u8>) {
     put_f16(out, d);
     put_f16(out, min);
     pack_legacy(&q, bits, out);
-}
-
-fn q8_0(x: &[f32], out: &mut Vec<u8>) {
-    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    put_f16(out, d);
-    out.extend(x.iter().map(|v| (v * id).round() as i8 as u8));
 }
 
 /// Q4_K / Q5_K: per group of 32 an affine range `[−min, max]`, its scale and min quantized
