@@ -29,7 +29,7 @@ use fallow_runner::engine::footprint::KvPoolSize;
 use fallow_runner::engine::llm::EngineRequest;
 use fallow_runner::engine::model::{self, ModelArtifacts};
 use fallow_runner::engine::runtime::{load, Device, LoadOptions};
-use fallow_runner::engine::sampler::TokenDraw;
+use fallow_runner::engine::sampler::{Sampled, TokenDraw};
 use fallow_scheduler::job::Sampling;
 
 /// bf16 weights and activations on CUDA against the CPU backend's f32 activations on the
@@ -577,7 +577,8 @@ fn greedy_tokens_picked_on_the_device_are_the_argmax_of_the_logits() {
         .iter()
         .map(|r| fallow_runner::engine::sampler::argmax(r))
         .collect();
-    assert_eq!(step.picked, want);
+    let picked: Vec<u32> = step.picked.iter().map(|p| p.token).collect();
+    assert_eq!(picked, want);
     assert_eq!(step.logits, rows[1].to_vec());
 }
 
@@ -608,6 +609,8 @@ fn tokens_drawn_on_the_device_are_the_host_definitions_draws_from_the_same_logit
                 top_p,
                 min_p,
                 u: (u + round as f32 * 0.01).min(0.99),
+                // Some rows report logprobs too.
+                logprobs: (top_k > 10).then_some(5),
             })
             .collect();
         let batch = |draw: bool| -> Vec<SeqSlice<'_>> {
@@ -631,19 +634,30 @@ fn tokens_drawn_on_the_device_are_the_host_definitions_draws_from_the_same_logit
         let (_, mut b) = backends(&artifacts);
         let logits = a.forward(&batch(false)).expect("logits");
         let step = b.forward_step(&batch(true)).expect("draws");
-        let want: Vec<u32> = logits
+        let want: Vec<Sampled> = logits
             .chunks_exact(vocab)
             .zip(&draws)
-            .map(|(row, d)| d.pick(row))
+            .map(|(row, d)| d.draw(row))
             .collect();
         // exp on the device and on the host may round a weight differently: a draw landing
         // within that rounding of a boundary may pick the neighbour. Count, do not demand.
-        mismatches += step
-            .picked
-            .iter()
-            .zip(&want)
-            .filter(|(g, w)| g != w)
-            .count();
+        for (g, w) in step.picked.iter().zip(&want) {
+            if g.token != w.token {
+                mismatches += 1;
+                continue;
+            }
+            if let (Some(gl), Some(wl)) = (g.logprob, w.logprob) {
+                assert!((gl - wl).abs() < 1e-3, "logprob {gl} vs {wl}");
+            }
+            assert_eq!(g.top.len(), w.top.len(), "as many alternatives");
+            for ((gt, glp), (wt, wlp)) in g.top.iter().zip(&w.top) {
+                assert_eq!(gt, wt, "the same alternatives");
+                assert!(
+                    (glp - wlp).abs() < 1e-3,
+                    "alternative logprob {glp} vs {wlp}"
+                );
+            }
+        }
     }
     eprintln!("device draws differing from the host definition: {mismatches} of 18");
     assert!(mismatches <= 1, "{mismatches} of 18 device draws differ");

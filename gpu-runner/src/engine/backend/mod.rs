@@ -7,7 +7,7 @@ pub mod cpu;
 pub mod cuda;
 
 use crate::engine::model::ModelConfig;
-use crate::engine::sampler::TokenDraw;
+use crate::engine::sampler::{Sampled, TokenDraw};
 
 /// Which logits a sequence wants back from a forward pass.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -34,11 +34,12 @@ impl LogitsMode {
 }
 
 /// What one step returns: the logits rows of `Last`/`All` sequences and the token picked
-/// for every `Argmax` or `Draw` sequence, each in batch order.
+/// (with logprobs when a draw asked) for every `Argmax` or `Draw` sequence, each in batch
+/// order.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct StepOutput {
     pub logits: Vec<f32>,
-    pub picked: Vec<u32>,
+    pub picked: Vec<Sampled>,
 }
 
 /// One sequence's share of a forward step.
@@ -134,9 +135,9 @@ pub fn forward_step_on_host<B: Backend + ?Sized>(
                 BackendError::Failure("backend returned too few logits rows".into())
             })?;
             if let LogitsMode::Draw(draw) = seq.logits {
-                out.picked.push(draw.pick(row));
+                out.picked.push(draw.draw(row));
             } else if seq.logits == LogitsMode::Argmax {
-                out.picked.push(crate::engine::sampler::argmax(row));
+                out.picked.push(TokenDraw::GREEDY.draw(row));
             } else {
                 out.logits.extend_from_slice(row);
             }

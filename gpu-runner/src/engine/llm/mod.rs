@@ -272,7 +272,7 @@ impl LlmEngine {
         for (entry, mode) in step.seqs.iter().zip(modes) {
             let row = match mode {
                 LogitsMode::Last => logits_rows.next().map(Row::Logits),
-                LogitsMode::Argmax | LogitsMode::Draw(_) => picked.next().map(|&t| Row::Picked(t)),
+                LogitsMode::Argmax | LogitsMode::Draw(_) => picked.next().map(Row::Picked),
                 LogitsMode::None | LogitsMode::All => continue,
             };
             let row = row.ok_or_else(|| {

@@ -8,8 +8,8 @@ use crate::engine::sampler::Sampled;
 pub(super) enum Row<'a> {
     /// Its logits, to sample from.
     Logits(&'a [f32]),
-    /// Its token, already picked by the backend (greedy or drawn).
-    Picked(u32),
+    /// Its token, already picked by the backend (greedy or drawn, with logprobs if asked).
+    Picked(&'a Sampled),
 }
 
 impl LlmEngine {
@@ -25,7 +25,7 @@ impl LlmEngine {
             return Ok(None);
         };
         let sampled = match (row, drawn) {
-            (Row::Picked(token), _) => self.sampler.take_picked(*token, &mut choice.sampler),
+            (Row::Picked(picked), _) => self.sampler.take_picked(picked, &mut choice.sampler),
             (Row::Logits(_), Some(sampled)) => sampled,
             (Row::Logits(_), None) => {
                 return Err(EngineError::Internal(format!(

@@ -242,7 +242,8 @@ fn outputs_do_not_depend_on_batch_composition() {
 }
 
 /// On a backend that draws, only sequences whose draw needs nothing but the raw logits are
-/// sent as draws; the others still get their logits (here: logprobs, a logit bias).
+/// sent as draws (logprobs come back with them); the others still get their logits (here:
+/// a logit bias).
 #[test]
 fn a_drawing_backend_draws_only_what_needs_no_processing_on_the_host() {
     let drawn = Arc::new(AtomicUsize::new(0));
@@ -269,8 +270,8 @@ fn a_drawing_backend_draws_only_what_needs_no_processing_on_the_host() {
     let outputs = run_all(&mut e);
     assert_eq!(
         drawn.load(Ordering::Relaxed),
-        0,
-        "neither was drawn remotely"
+        5,
+        "the logprobs request was drawn remotely, the biased one not"
     );
     assert!(outputs
         .iter()
@@ -280,7 +281,7 @@ fn a_drawing_backend_draws_only_what_needs_no_processing_on_the_host() {
     let outputs = run_all(&mut e);
     assert_eq!(
         drawn.load(Ordering::Relaxed),
-        5,
+        10,
         "one draw per generated token"
     );
     // A peak of 10 over 27 other tokens: the successor, almost surely.

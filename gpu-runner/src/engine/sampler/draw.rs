@@ -7,10 +7,11 @@
 //! `softmax(logits / temperature)` restricted to a prefix of the tokens ordered by falling
 //! probability (ties by id): those of at least `min_p` of the best one's probability, the
 //! first `top_k` of them, then the fewest whose mass reaches `top_p` of theirs. Then `u`
-//! picks among the prefix in token order, by weight (inverse CDF).
+//! picks among the prefix in token order, by weight (inverse CDF). With `logprobs` the
+//! backend also returns the token's logprob and the best alternatives, as the host sampler
+//! reports them (log-softmax of the raw logits, before temperature and truncation).
 
-use super::argmax;
-use super::GREEDY_TEMPERATURE;
+use super::{argmax, logprobs, Sampled, GREEDY_TEMPERATURE, MAX_TOP_LOGPROBS};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TokenDraw {
@@ -21,6 +22,9 @@ pub struct TokenDraw {
     pub min_p: f32,
     /// Uniform in [0, 1).
     pub u: f32,
+    /// `Some(n)`: the token's logprob and the `n` (at most [`MAX_TOP_LOGPROBS`]) most
+    /// likely tokens' are wanted too.
+    pub logprobs: Option<u8>,
 }
 
 impl TokenDraw {
@@ -31,7 +35,31 @@ impl TokenDraw {
         top_p: 1.0,
         min_p: 0.0,
         u: 0.0,
+        logprobs: None,
     };
+
+    /// The token this draw picks from a row of raw logits, with its logprobs when asked.
+    pub fn draw(&self, logits: &[f32]) -> Sampled {
+        let token = self.pick(logits);
+        let Some(n) = self.logprobs else {
+            return Sampled {
+                token,
+                logprob: None,
+                top: Vec::new(),
+            };
+        };
+        let clean: Vec<f32> = logits
+            .iter()
+            .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l })
+            .collect();
+        let norm = logprobs::log_normaliser(&clean);
+        let n = usize::from(n).min(MAX_TOP_LOGPROBS);
+        Sampled {
+            token,
+            logprob: Some(logprobs::logprob_of(&clean, norm, token)),
+            top: logprobs::top_n(&clean, norm, n, &mut Vec::new()),
+        }
+    }
 
     /// The token this draw picks from a row of raw logits (NaN never picked).
     pub fn pick(&self, logits: &[f32]) -> u32 {

@@ -113,28 +113,37 @@ impl SeqSampler {
     /// penalties).
     /// Such a sequence can take its token from the device ([`Sampler::take_picked`]).
     pub fn only_needs_argmax(&self) -> bool {
-        self.is_greedy() && self.draws_from_raw_logits()
+        self.is_greedy() && !self.params.logprobs && self.draws_from_raw_logits()
     }
 
-    /// For a sampled sequence whose draw needs nothing but its raw logits (no logprobs,
-    /// grammar mask, bias, `min_tokens` masking or penalties), so that a backend can draw
-    /// it where the logits are: the draw, with its uniform number taken from the sequence's
-    /// own RNG. The token is then recorded with [`Sampler::take_picked`].
+    /// For a sequence whose draw needs nothing but its raw logits (no grammar mask, bias,
+    /// `min_tokens` masking or penalties) and more than their argmax (it samples, or wants
+    /// logprobs), so that a backend can draw it where the logits are: the draw, its uniform
+    /// number taken from the sequence's own RNG when it samples. The result is then
+    /// recorded with [`Sampler::take_picked`].
     pub fn remote_draw(&mut self) -> Option<TokenDraw> {
-        if self.is_greedy() || !self.draws_from_raw_logits() {
+        if self.only_needs_argmax() || !self.draws_from_raw_logits() {
             return None;
         }
+        let p = &self.params;
         Some(TokenDraw {
-            temperature: self.params.temperature,
-            top_k: self.params.top_k,
-            top_p: self.params.top_p,
-            min_p: self.params.min_p,
-            u: self.rng.gen::<f32>(),
+            temperature: if self.is_greedy() { 0.0 } else { p.temperature },
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            u: if self.is_greedy() {
+                0.0
+            } else {
+                self.rng.gen::<f32>()
+            },
+            logprobs: p
+                .logprobs
+                .then(|| p.top_logprobs.min(MAX_TOP_LOGPROBS as u32) as u8),
         })
     }
 
     fn draws_from_raw_logits(&self) -> bool {
-        !self.params.logprobs && self.params.constraint.is_none() && penalties::change_nothing(self)
+        self.params.constraint.is_none() && penalties::change_nothing(self)
     }
 
     fn record(&mut self, token: u32) {
@@ -156,16 +165,11 @@ impl Sampler {
         Self::default()
     }
 
-    /// Records `token`, which a backend picked for a sequence that
-    /// [`SeqSampler::only_needs_argmax`] or drew for one with
-    /// [`SeqSampler::uniform_for_remote_draw`].
-    pub fn take_picked(&mut self, token: u32, seq: &mut SeqSampler) -> Sampled {
-        seq.record(token);
-        Sampled {
-            token,
-            logprob: None,
-            top: Vec::new(),
-        }
+    /// Records what a backend picked for a sequence that [`SeqSampler::only_needs_argmax`]
+    /// or drew for one with [`SeqSampler::remote_draw`].
+    pub fn take_picked(&mut self, picked: &Sampled, seq: &mut SeqSampler) -> Sampled {
+        seq.record(picked.token);
+        picked.clone()
     }
 
     /// Picks the next token of `seq` from one row of raw model logits and records it in the

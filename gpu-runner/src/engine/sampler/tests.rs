@@ -283,7 +283,14 @@ fn only_plain_greedy_sequences_can_take_their_token_from_the_device() {
     p.min_tokens = 1;
     let mut s = seq(&p);
     assert!(!s.only_needs_argmax());
-    Sampler::new().take_picked(4, &mut s);
+    Sampler::new().take_picked(
+        &Sampled {
+            token: 4,
+            logprob: None,
+            top: Vec::new(),
+        },
+        &mut s,
+    );
     assert!(s.only_needs_argmax());
 }
 
@@ -321,7 +328,24 @@ fn sampled_sequences_with_untouched_logits_can_be_drawn_elsewhere_with_their_own
         seq(&p).remote_draw().is_some()
     };
     assert!(!with(|p| p.temperature = 0.0), "greedy goes by argmax");
-    assert!(!with(|p| p.logprobs = true), "logprobs need the row");
+    let logprobs = Sampling {
+        logprobs: true,
+        top_logprobs: 50,
+        ..sampled.clone()
+    };
+    assert_eq!(
+        seq(&logprobs).remote_draw().and_then(|d| d.logprobs),
+        Some(20),
+        "logprobs come along, at most 20 alternatives"
+    );
+    let greedy_logprobs = Sampling {
+        temperature: 0.0,
+        ..logprobs.clone()
+    };
+    let d = seq(&greedy_logprobs)
+        .remote_draw()
+        .expect("greedy with logprobs");
+    assert_eq!((d.temperature, d.u), (0.0, 0.0));
     assert!(!with(|p| {
         p.logit_bias.insert(3, 1.0);
     }));

@@ -7,10 +7,11 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::attention_split::{head_blocks, AttentionSplit};
-use super::step::addr;
+use super::step::{addr, LOGPROB_STRIDE};
 use super::{rope_style_code, CudaBackend, CudaError};
 use crate::engine::backend::StepOutput;
 use crate::engine::model::Activation;
+use crate::engine::sampler::Sampled;
 
 /// Threads per block of the row-wise kernels: one block per token row, so a decode step of
 /// one sequence is one block; the widest block keeps its per-thread loop short.
@@ -353,7 +354,8 @@ impl CudaBackend {
                 full as i32,
                 vocab,
                 self.inputs.at(self.inputs.pick_params),
-                ids
+                ids,
+                addr(&self.scratch.picked_logprobs)
             )?;
         }
         Ok(())
@@ -370,7 +372,20 @@ impl CudaBackend {
                 Some(buf) => buf.read(&self.stream, picked)?,
                 None => return Err(CudaError::Failure("picked-token buffer missing".into())),
             };
-            out.picked = tokens.into_iter().map(|t| t as u32).collect();
+            let wants_logprobs = self.layout.draws.iter().any(|d| d.logprobs.is_some());
+            let logprobs = match &self.scratch.picked_logprobs {
+                Some(buf) if wants_logprobs => buf.read(&self.stream, picked * LOGPROB_STRIDE)?,
+                _ => Vec::new(),
+            };
+            out.picked = tokens
+                .iter()
+                .zip(&self.layout.draws)
+                .enumerate()
+                .map(|(r, (&token, draw))| {
+                    let row = logprobs.get(r * LOGPROB_STRIDE..(r + 1) * LOGPROB_STRIDE);
+                    picked_row(token as u32, draw.logprobs, row, vocab)
+                })
+                .collect();
         }
         if full > 0 {
             out.logits = match &self.scratch.logits {
@@ -379,5 +394,32 @@ impl CudaBackend {
             };
         }
         Ok(out)
+    }
+}
+
+/// A picked row as the sampler reports it: the token, and with `logprobs = Some(n)` its
+/// logprob and the `n` best alternatives (of a `vocab`) from the row `pick_rows` wrote.
+pub(super) fn picked_row(
+    token: u32,
+    logprobs: Option<u8>,
+    row: Option<&[f32]>,
+    vocab: usize,
+) -> Sampled {
+    let (Some(n), Some(row)) = (logprobs, row) else {
+        return Sampled {
+            token,
+            logprob: None,
+            top: Vec::new(),
+        };
+    };
+    let top = row[1..]
+        .chunks_exact(2)
+        .take(usize::from(n).min(vocab))
+        .map(|pair| (pair[0].to_bits(), pair[1]))
+        .collect();
+    Sampled {
+        token,
+        logprob: Some(row[0]),
+        top,
     }
 }

@@ -7,11 +7,13 @@ use half::bf16;
 
 use super::attention_split::{head_blocks, AttentionSplit};
 use super::emulator::{Arg, Emulator};
+use super::step::{pick_params, LOGPROB_STRIDE};
 use super::weights::quant_kernels;
 use crate::engine::backend::cpu::rope::{inv_freqs, RopeTable};
 use crate::engine::model::{RopeScaling, RopeStyle};
 use crate::engine::quant::tests::{raw_blocks, Rng};
 use crate::engine::quant::{GgmlType, QMatrix, TensorBytes};
+use crate::engine::sampler::Sampled;
 use crate::engine::sampler::TokenDraw;
 
 /// A small deterministic generator (xorshift) of values in [-1, 1).
@@ -434,31 +436,22 @@ fn gemv_matches_a_plain_matrix_product_for_every_row_count() {
     }
 }
 
-/// Runs pick_rows over `rows` (each `vocab` wide, after `first` logit rows that it must not
-/// touch) with `draws`, on blocks of `threads`.
+/// Runs pick_rows over `rows` (each `vocab` wide, after a logit row that it must not touch)
+/// with `draws`, on blocks of `threads`: the picks as the backend reports them.
 fn emulated_picks(
     emu: &Emulator,
     rows: &[Vec<f32>],
     draws: &[TokenDraw],
     threads: u32,
-) -> Vec<i32> {
+) -> Vec<Sampled> {
     let vocab = rows[0].len();
     let first = 1;
-    let mut logits = vec![7.0f32; vocab]; // a full-logit row before the picked ones
+    let mut logits = vec![7.0f32; vocab];
     logits.extend(rows.iter().flatten());
-    let mut params: Vec<i32> = draws
-        .iter()
-        .flat_map(|d| {
-            [
-                d.temperature.to_bits() as i32,
-                d.top_k as i32,
-                d.top_p.to_bits() as i32,
-                d.min_p.to_bits() as i32,
-                d.u.to_bits() as i32,
-            ]
-        })
-        .collect();
+    let before = logits.clone();
+    let mut params: Vec<i32> = draws.iter().flat_map(pick_params).collect();
     let mut ids = vec![-1i32; rows.len()];
+    let mut logprobs = vec![f32::NAN; rows.len() * LOGPROB_STRIDE];
     emu.launch(
         "pick_rows",
         (rows.len() as u32, 1, 1),
@@ -469,13 +462,22 @@ fn emulated_picks(
             Arg::I32(vocab as i32),
             Arg::buf(&mut params),
             Arg::buf(&mut ids),
+            Arg::buf(&mut logprobs),
         ],
     );
+    let same = |a: &f32, b: &f32| a.to_bits() == b.to_bits();
     assert!(
-        logits[..vocab].iter().all(|&l| l == 7.0),
-        "the logit row is untouched"
+        logits.iter().zip(&before).all(|(a, b)| same(a, b)),
+        "the rows are untouched"
     );
-    ids
+    ids.iter()
+        .zip(draws)
+        .enumerate()
+        .map(|(r, (&id, d))| {
+            let row = &logprobs[r * LOGPROB_STRIDE..(r + 1) * LOGPROB_STRIDE];
+            super::forward::picked_row(id as u32, d.logprobs, Some(row), vocab)
+        })
+        .collect()
 }
 
 #[test]
@@ -489,8 +491,12 @@ fn pick_rows_takes_the_first_largest_logit_for_greedy_rows_and_never_nan() {
     rows[1][2500] = 9.0;
     rows[1][3] = f32::NAN;
     rows[2].fill(f32::NAN); // nothing but NaN: token 0
-    let ids = emulated_picks(emu, &rows, &[TokenDraw::GREEDY; 3], 1024);
+    let picks = emulated_picks(emu, &rows, &[TokenDraw::GREEDY; 3], 1024);
+    let ids: Vec<u32> = picks.iter().map(|p| p.token).collect();
     assert_eq!(ids, vec![2999, 17, 0]);
+    assert!(picks
+        .iter()
+        .all(|p| p.logprob.is_none() && p.top.is_empty()));
 }
 
 #[test]
@@ -530,6 +536,7 @@ fn pick_rows_draws_what_the_host_definition_draws() {
                 top_p,
                 min_p,
                 u,
+                logprobs: None,
             });
         }
     }
@@ -546,17 +553,68 @@ fn pick_rows_draws_what_the_host_definition_draws() {
                 top_p,
                 min_p: 0.0,
                 u,
+                logprobs: None,
             });
         }
     }
-    let want: Vec<i32> = rows
+    let want: Vec<u32> = rows
         .iter()
         .zip(&draws)
-        .map(|(row, d)| d.pick(row) as i32)
+        .map(|(row, d)| d.pick(row))
         .collect();
     let got = emulated_picks(emu, &rows, &draws, 256);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(g, w, "row {i}: {:?}", draws[i]);
+        assert_eq!(g.token, *w, "row {i}: {:?}", draws[i]);
+    }
+}
+
+#[test]
+fn pick_rows_reports_the_logprobs_the_host_sampler_reports() {
+    let Some(emu) = Emulator::get() else { return };
+    let vocab = 700usize;
+    let mut values = Values(5);
+    let mut rows = Vec::new();
+    let mut draws = Vec::new();
+    for (i, (temperature, n)) in [(0.0, 0u8), (0.0, 5), (1.0, 20), (0.7, 3)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut row: Vec<f32> = values.vec(vocab).iter().map(|v| v * 6.0).collect();
+        // Ties among the best (the lower id first), NaN and −∞ tokens.
+        row[40] = 9.0;
+        row[30] = 9.0;
+        row[3] = f32::NAN;
+        row[4] = f32::NEG_INFINITY;
+        if i == 3 {
+            row.iter_mut().skip(10).for_each(|l| *l = f32::NEG_INFINITY);
+        }
+        rows.push(row);
+        draws.push(TokenDraw {
+            temperature,
+            u: 0.42,
+            logprobs: Some(n),
+            ..TokenDraw::GREEDY
+        });
+    }
+    let got = emulated_picks(emu, &rows, &draws, 256);
+    for (i, (row, d)) in rows.iter().zip(&draws).enumerate() {
+        let want = d.draw(row);
+        let g = &got[i];
+        assert_eq!(g.token, want.token, "row {i}");
+        let (gl, wl) = (
+            g.logprob.expect("a logprob"),
+            want.logprob.expect("a logprob"),
+        );
+        assert!((gl - wl).abs() <= 1e-4, "row {i}: logprob {gl}, want {wl}");
+        assert_eq!(g.top.len(), want.top.len(), "row {i}");
+        for ((gt, glp), (wt, wlp)) in g.top.iter().zip(&want.top) {
+            assert_eq!(
+                gt, wt,
+                "row {i}: alternatives {:?}, want {:?}",
+                g.top, want.top
+            );
+            assert!((glp - wlp).abs() <= 1e-4, "row {i}: {glp} vs {wlp}");
+        }
     }
 }
 

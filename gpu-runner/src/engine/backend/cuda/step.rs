@@ -11,7 +11,7 @@ use super::CudaError;
 use crate::engine::backend::batch::BatchLayout;
 use crate::engine::backend::SeqSlice;
 use crate::engine::model::ModelConfig;
-use crate::engine::sampler::TokenDraw;
+use crate::engine::sampler::{TokenDraw, MAX_TOP_LOGPROBS};
 
 /// Offsets (in i32 elements) of each index array inside the uploaded step buffer.
 #[derive(Default)]
@@ -36,10 +36,14 @@ pub struct StepInputs {
 }
 
 /// Values per picked row of `pick_rows` (PICK_PARAMS in kernels.cu): temperature, top-k,
-/// top-p, min-p, u.
-pub const PICK_PARAMS: usize = 5;
+/// top-p, min-p, u, top logprobs (−1: no logprobs).
+pub const PICK_PARAMS: usize = 6;
 
-fn pick_params(d: &TokenDraw) -> [i32; PICK_PARAMS] {
+/// Floats per picked row of `pick_rows`' logprobs (LOGPROB_STRIDE in kernels.cu): the
+/// token's, then (id bits, logprob) of up to [`MAX_TOP_LOGPROBS`] alternatives.
+pub const LOGPROB_STRIDE: usize = 1 + 2 * MAX_TOP_LOGPROBS;
+
+pub(super) fn pick_params(d: &TokenDraw) -> [i32; PICK_PARAMS] {
     let bits = |x: f32| x.to_bits() as i32;
     [
         bits(d.temperature),
@@ -47,6 +51,7 @@ fn pick_params(d: &TokenDraw) -> [i32; PICK_PARAMS] {
         bits(d.top_p),
         bits(d.min_p),
         bits(d.u),
+        d.logprobs.map_or(-1, i32::from),
     ]
 }
 
@@ -288,6 +293,8 @@ pub struct Scratch {
     pub logits: Option<DeviceBuf<f32>>,
     /// The token of each picked row.
     pub picked: Option<DeviceBuf<i32>>,
+    /// `[picked rows, LOGPROB_STRIDE]` logprobs of the picked rows that want them.
+    pub picked_logprobs: Option<DeviceBuf<f32>>,
     /// Split-K attention's partial results `[n, n_heads, splits, 2 + head_dim]` f32.
     pub partial: Option<DeviceBuf<f32>>,
 }
@@ -332,6 +339,7 @@ impl Scratch {
             grow(&mut self.head_in, stream, rows * c.hidden)?,
             grow(&mut self.logits, stream, rows * c.vocab_size)?,
             grow(&mut self.picked, stream, rows)?,
+            grow(&mut self.picked_logprobs, stream, rows * LOGPROB_STRIDE)?,
             grow(
                 &mut self.partial,
                 stream,
