@@ -37,7 +37,7 @@ fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {
 /// to a local first: the builder keeps their addresses until the launch), timed when
 /// profiling ([`super::profile`]).
 macro_rules! launch {
-    ($self:ident, $name:literal, $cfg:expr, $($arg:expr),+ $(,)?) => {{
+    ($self:ident, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
         let started = $self.profiler.start(&$self.ctx, &$self.stream)?;
         let f = $self.kernels.get($name);
         let mut b = $self.stream.launch_builder(f);
@@ -161,9 +161,15 @@ impl CudaBackend {
         let window = c.layer_window(layer);
         let split = self.attention_split(window, n);
         let partial = addr(&s.partial);
+        let kernel = match c.head_dim.div_ceil(32) {
+            1 => "paged_attention_1",
+            2 => "paged_attention_2",
+            3 | 4 => "paged_attention_4",
+            _ => "paged_attention_8",
+        };
         launch!(
             self,
-            "paged_attention",
+            kernel,
             LaunchConfig {
                 grid_dim: (
                     n as u32,

@@ -194,8 +194,14 @@ fn emulated_attention(
     let n = step.tokens();
     let mut out = vec![0u16; n * n_heads * hd];
     let mut partial = vec![0f32; n * n_heads * split.splits * (hd + 2)];
+    let kernel = [
+        "paged_attention_1",
+        "paged_attention_2",
+        "paged_attention_4",
+        "paged_attention_8",
+    ][hd.div_ceil(32).next_power_of_two().trailing_zeros() as usize];
     emu.launch(
-        "paged_attention",
+        kernel,
         (
             n as u32,
             head_blocks(n_heads, n_kv) as u32,
@@ -250,6 +256,7 @@ fn paged_attention_matches_plain_attention_whole_and_split_over_the_keys() {
         (4, 1, 256, 0.0, 0),  // Gemma 3 270M: one KV head, head_dim 256
         (4, 1, 256, 30.0, 0), // soft-capped scores
         (8, 8, 48, 0.0, 37),  // multi-head, head_dim not a multiple of 32, sliding window
+        (8, 2, 128, 0.0, 0),  // Llama-3 8B's head_dim and groups of 4
     ];
     // Decodes at positions 0, 40 and 150, and a prefill chunk of 5 after 20 cached tokens.
     let seqs = [(0, 1), (40, 1), (150, 1), (20, 5)];

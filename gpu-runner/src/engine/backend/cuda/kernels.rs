@@ -12,12 +12,15 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 pub const SOURCE: &str = concat!(include_str!("kernels.cu"), include_str!("quant.cu"));
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 26] = [
+pub const NAMES: [&str; 29] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
     "qkv_prepare",
-    "paged_attention",
+    "paged_attention_1",
+    "paged_attention_2",
+    "paged_attention_4",
+    "paged_attention_8",
     "attention_merge",
     "gated_act",
     "softcap",
@@ -49,6 +52,32 @@ pub fn compile_ptx(arch: &'static str) -> Result<Ptx, String> {
         ..CompileOptions::default()
     };
     cudarc::nvrtc::compile_ptx_with_opts(SOURCE, options).map_err(|e| format!("NVRTC: {e}"))
+}
+
+/// ptxas's resource report (`Used N registers`, spills) for every kernel, compiled to
+/// machine code for `arch` (e.g. `sm_90`): what a GPU would run, checkable without one.
+pub fn resource_report(arch: &str) -> Result<String, String> {
+    use cudarc::nvrtc::result;
+    let source = std::ffi::CString::new(SOURCE).map_err(|e| e.to_string())?;
+    let prog = result::create_program(&source, None).map_err(|e| format!("NVRTC: {e}"))?;
+    let options = [
+        "--std=c++17".to_string(),
+        "-default-device".to_string(),
+        format!("--gpu-architecture={arch}"),
+        "--ptxas-options=-v".to_string(),
+    ];
+    // SAFETY: `prog` was just created and is destroyed once, below.
+    let compiled = unsafe { result::compile_program(prog, &options) };
+    // SAFETY: as above.
+    let log = unsafe { result::get_program_log(prog) }.map_err(|e| format!("NVRTC: {e}"));
+    // SAFETY: as above; nothing uses `prog` after this.
+    let _ = unsafe { result::destroy_program(prog) };
+    let log: Vec<u8> = log?.into_iter().map(|c| c as u8).collect();
+    let log = String::from_utf8_lossy(&log)
+        .trim_end_matches('\0')
+        .to_string();
+    compiled.map_err(|e| format!("NVRTC ({arch}): {e}\n{log}"))?;
+    Ok(log)
 }
 
 /// Whether NVRTC's library can be loaded here (the PTX test skips without it).
@@ -136,6 +165,38 @@ mod tests {
                     "{arch}: kernel {name} missing from the PTX"
                 );
             }
+        }
+    }
+
+    /// No kernel spills registers to local memory on Ampere or Hopper (ptxas, through
+    /// NVRTC, reports it without a GPU): a spill in a hot loop costs more than any tuning.
+    #[test]
+    fn no_kernel_spills_registers_on_sm_80_or_sm_90() {
+        if !nvrtc_available() {
+            eprintln!("SKIPPED: libnvrtc.so.13 not found (see the PTX test)");
+            return;
+        }
+        for arch in ["sm_80", "sm_90"] {
+            let report = resource_report(arch).unwrap_or_else(|e| panic!("{e}"));
+            let mut kernel = "?";
+            let mut seen = 0;
+            for line in report.lines() {
+                if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+                    kernel = rest.split('\'').next().unwrap_or("?");
+                    seen += 1;
+                }
+                if line.contains("spill stores") {
+                    assert!(
+                        line.contains(" 0 bytes spill stores")
+                            && line.contains(" 0 bytes spill loads"),
+                        "{arch}: {kernel} spills registers: {line}"
+                    );
+                }
+            }
+            assert!(
+                seen >= NAMES.len(),
+                "{arch}: ptxas reported {seen} kernels:\n{report}"
+            );
         }
     }
 }
