@@ -5,7 +5,7 @@
 //! instead and a merge kernel combines the partial softmaxes, so that a long context of one
 //! sequence is read by the whole GPU at once.
 
-/// Query heads one attention block serves (`ATTN_HEADS` in kernels.cu).
+/// Query heads one attention block serves (`ATTN_HEADS` in attention.cu).
 pub const HEADS_PER_BLOCK: usize = 4;
 /// Fewer keys than this per block do not repay the partial results' round trip.
 const MIN_PARTITION: usize = 256;

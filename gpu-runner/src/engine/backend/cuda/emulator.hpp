@@ -1,5 +1,5 @@
-// Runs Fallow's CUDA kernels (kernels.cu, unchanged) on the CPU, so that their arithmetic is
-// tested on machines without a GPU; see emulator.rs. Only what kernels.cu uses is provided.
+// Runs Fallow's CUDA kernels (the .cu sources, unchanged) on the CPU, so that their arithmetic
+// is tested on machines without a GPU; see emulator.rs. Only what the kernels use is provided.
 //
 // Model: one block at a time; each of its threads is a fiber (its own stack, switched by
 // hand on x86-64, by ucontext elsewhere) on the calling OS thread, so `__shared__` can be a

@@ -1,5 +1,5 @@
-//! The CUDA kernels run on the CPU, for tests on machines without a GPU. `kernels.cu` is
-//! compiled unchanged as C++ with `emulator.hpp` (thread and block indices, barriers, warp
+//! The CUDA kernels run on the CPU, for tests on machines without a GPU. The kernel sources
+//! ([`super::kernels::SOURCE`]) are compiled unchanged as C++ with `emulator.hpp` (thread and block indices, barriers, warp
 //! shuffles, shared memory; see its header) into a shared library, and each kernel is called
 //! with a grid and an argument list as `cuLaunchKernel` would be, on host buffers.
 //!
@@ -78,7 +78,7 @@ impl Emulator {
             .collect();
         let grid = [grid.0, grid.1, grid.2];
         let block = [threads, 1, 1];
-        // SAFETY: `f` was resolved from the library built from kernels.cu; the caller passes
+        // SAFETY: `f` was resolved from the library built from the kernel sources; the caller passes
         // the kernel's argument list, every pointer a live host buffer large enough for the
         // launch (the same contract as a device launch).
         let rc = unsafe { f(grid.as_ptr(), block.as_ptr(), pointers.as_ptr()) };
@@ -89,11 +89,11 @@ impl Emulator {
     }
 }
 
-/// Compiles kernels.cu with the prelude into a shared library (cached by content in the
+/// Compiles the kernel sources with the prelude into a shared library (cached by content in the
 /// temporary directory) and resolves one launcher per kernel; `None` without a compiler.
 fn build() -> Result<Option<Emulator>, String> {
     let mut source = String::from(PRELUDE);
-    source.push_str("\n#line 1 \"kernels.cu\"\n");
+    source.push_str("\n#line 1 \"kernels (kernels.cu + attention.cu + pick.cu + quant.cu)\"\n");
     source.push_str(SOURCE);
     source.push('\n');
     for name in NAMES {

@@ -18,7 +18,7 @@ use crate::engine::sampler::Sampled;
 const ROW_THREADS: u32 = 1024;
 /// Threads per block of elementwise kernels.
 const ELEMENT_THREADS: u32 = 256;
-/// Threads per block of the attention kernel (ATTN_WARPS in kernels.cu).
+/// Threads per block of the attention kernel (ATTN_WARPS in attention.cu).
 const ATTN_THREADS: u32 = 256;
 /// Threads per (token, head) block of `qkv_prepare`.
 const HEAD_THREADS: u32 = 64;
@@ -44,7 +44,7 @@ macro_rules! launch {
         launch!(@push b, $($arg),+);
         // SAFETY: every address comes from a live buffer sized for this step by
         // `Scratch::ensure` / `StepInputs::pack`, and the argument list matches the
-        // kernel's signature in kernels.cu.
+        // kernel's signature in its .cu file.
         let launched = unsafe { b.launch($cfg) }
             .map(|_| ())
             .map_err(|e| CudaError::Failure(format!("kernel {}: {e}", $name)));

@@ -8,8 +8,14 @@ use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
 /// The kernel source (also compiled by the PTX test on machines without a GPU): the step's
-/// kernels, then those that read GGUF block formats.
-pub const SOURCE: &str = concat!(include_str!("kernels.cu"), include_str!("quant.cu"));
+/// row kernels and GEMV with the helpers all share, attention, token picking, and the
+/// kernels that read GGUF block formats.
+pub const SOURCE: &str = concat!(
+    include_str!("kernels.cu"),
+    include_str!("attention.cu"),
+    include_str!("pick.cu"),
+    include_str!("quant.cu")
+);
 
 /// Every kernel the backend launches, by name.
 pub const NAMES: [&str; 29] = [

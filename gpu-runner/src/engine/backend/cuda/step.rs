@@ -35,11 +35,11 @@ pub struct StepInputs {
     pub picked_rows: usize,
 }
 
-/// Values per picked row of `pick_rows` (PICK_PARAMS in kernels.cu): temperature, top-k,
+/// Values per picked row of `pick_rows` (PICK_PARAMS in pick.cu): temperature, top-k,
 /// top-p, min-p, u, top logprobs (−1: no logprobs).
 pub const PICK_PARAMS: usize = 6;
 
-/// Floats per picked row of `pick_rows`' logprobs (LOGPROB_STRIDE in kernels.cu): the
+/// Floats per picked row of `pick_rows`' logprobs (LOGPROB_STRIDE in pick.cu): the
 /// token's, then (id bits, logprob) of up to [`MAX_TOP_LOGPROBS`] alternatives.
 pub const LOGPROB_STRIDE: usize = 1 + 2 * MAX_TOP_LOGPROBS;
 

@@ -64,7 +64,7 @@ pub enum Storage {
 /// Rows of a matrix in one GGUF block format, ggml's layout.
 pub struct QuantPart {
     pub dtype: GgmlType,
-    /// The format's decode product and its expansion to bf16 (kernels.cu's quant part).
+    /// The format's decode product and its expansion to bf16 (quant.cu).
     pub kernels: QuantKernels,
     pub rows: usize,
     pub buf: DeviceBuf<u8>,

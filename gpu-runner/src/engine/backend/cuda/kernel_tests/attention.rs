@@ -1,0 +1,361 @@
+//! Attention and what prepares it: paged attention (whole and split over the keys, with the
+//! merge) against plain softmax attention, and qkv_prepare against the CPU backend's RoPE.
+
+use super::{assert_close, from_bf16, Values};
+use crate::engine::backend::cpu::rope::{inv_freqs, RopeTable};
+use crate::engine::backend::cuda::attention_split::{head_blocks, AttentionSplit};
+use crate::engine::backend::cuda::emulator::{Arg, Emulator};
+use crate::engine::model::{RopeScaling, RopeStyle};
+
+/// The shape of one attention case.
+#[derive(Debug, Clone, Copy)]
+struct Heads {
+    n_heads: usize,
+    n_kv: usize,
+    head_dim: usize,
+    softcap: f32,
+    window: usize,
+}
+
+impl Heads {
+    fn qkv_width(&self) -> usize {
+        (self.n_heads + 2 * self.n_kv) * self.head_dim
+    }
+}
+
+/// One step over a paged cache: sequences `(cached tokens, new tokens)`, their blocks
+/// scattered over the pool.
+struct PagedStep {
+    block_size: usize,
+    positions: Vec<i32>,
+    token_seq: Vec<i32>,
+    block_tables: Vec<i32>,
+    max_blocks: usize,
+}
+
+impl PagedStep {
+    fn new(seqs: &[(usize, usize)], block_size: usize, num_blocks: usize) -> PagedStep {
+        let max_blocks = seqs
+            .iter()
+            .map(|&(cached, new)| (cached + new).div_ceil(block_size))
+            .max()
+            .unwrap_or(1);
+        // Blocks handed out backwards and interleaved, so that no table is contiguous.
+        let mut free: Vec<i32> = (0..num_blocks as i32).rev().collect();
+        free.sort_by_key(|b| (b % 3, -b));
+        let mut step = PagedStep {
+            block_size,
+            positions: Vec::new(),
+            token_seq: Vec::new(),
+            block_tables: Vec::new(),
+            max_blocks,
+        };
+        for (s, &(cached, new)) in seqs.iter().enumerate() {
+            let used = (cached + new).div_ceil(block_size);
+            for b in 0..max_blocks {
+                let block = if b < used {
+                    free.pop().expect("pool large enough")
+                } else {
+                    0
+                };
+                step.block_tables.push(block);
+            }
+            for p in cached..cached + new {
+                step.positions.push(p as i32);
+                step.token_seq.push(s as i32);
+            }
+        }
+        step
+    }
+
+    fn slot(&self, t: usize, pos: usize) -> usize {
+        let table = &self.block_tables[self.token_seq[t] as usize * self.max_blocks..];
+        table[pos / self.block_size] as usize * self.block_size + pos % self.block_size
+    }
+
+    fn tokens(&self) -> usize {
+        self.positions.len()
+    }
+}
+
+/// Softmax attention of token `t`'s query head `h` over its key range, in f64.
+fn reference_attention(
+    step: &PagedStep,
+    heads: Heads,
+    qkv: &[f32],
+    k_cache: &[u16],
+    v_cache: &[u16],
+    scale: f32,
+    (t, h): (usize, usize),
+) -> Vec<f32> {
+    let (hd, softcap, window) = (heads.head_dim, heads.softcap, heads.window);
+    let qkv_width = heads.qkv_width();
+    let kv_dim = heads.n_kv * hd;
+    let kvh = h / (heads.n_heads / heads.n_kv);
+    let pos = step.positions[t] as usize;
+    let lo = if window > 0 {
+        (pos + 1).saturating_sub(window)
+    } else {
+        0
+    };
+    let q = &qkv[t * qkv_width + h * hd..][..hd];
+    let rows: Vec<usize> = (lo..=pos)
+        .map(|j| step.slot(t, j) * kv_dim + kvh * hd)
+        .collect();
+    let scores: Vec<f64> = rows
+        .iter()
+        .map(|&r| {
+            let s: f64 = (0..hd)
+                .map(|d| (q[d] * scale) as f64 * from_bf16(k_cache[r + d]) as f64)
+                .sum();
+            if softcap > 0.0 {
+                softcap as f64 * (s / softcap as f64).tanh()
+            } else {
+                s
+            }
+        })
+        .collect();
+    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    (0..hd)
+        .map(|d| {
+            let sum: f64 = rows
+                .iter()
+                .zip(&weights)
+                .map(|(&r, w)| w * from_bf16(v_cache[r + d]) as f64)
+                .sum();
+            (sum / total) as f32
+        })
+        .collect()
+}
+
+/// Runs paged_attention (and the merge when split) for one step; returns `[tokens, n_heads,
+/// head_dim]`.
+#[allow(clippy::too_many_arguments)]
+fn emulated_attention(
+    emu: &Emulator,
+    step: &mut PagedStep,
+    heads: Heads,
+    qkv: &mut [f32],
+    k_cache: &mut [u16],
+    v_cache: &mut [u16],
+    scale: f32,
+    split: AttentionSplit,
+) -> Vec<f32> {
+    let (n_heads, n_kv, hd) = (heads.n_heads, heads.n_kv, heads.head_dim);
+    let n = step.tokens();
+    let mut out = vec![0u16; n * n_heads * hd];
+    let mut partial = vec![0f32; n * n_heads * split.splits * (hd + 2)];
+    let kernel = [
+        "paged_attention_1",
+        "paged_attention_2",
+        "paged_attention_4",
+        "paged_attention_8",
+    ][hd.div_ceil(32).next_power_of_two().trailing_zeros() as usize];
+    emu.launch(
+        kernel,
+        (
+            n as u32,
+            head_blocks(n_heads, n_kv) as u32,
+            split.splits as u32,
+        ),
+        256,
+        &[
+            Arg::buf(qkv),
+            Arg::I32(heads.qkv_width() as i32),
+            Arg::buf(k_cache),
+            Arg::buf(v_cache),
+            Arg::buf(&mut step.block_tables),
+            Arg::I32(step.max_blocks as i32),
+            Arg::buf(&mut step.token_seq),
+            Arg::buf(&mut step.positions),
+            Arg::buf(&mut out),
+            Arg::buf(&mut partial),
+            Arg::I32(n_heads as i32),
+            Arg::I32(n_kv as i32),
+            Arg::I32(hd as i32),
+            Arg::I32(step.block_size as i32),
+            Arg::F32(scale),
+            Arg::F32(heads.softcap),
+            Arg::I32(heads.window as i32),
+            Arg::I32(split.partition as i32),
+        ],
+    );
+    if split.splits > 1 {
+        emu.launch(
+            "attention_merge",
+            (n as u32, n_heads as u32, 1),
+            64,
+            &[
+                Arg::buf(&mut partial),
+                Arg::buf(&mut out),
+                Arg::I32(n_heads as i32),
+                Arg::I32(hd as i32),
+                Arg::I32(split.splits as i32),
+            ],
+        );
+    }
+    out.into_iter().map(from_bf16).collect()
+}
+
+#[test]
+fn paged_attention_matches_plain_attention_whole_and_split_over_the_keys() {
+    let Some(emu) = Emulator::get() else { return };
+    let cases = [
+        (4, 2, 16, 0.0, 0),   // the tiny fixtures
+        (9, 3, 64, 0.0, 0),   // SmolLM2: groups of 3
+        (14, 2, 32, 0.0, 0),  // groups of 7: two blocks per KV head
+        (4, 1, 256, 0.0, 0),  // Gemma 3 270M: one KV head, head_dim 256
+        (4, 1, 256, 30.0, 0), // soft-capped scores
+        (8, 8, 48, 0.0, 37),  // multi-head, head_dim not a multiple of 32, sliding window
+        (8, 2, 128, 0.0, 0),  // Llama-3 8B's head_dim and groups of 4
+    ];
+    // Decodes at positions 0, 40 and 150, and a prefill chunk of 5 after 20 cached tokens.
+    let seqs = [(0, 1), (40, 1), (150, 1), (20, 5)];
+    let (block_size, num_blocks) = (16, 64);
+    let mut values = Values(0x9e37_79b9_7f4a_7c15);
+    for (n_heads, n_kv, head_dim, softcap, window) in cases {
+        let heads = Heads {
+            n_heads,
+            n_kv,
+            head_dim,
+            softcap,
+            window,
+        };
+        let mut step = PagedStep::new(&seqs, block_size, num_blocks);
+        let n = step.tokens();
+        let kv_len = num_blocks * block_size * n_kv * head_dim;
+        let (mut k_cache, mut v_cache) = (values.bf16s(kv_len), values.bf16s(kv_len));
+        let mut qkv = values.vec(n * (n_heads + 2 * n_kv) * head_dim);
+        let scale = 1.0 / (head_dim as f32).sqrt() * 4.0; // sharp enough to matter
+        let want: Vec<f32> = (0..n)
+            .flat_map(|t| (0..n_heads).map(move |h| (t, h)))
+            .flat_map(|(t, h)| {
+                reference_attention(&step, heads, &qkv, &k_cache, &v_cache, scale, (t, h))
+            })
+            .collect();
+        let keys = step.max_blocks * block_size;
+        for partition in [usize::MAX, 32, 64] {
+            let split = if partition == usize::MAX {
+                AttentionSplit::WHOLE
+            } else {
+                AttentionSplit {
+                    splits: keys.div_ceil(partition),
+                    partition,
+                }
+            };
+            let got = emulated_attention(
+                emu,
+                &mut step,
+                heads,
+                &mut qkv,
+                &mut k_cache,
+                &mut v_cache,
+                scale,
+                split,
+            );
+            // bf16 output: 2^-8 relative to values below 1.
+            assert_close(&got, &want, 8e-3, &format!("{heads:?} {split:?}"));
+        }
+    }
+}
+
+#[test]
+fn qkv_prepare_adds_bias_normalises_rotates_and_stores_k_and_v() {
+    let Some(emu) = Emulator::get() else { return };
+    let (n_heads, n_kv, hd, eps) = (4usize, 2usize, 32usize, 1e-6f32);
+    let (q_dim, kv_dim) = (n_heads * hd, n_kv * hd);
+    let width = q_dim + 2 * kv_dim;
+    let positions = [0usize, 7, 300];
+    let slots = [5i32, 0, 11];
+    let mut values = Values(42);
+    for (style, with_norms) in [(RopeStyle::Neox, true), (RopeStyle::Interleaved, false)] {
+        let input = values.vec(positions.len() * width);
+        let mut bias = values.vec(width);
+        let mut q_norm: Vec<f32> = values.vec(hd).iter().map(|v| 1.0 + v / 2.0).collect();
+        let mut k_norm: Vec<f32> = values.vec(hd).iter().map(|v| 1.0 + v / 2.0).collect();
+        let mut inv_freq = inv_freqs(hd, 10000.0, RopeScaling::None, None);
+
+        // Reference: the CPU backend's order of operations.
+        let mut want = input.clone();
+        let mut table = RopeTable::default();
+        table.fill(&inv_freq, &positions);
+        for row in want.chunks_exact_mut(width) {
+            row.iter_mut().zip(&bias).for_each(|(v, b)| *v += b);
+            if with_norms {
+                for (h, head) in row[..q_dim + kv_dim].chunks_exact_mut(hd).enumerate() {
+                    let w = if h < n_heads { &q_norm } else { &k_norm };
+                    let ss: f32 = head.iter().map(|v| v * v).sum::<f32>() / hd as f32;
+                    let inv = 1.0 / (ss + eps).sqrt();
+                    head.iter_mut().zip(w).for_each(|(v, w)| *v *= inv * w);
+                }
+            }
+        }
+        let mut q_part: Vec<f32> = want
+            .chunks_exact(width)
+            .flat_map(|r| r[..q_dim].to_vec())
+            .collect();
+        let mut k_part: Vec<f32> = want
+            .chunks_exact(width)
+            .flat_map(|r| r[q_dim..q_dim + kv_dim].to_vec())
+            .collect();
+        table.apply(&mut q_part, n_heads, style);
+        table.apply(&mut k_part, n_kv, style);
+
+        let mut qkv = input.clone();
+        let mut positions_i32: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+        let mut slots_buf = slots.to_vec();
+        let cache_len = 16 * kv_dim;
+        let (mut k_cache, mut v_cache) = (vec![0u16; cache_len], vec![0u16; cache_len]);
+        let norm = |v: &mut Vec<f32>| if with_norms { Arg::buf(v) } else { Arg::Ptr(0) };
+        emu.launch(
+            "qkv_prepare",
+            (positions.len() as u32, (n_heads + 2 * n_kv) as u32, 1),
+            64,
+            &[
+                Arg::buf(&mut qkv),
+                Arg::buf(&mut bias),
+                norm(&mut q_norm),
+                norm(&mut k_norm),
+                Arg::buf(&mut inv_freq),
+                Arg::buf(&mut positions_i32),
+                Arg::buf(&mut slots_buf),
+                Arg::buf(&mut k_cache),
+                Arg::buf(&mut v_cache),
+                Arg::I32(n_heads as i32),
+                Arg::I32(n_kv as i32),
+                Arg::I32(hd as i32),
+                Arg::F32(eps),
+                Arg::I32(crate::engine::backend::cuda::rope_style_code(style)),
+            ],
+        );
+        for (t, &slot) in slots.iter().enumerate() {
+            let what = format!("{style:?} token {t}");
+            assert_close(
+                &qkv[t * width..t * width + q_dim],
+                &q_part[t * q_dim..(t + 1) * q_dim],
+                1e-4,
+                &format!("{what}: Q"),
+            );
+            let stored = |cache: &[u16]| -> Vec<f32> {
+                cache[slot as usize * kv_dim..][..kv_dim]
+                    .iter()
+                    .map(|&b| from_bf16(b))
+                    .collect()
+            };
+            assert_close(
+                &stored(&k_cache),
+                &k_part[t * kv_dim..(t + 1) * kv_dim],
+                2e-2,
+                &format!("{what}: K in the cache"),
+            );
+            assert_close(
+                &stored(&v_cache),
+                &want[t * width + q_dim + kv_dim..(t + 1) * width],
+                2e-2,
+                &format!("{what}: V in the cache"),
+            );
+        }
+    }
+}

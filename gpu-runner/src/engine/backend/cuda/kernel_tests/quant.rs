@@ -1,0 +1,109 @@
+//! The block-format kernels (quant.cu): expansion to bf16 and the dequantizing GEMV of every
+//! format against the host's dequantisation.
+
+use super::{assert_close, from_bf16, to_bf16, Values};
+use crate::engine::backend::cuda::emulator::{Arg, Emulator};
+use crate::engine::backend::cuda::weights::quant_kernels;
+use crate::engine::quant::tests::{raw_blocks, Rng};
+use crate::engine::quant::{GgmlType, QMatrix, TensorBytes};
+
+/// Random blocks of every format the device reads, as a `[rows, cols]` matrix.
+fn random_quantized(t: GgmlType, rows: usize, cols: usize, seed: u64) -> QMatrix {
+    let mut rng = Rng::new(seed);
+    let bytes = raw_blocks(&mut rng, t, rows * cols / t.block_elems());
+    QMatrix::new(t, rows, cols, TensorBytes::Owned(bytes)).expect("whole blocks")
+}
+
+/// Every block format the device reads.
+fn device_formats() -> impl Iterator<Item = GgmlType> {
+    GgmlType::ALL
+        .into_iter()
+        .filter(|&t| quant_kernels(t).is_some())
+}
+
+#[test]
+fn quantized_blocks_expand_on_the_device_as_the_host_dequantizes_them() {
+    let Some(emu) = Emulator::get() else { return };
+    let (rows, cols) = (3usize, 512usize);
+    for (i, t) in device_formats().enumerate() {
+        let m = random_quantized(t, rows, cols, 40 + i as u64);
+        let kernels = quant_kernels(t).expect("a device format");
+        let mut blocks = m.bytes().to_vec();
+        let mut out = vec![0u16; rows * cols];
+        let groups = rows * cols / 32;
+        emu.launch(
+            kernels.dequant,
+            (groups.div_ceil(128) as u32, 1, 1),
+            128,
+            &[
+                Arg::buf(&mut blocks),
+                Arg::buf(&mut out),
+                Arg::I32(rows as i32),
+                Arg::I32(cols as i32),
+            ],
+        );
+        let mut want = vec![0f32; cols];
+        for r in 0..rows {
+            m.dequantize_row(r, &mut want);
+            let want: Vec<f32> = want.iter().map(|&v| from_bf16(to_bf16(v))).collect();
+            let got: Vec<f32> = out[r * cols..(r + 1) * cols]
+                .iter()
+                .map(|&b| from_bf16(b))
+                .collect();
+            // The same value rounded to bf16, give or take the last bit (a·b+c vs a·(b+c')).
+            let tolerance = want.iter().fold(0f32, |a, v| a.max(v.abs())) / 128.0;
+            assert_close(&got, &want, tolerance, &format!("{t:?} row {r}"));
+        }
+    }
+}
+
+#[test]
+fn quantized_gemv_matches_a_product_with_the_host_dequantized_rows() {
+    let Some(emu) = Emulator::get() else { return };
+    // 19 rows (not a multiple of the 8 warps per block), written with a row stride of 27:
+    // the part sits among other rows of a stacked matrix.
+    let (rows, cols, ldo) = (19usize, 512usize, 27usize);
+    let mut values = Values(77);
+    for (i, t) in device_formats().enumerate() {
+        let m = random_quantized(t, rows, cols, 90 + i as u64);
+        let kernels = quant_kernels(t).expect("a device format");
+        let mut blocks = m.bytes().to_vec();
+        for n in [1usize, 3, 8] {
+            let mut x = values.bf16s(n * cols);
+            let mut out = vec![f32::NAN; n * ldo];
+            emu.launch(
+                kernels.gemv,
+                (rows.div_ceil(8) as u32, 1, 1),
+                256,
+                &[
+                    Arg::buf(&mut blocks),
+                    Arg::buf(&mut x),
+                    Arg::buf(&mut out),
+                    Arg::I32(rows as i32),
+                    Arg::I32(cols as i32),
+                    Arg::I32(n as i32),
+                    Arg::I32(ldo as i32),
+                ],
+            );
+            let mut w = vec![0f32; cols];
+            for r in 0..rows {
+                m.dequantize_row(r, &mut w);
+                for j in 0..n {
+                    let want: f64 = (0..cols)
+                        .map(|k| w[k] as f64 * from_bf16(x[j * cols + k]) as f64)
+                        .sum();
+                    let got = out[j * ldo + r];
+                    let scale: f64 = (0..cols)
+                        .map(|k| (w[k] as f64 * from_bf16(x[j * cols + k]) as f64).abs())
+                        .sum();
+                    assert!(
+                        (got as f64 - want).abs() <= 1e-4 * scale + 1e-6,
+                        "{t:?}, {n} rows: out[{j}, {r}] = {got}, want {want}"
+                    );
+                }
+            }
+            // Columns past the part's rows are left alone.
+            assert!(out[..ldo].iter().skip(rows).all(|v| v.is_nan()), "{t:?}");
+        }
+    }
+}

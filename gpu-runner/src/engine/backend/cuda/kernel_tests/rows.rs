@@ -1,0 +1,210 @@
+//! The per-row and element-wise kernels and the bf16 GEMV: products, norms, activations,
+//! the embedding gather and soft-capping against their plain definitions.
+
+use super::{assert_close, from_bf16, Values};
+use crate::engine::backend::cuda::emulator::{Arg, Emulator};
+
+#[test]
+fn gemv_matches_a_plain_matrix_product_for_every_row_count() {
+    let Some(emu) = Emulator::get() else { return };
+    // M not a multiple of the 8 warps per block, K not a multiple of the staged tile.
+    let (m, k) = (37usize, 1032usize);
+    let mut values = Values(7);
+    let mut w = values.bf16s(m * k);
+    for n in [1usize, 3, 8] {
+        let mut x = values.bf16s(n * k);
+        let mut out = vec![0f32; n * m];
+        emu.launch(
+            "gemv_bf16",
+            (m.div_ceil(8) as u32, 1, 1),
+            256,
+            &[
+                Arg::buf(&mut w),
+                Arg::buf(&mut x),
+                Arg::buf(&mut out),
+                Arg::I32(m as i32),
+                Arg::I32(k as i32),
+                Arg::I32(n as i32),
+                Arg::I32(m as i32),
+            ],
+        );
+        let want: Vec<f32> = (0..n)
+            .flat_map(|j| (0..m).map(move |r| (j, r)))
+            .map(|(j, r)| {
+                (0..k)
+                    .map(|i| from_bf16(w[r * k + i]) as f64 * from_bf16(x[j * k + i]) as f64)
+                    .sum::<f64>() as f32
+            })
+            .collect();
+        assert_close(&out, &want, 1e-3, &format!("{n} rows"));
+    }
+}
+
+#[test]
+fn add_rms_norm_adds_the_residual_and_normalises_for_the_next_block() {
+    let Some(emu) = Emulator::get() else { return };
+    let (rows, hidden, eps) = (3usize, 96usize, 1e-5f32);
+    let mut values = Values(11);
+    let rms = |v: &[f32]| 1.0 / (v.iter().map(|x| x * x).sum::<f32>() / hidden as f32 + eps).sqrt();
+    for sandwich in [false, true] {
+        let x0 = values.vec(rows * hidden);
+        let mut delta = values.vec(rows * hidden);
+        let mut post = values.vec(hidden);
+        let mut next = values.vec(hidden);
+        let mut x = x0.clone();
+        let mut out = vec![0u16; rows * hidden];
+        emu.launch(
+            "add_rms_norm",
+            (rows as u32, 1, 1),
+            1024,
+            &[
+                Arg::buf(&mut x),
+                Arg::buf(&mut delta),
+                if sandwich {
+                    Arg::buf(&mut post)
+                } else {
+                    Arg::Ptr(0)
+                },
+                Arg::buf(&mut next),
+                Arg::buf(&mut out),
+                Arg::I32(hidden as i32),
+                Arg::F32(eps),
+            ],
+        );
+        for r in 0..rows {
+            let d = &delta[r * hidden..(r + 1) * hidden];
+            let inv_d = rms(d);
+            let sum: Vec<f32> = (0..hidden)
+                .map(|i| {
+                    let add = if sandwich {
+                        d[i] * inv_d * post[i]
+                    } else {
+                        d[i]
+                    };
+                    x0[r * hidden + i] + add
+                })
+                .collect();
+            assert_close(&x[r * hidden..(r + 1) * hidden], &sum, 1e-4, "residual");
+            let inv = rms(&sum);
+            let normed: Vec<f32> = sum.iter().zip(&next).map(|(v, w)| v * inv * w).collect();
+            let got: Vec<f32> = out[r * hidden..(r + 1) * hidden]
+                .iter()
+                .map(|&b| from_bf16(b))
+                .collect();
+            let tolerance = normed.iter().fold(0f32, |m, v| m.max(v.abs())) / 128.0;
+            assert_close(&got, &normed, tolerance, "next block's input");
+        }
+    }
+}
+
+#[test]
+fn gated_act_applies_silu_or_gelu_to_the_gate_times_up() {
+    let Some(emu) = Emulator::get() else { return };
+    let (rows, ffn) = (2usize, 300usize);
+    let mut values = Values(5);
+    let mut gate_up: Vec<f32> = values.vec(rows * 2 * ffn).iter().map(|v| v * 4.0).collect();
+    for (kind, act) in [
+        (0, (|x: f32| x / (1.0 + (-x).exp())) as fn(f32) -> f32),
+        (1, |x: f32| {
+            0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh())
+        }),
+    ] {
+        let mut out = vec![0u16; rows * ffn];
+        emu.launch(
+            "gated_act",
+            (rows as u32, ffn.div_ceil(256) as u32, 1),
+            256,
+            &[
+                Arg::buf(&mut gate_up),
+                Arg::buf(&mut out),
+                Arg::I32(ffn as i32),
+                Arg::I32(kind),
+            ],
+        );
+        let want: Vec<f32> = (0..rows * ffn)
+            .map(|i| {
+                let (r, j) = (i / ffn, i % ffn);
+                act(gate_up[r * 2 * ffn + j]) * gate_up[r * 2 * ffn + ffn + j]
+            })
+            .collect();
+        let got: Vec<f32> = out.iter().map(|&b| from_bf16(b)).collect();
+        let tolerance = want.iter().fold(0f32, |m, v| m.max(v.abs())) / 128.0;
+        assert_close(&got, &want, tolerance, &format!("activation {kind}"));
+    }
+}
+
+#[test]
+fn embed_gathers_scaled_rows_and_the_final_norm_reads_only_logit_rows() {
+    let Some(emu) = Emulator::get() else { return };
+    let (vocab, hidden, eps) = (50usize, 40usize, 1e-6f32);
+    let mut values = Values(13);
+    let mut table = values.bf16s(vocab * hidden);
+    let mut ids = vec![7u32, 0, 49];
+    let mut x = vec![0f32; ids.len() * hidden];
+    emu.launch(
+        "embed",
+        (ids.len() as u32, 1, 1),
+        1024,
+        &[
+            Arg::buf(&mut table),
+            Arg::buf(&mut ids),
+            Arg::buf(&mut x),
+            Arg::I32(hidden as i32),
+            Arg::F32(2.0),
+        ],
+    );
+    for (t, &id) in ids.iter().enumerate() {
+        let want: Vec<f32> = table[id as usize * hidden..][..hidden]
+            .iter()
+            .map(|&b| from_bf16(b) * 2.0)
+            .collect();
+        assert_close(
+            &x[t * hidden..(t + 1) * hidden],
+            &want,
+            0.0,
+            "embedding row",
+        );
+    }
+    // The LM head's input: token rows 2 and 0, in that order.
+    let mut rows = vec![2i32, 0];
+    let mut w = values.vec(hidden);
+    let mut out = vec![0u16; rows.len() * hidden];
+    emu.launch(
+        "rms_norm_bf16",
+        (rows.len() as u32, 1, 1),
+        1024,
+        &[
+            Arg::buf(&mut x),
+            Arg::buf(&mut rows),
+            Arg::buf(&mut w),
+            Arg::buf(&mut out),
+            Arg::I32(hidden as i32),
+            Arg::F32(eps),
+        ],
+    );
+    for (r, &src) in rows.iter().enumerate() {
+        let row = &x[src as usize * hidden..][..hidden];
+        let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / hidden as f32 + eps).sqrt();
+        let want: Vec<f32> = row.iter().zip(&w).map(|(v, w)| v * inv * w).collect();
+        let got: Vec<f32> = out[r * hidden..(r + 1) * hidden]
+            .iter()
+            .map(|&b| from_bf16(b))
+            .collect();
+        assert_close(&got, &want, 2e-2, "normalised logit row");
+    }
+}
+
+#[test]
+fn softcap_squashes_logits_into_the_cap() {
+    let Some(emu) = Emulator::get() else { return };
+    let mut x = vec![-1000.0f32, -3.0, 0.0, 0.5, 29.0, 1e6, 7.0];
+    let want: Vec<f32> = x.iter().map(|v| 30.0 * (v / 30.0).tanh()).collect();
+    let n = x.len();
+    emu.launch(
+        "softcap",
+        (1, 1, 1),
+        256,
+        &[Arg::buf(&mut x), Arg::I64(n as i64), Arg::F32(30.0)],
+    );
+    assert_close(&x, &want, 1e-5, "soft-capped logits");
+}

@@ -1,0 +1,263 @@
+// Picking a token where the logits are (appended to kernels.cu at compile time, see
+// kernels.rs): greedy, or a draw by temperature, min-p, top-k and top-p as the host sampler
+// defines them (sampler/draw.rs), with the logprobs a request asked for.
+
+// Block-wide sum and inclusive prefix sum of int/double values (blockDim.x a multiple of
+// 32, at most 1024); every thread gets the block total in *total.
+template <class T>
+__device__ T block_inclusive_scan(T v, T* total) {
+    __shared__ T warp_totals[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int o = 1; o < 32; o <<= 1) {
+        T other = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += other;
+    }
+    if (lane == 31) warp_totals[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        T w = lane < warps ? warp_totals[lane] : (T)0;
+        for (int o = 1; o < 32; o <<= 1) {
+            T other = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += other;
+        }
+        if (lane < warps) warp_totals[lane] = w;
+    }
+    __syncthreads();
+    T before = warp > 0 ? warp_totals[warp - 1] : (T)0;
+    *total = warp_totals[warps - 1];
+    __syncthreads();
+    return v + before;
+}
+
+template <class T>
+__device__ T block_total(T v) {
+    T total;
+    block_inclusive_scan(v, &total);
+    return total;
+}
+
+// The weight of a logit relative to the row's best, exp((l - max) / T); NaN and masked
+// tokens weigh 0. Recomputed in every pass rather than stored: the row stays intact.
+__device__ __forceinline__ float weight_of(float l, float max, float inv_t) {
+    float x = (l - max) * inv_t;
+    return (l == l && x >= -87.0f) ? __expf(x) : 0.0f;
+}
+
+// Tokens of a row whose weight is >= bits `t` (positive floats order like their bits): their
+// count and their mass.
+__device__ int count_at_least(const float* row, int vocab, float max, float inv_t, unsigned t) {
+    int c = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+        c += __float_as_uint(weight_of(row[i], max, inv_t)) >= t;
+    return block_total(c);
+}
+
+__device__ double mass_at_least(const float* row, int vocab, float max, float inv_t, unsigned t) {
+    double m = 0.0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float w = weight_of(row[i], max, inv_t);
+        if (__float_as_uint(w) >= t) m += w;
+    }
+    return block_total(m);
+}
+
+#define ONE_BITS 0x3f800000u
+#define PICK_PARAMS 6
+#define MAX_TOP_LOGPROBS 20
+#define LOGPROB_STRIDE (1 + 2 * MAX_TOP_LOGPROBS)
+#define MIN_LOGPROB (-9999.0f)
+
+// The best (value desc, id asc) of a block's candidates; every thread gets it.
+__device__ void block_best(float* best, int* best_i) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    float v = *best;
+    int vi = *best_i;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, vi, o);
+        if (ov > v || (ov == v && oi < vi)) {
+            v = ov;
+            vi = oi;
+        }
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        sv[warp] = v;
+        si[warp] = vi;
+    }
+    __syncthreads();
+    v = sv[0];
+    vi = si[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++) {
+        if (sv[w] > v || (sv[w] == v && si[w] < vi)) {
+            v = sv[w];
+            vi = si[w];
+        }
+    }
+    __syncthreads();
+    *best = v;
+    *best_i = vi;
+}
+
+// A logit as the host's logprobs see it: NaN is -inf.
+__device__ __forceinline__ float clean_logit(float l) { return l == l ? l : NEG_INF; }
+
+__device__ __forceinline__ float logprob_of(float l, float normaliser) {
+    float lp = clean_logit(l) - normaliser;
+    return lp > NEG_INF ? lp : MIN_LOGPROB;
+}
+
+// The sampled token of a row whose best logit is `best` (at `best_i`): see pick_rows.
+__device__ int draw_token(const float* row, int vocab, float best, float temperature, int top_k,
+                          float top_p, float min_p, float u, int best_i) {
+    float inv_t = 1.0f / temperature;
+
+    // min-p: every token weighing at least min_p (the best weighs 1); at least the smallest
+    // positive weight.
+    float min_w = fminf(fmaxf(min_p, 0.0f), 1.0f);
+    unsigned t = min_w > 0.0f ? __float_as_uint(min_w) : 1u;
+    int ties = 0x7fffffff;  // tokens weighing exactly t that are kept, in id order
+    int kept = count_at_least(row, vocab, best, inv_t, t);
+    if (top_k > 0 && top_k < kept) {
+        unsigned a = t, b = ONE_BITS;  // count(w >= a) >= top_k throughout
+        while (a < b) {
+            unsigned mid = a + (b - a + 1) / 2;
+            if (count_at_least(row, vocab, best, inv_t, mid) >= top_k) a = mid; else b = mid - 1;
+        }
+        t = a;
+        ties = top_k - count_at_least(row, vocab, best, inv_t, t + 1);
+    }
+    if (top_p < 1.0f) {
+        float wt = __uint_as_float(t);
+        double above = mass_at_least(row, vocab, best, inv_t, t + 1);
+        int at_t = count_at_least(row, vocab, best, inv_t, t) - count_at_least(row, vocab, best, inv_t, t + 1);
+        double total = above + (double)min(ties, at_t) * wt;
+        double need = (double)(top_p * (float)total);
+        unsigned a = t, b = ONE_BITS;  // the kept mass from a up reaches `need` throughout
+        while (a < b) {
+            unsigned mid = a + (b - a + 1) / 2;
+            if (mass_at_least(row, vocab, best, inv_t, mid) >= need) a = mid; else b = mid - 1;
+        }
+        if (a > t) {
+            t = a;
+            ties = 0x7fffffff;
+            above = mass_at_least(row, vocab, best, inv_t, t + 1);
+            wt = __uint_as_float(t);
+        }
+        int wanted = (int)ceil((need - above) / (double)wt);
+        ties = min(ties, max(wanted, 1));
+    }
+
+    // The draw: each thread owns a contiguous run of ids, so that id order is thread order.
+    float wt = __uint_as_float(t);
+    int per = (vocab + blockDim.x - 1) / blockDim.x;
+    int lo = min((int)threadIdx.x * per, vocab), hi = min(lo + per, vocab);
+    int my_ties = 0;
+    double my_above = 0.0;
+    for (int i = lo; i < hi; i++) {
+        float w = weight_of(row[i], best, inv_t);
+        unsigned b = __float_as_uint(w);
+        if (b > t) my_above += w; else if (b == t) my_ties++;
+    }
+    int ties_total;
+    int ties_before = block_inclusive_scan(my_ties, &ties_total) - my_ties;
+    int my_kept_ties = max(0, min(my_ties, ties - ties_before));
+    double my_mass = my_above + (double)my_kept_ties * wt;
+    double mass_total;
+    double before = block_inclusive_scan(my_mass, &mass_total) - my_mass;
+    double target = (double)u * mass_total;
+    __shared__ int picked;
+    if (threadIdx.x == 0) picked = -1;
+    __syncthreads();
+    bool mine = my_mass > 0.0 && target >= before && target < before + my_mass;
+    // Rounding can leave the target at the very end: the last kept token then.
+    bool last = my_mass > 0.0 && before + my_mass >= mass_total && target >= mass_total;
+    if (mine || last) {
+        double acc = before;
+        int tie_rank = ties_before, choice = -1;
+        for (int i = lo; i < hi; i++) {
+            float w = weight_of(row[i], best, inv_t);
+            unsigned b = __float_as_uint(w);
+            bool keep = b > t || (b == t && tie_rank++ < ties);
+            if (!keep) continue;
+            acc += w;
+            choice = i;
+            if (mine && target < acc) break;
+        }
+        atomicMax(&picked, choice);
+    }
+    __syncthreads();
+    int result = picked >= 0 ? picked : best_i;
+    __syncthreads();
+    return result;
+}
+
+// ids[r] = the token picked from logits row `first + r`, one block per row. params[r] =
+// {temperature, top_k, top_p, min_p, u, top_logprobs} (floats as bits; top_k an int;
+// top_logprobs -1 when no logprobs are wanted). Temperature < 1e-5 (or a row without a
+// number) is greedy: the argmax, NaN never wins, ties to the lowest id. Otherwise weights
+// exp((l - max) / T) (NaN and masked tokens weigh 0), min-p, top-k and top-p keep a prefix of
+// the tokens ordered by weight (ties by id), as the host sampler defines them, and u picks
+// in token order among the kept ones, by their weights. The kept prefix is "weight above t,
+// and the first m tokens weighing exactly t"; top-k's and top-p's thresholds are found by
+// bisection over the weights' bits. With logprobs, logprobs[r] = {the token's logprob, then
+// (id as float bits, logprob) of the top_logprobs best tokens}: log-softmax of the raw row.
+extern "C" __global__ void pick_rows(const float* logits, int first, int vocab,
+                                     const int* params, int* ids, float* logprobs) {
+    const float* row = logits + (size_t)(first + blockIdx.x) * vocab;
+    const int* p = params + (size_t)blockIdx.x * PICK_PARAMS;
+    float temperature = __int_as_float(p[0]), top_p = __int_as_float(p[2]);
+    float min_p = __int_as_float(p[3]), u = __int_as_float(p[4]);
+    int top_k = p[1], top_logprobs = p[5];
+
+    float best = NEG_INF;
+    int best_i = 0x7fffffff;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float v = row[i];
+        if (v > best || (v == best && i < best_i)) {
+            best = v;
+            best_i = i;
+        }
+    }
+    block_best(&best, &best_i);
+    // A row of NaN only: token 0, as the host sampler does.
+    int token = best_i == 0x7fffffff ? 0 : best_i;
+    bool finite = best > NEG_INF && best < -NEG_INF;
+    if (temperature >= 1e-5f && finite) token = draw_token(row, vocab, best, temperature, top_k,
+                                                            top_p, min_p, u, best_i);
+    if (threadIdx.x == 0) ids[blockIdx.x] = token;
+    if (top_logprobs < 0) return;
+
+    // Logprobs: log-softmax of the row, NaN as -inf.
+    double sum = 0.0;
+    if (finite)
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) sum += __expf(clean_logit(row[i]) - best);
+    sum = block_total(sum);
+    float normaliser = finite ? best + logf((float)sum) : 0.0f;
+    float* out = logprobs + (size_t)blockIdx.x * LOGPROB_STRIDE;
+    if (threadIdx.x == 0) out[0] = logprob_of(row[token], normaliser);
+    // The best tokens one pass each: the next in (logit desc, id asc) after the last one.
+    float prev = -NEG_INF;
+    int prev_i = -1;
+    for (int k = 0; k < min(top_logprobs, MAX_TOP_LOGPROBS); k++) {
+        float v = NEG_INF;
+        int vi = 0x7fffffff;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            float l = clean_logit(row[i]);
+            bool after = l < prev || (l == prev && i > prev_i);
+            if (after && (l > v || (l == v && i < vi))) {
+                v = l;
+                vi = i;
+            }
+        }
+        block_best(&v, &vi);
+        if (vi == 0x7fffffff) break;  // fewer tokens than asked
+        if (threadIdx.x == 0) {
+            out[1 + 2 * k] = __int_as_float(vi);
+            out[2 + 2 * k] = logprob_of(v, normaliser);
+        }
+        prev = v;
+        prev_i = vi;
+    }
+}
