@@ -5,6 +5,21 @@
 #define ATTN_HEADS 4  // query heads of one KV head per block
 #define ATTN_KEYS 4   // keys a warp loads at once (independent loads in flight)
 
+// The query heads block (·, c) serves: up to ATTN_HEADS of KV head kvh's group, from h0.
+struct HeadGroup {
+    int kvh, h0, heads;
+};
+
+__device__ __forceinline__ HeadGroup head_group(int n_heads, int n_kv_heads) {
+    int group = n_heads / n_kv_heads;
+    int chunks = (group + ATTN_HEADS - 1) / ATTN_HEADS;
+    HeadGroup g;
+    g.kvh = blockIdx.y / chunks;
+    g.h0 = g.kvh * group + (blockIdx.y % chunks) * ATTN_HEADS;
+    g.heads = min(ATTN_HEADS, (g.kvh + 1) * group - g.h0);
+    return g;
+}
+
 // Causal attention over the paged KV cache. Block (t, c, s) serves query token t, query heads
 // c·ATTN_HEADS.. of one KV head (GQA: each key and value row is read once for all of them),
 // and the s-th `partition` keys of the token's range (split-K: a long context of a few
@@ -14,21 +29,18 @@
 // the block writes the normalised bf16 output; with several it writes (max, sum,
 // unnormalised accumulator) to `partial`, which attention_merge combines. DIMS = head_dim
 // rounded up to whole warps / 32 (the paged_attention_<DIMS> kernels below).
-// Serves decode (one query per sequence) and prefill (every prompt token, attending to the
-// cached prefix and to the chunk's own earlier tokens, which qkv_prepare wrote first).
+// Serves the tokens `rows` lists (all when null): decode tokens, one per sequence; prompt
+// tokens go through paged_prefill below.
 template <int DIMS>
 __device__ void paged_attention_t(
     const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,
     const int* block_tables, int max_blocks, const int* token_seq, const int* positions,
     bf16* out, float* partial, int n_heads, int n_kv_heads, int head_dim, int block_size,
-    float scale, float softcap, int window, int partition) {
-    int t = blockIdx.x;
+    float scale, float softcap, int window, int partition, const int* rows) {
+    int t = rows ? rows[blockIdx.x] : (int)blockIdx.x;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int group = n_heads / n_kv_heads;
-    int chunks = (group + ATTN_HEADS - 1) / ATTN_HEADS;
-    int kvh = blockIdx.y / chunks;
-    int h0 = kvh * group + (blockIdx.y % chunks) * ATTN_HEADS;
-    int heads = min(ATTN_HEADS, (kvh + 1) * group - h0);
+    HeadGroup hg = head_group(n_heads, n_kv_heads);
+    int kvh = hg.kvh, h0 = hg.h0, heads = hg.heads;
     int kv_dim = n_kv_heads * head_dim;
     int pos = positions[t];
     int lo = window > 0 ? max(0, pos + 1 - window) : 0;
@@ -136,15 +148,131 @@ __device__ void paged_attention_t(
     }
 }
 
+#define PREFILL_TOKENS 8  // consecutive prompt tokens per block: one per warp
+#define KEY_TILE 32        // keys per shared-memory tile: one per lane
+
+// Causal attention for runs of consecutive prompt tokens of one sequence (a prefill chunk,
+// attending to the cached prefix and to the chunk's earlier tokens, which qkv_prepare wrote
+// first). Block (i, c) serves tiles[i] = {first row, count <= PREFILL_TOKENS}, one token per
+// warp, and query heads c·ATTN_HEADS.. of one KV head. Keys come in tiles of KEY_TILE rows
+// through shared memory, loaded once for the block's tokens and heads; within a tile each lane
+// scores one key (a whole dot product: no reduction per key), then one max and one sum over
+// the warp update the online softmax, and the weights go through shared memory for the
+// weighted sum of V, whose dimensions the lanes share.
+template <int DIMS>
+__device__ void paged_prefill_t(
+    const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,
+    const int* block_tables, int max_blocks, const int* token_seq, const int* positions,
+    bf16* out, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale,
+    float softcap, int window, const int* tiles) {
+    // K rows padded by one 32-bit word: lanes reading row `lane` at the same column hit
+    // distinct banks.
+    __shared__ unsigned int ks[KEY_TILE][DIMS * 16 + 1];
+    __shared__ bf16 vs[KEY_TILE][DIMS * 32];
+    __shared__ float pw[PREFILL_TOKENS][KEY_TILE];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int first_row = tiles[2 * blockIdx.x], count = tiles[2 * blockIdx.x + 1];
+    HeadGroup hg = head_group(n_heads, n_kv_heads);
+    int kvh = hg.kvh, h0 = hg.h0, heads = hg.heads;
+    int kv_dim = n_kv_heads * head_dim;
+    int words = head_dim / 2;  // head_dim is even
+    const int* table = block_tables + (size_t)token_seq[first_row] * max_blocks;
+    int first_pos = positions[first_row], last_pos = positions[first_row + count - 1];
+    bool active = warp < count;
+    int t = first_row + (active ? warp : 0);
+    int pos = positions[t];
+    int lo = window > 0 ? max(0, pos + 1 - window) : 0;
+    int block_lo = window > 0 ? max(0, first_pos + 1 - window) : 0;
+    const float* q = qkv + (size_t)t * qkv_width + (size_t)h0 * head_dim;
+
+    float acc[ATTN_HEADS][DIMS], m[ATTN_HEADS], l[ATTN_HEADS];
+#pragma unroll
+    for (int g = 0; g < ATTN_HEADS; g++) {
+        m[g] = NEG_INF;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < DIMS; r++) acc[g][r] = 0.0f;
+    }
+    for (int k0 = block_lo; k0 <= last_pos; k0 += KEY_TILE) {
+        // The tile's K and V rows, 32 bits at a time, by the whole block.
+        for (int i = threadIdx.x; i < KEY_TILE * words; i += blockDim.x) {
+            int key = i / words, w = i - key * words, j = k0 + key;
+            unsigned int kw = 0, vw = 0;
+            if (j <= last_pos) {
+                size_t slot = (size_t)table[j / block_size] * block_size + (j % block_size);
+                size_t at = (slot * kv_dim + (size_t)kvh * head_dim) / 2 + w;
+                kw = ((const unsigned int*)k_cache)[at];
+                vw = ((const unsigned int*)v_cache)[at];
+            }
+            ks[key][w] = kw;
+            ((unsigned int*)vs[key])[w] = vw;
+        }
+        __syncthreads();
+        int j = k0 + lane;  // this lane's key
+        bool valid = active && j >= lo && j <= pos;
+        if (active && k0 <= pos && k0 + KEY_TILE > lo) {
+#pragma unroll
+            for (int g = 0; g < ATTN_HEADS; g++) {
+                if (g >= heads) break;
+                const float* qg = q + g * head_dim;
+                float s = 0.0f;
+                for (int w = 0; w < words; w++) {
+                    unsigned int kw = ks[lane][w];
+                    s += qg[2 * w] * __uint_as_float(kw << 16) +
+                         qg[2 * w + 1] * __uint_as_float(kw & 0xffff0000u);
+                }
+                s *= scale;
+                if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+                if (!valid) s = NEG_INF;
+                float m_new = fmaxf(m[g], warp_max(s));
+                float correction = __expf(m[g] - m_new);
+                float p = valid ? __expf(s - m_new) : 0.0f;
+                l[g] = l[g] * correction + warp_sum(p);
+                pw[warp][lane] = p;
+                __syncwarp();
+#pragma unroll
+                for (int r = 0; r < DIMS; r++) {
+                    int d = lane + 32 * r;
+                    float sum = 0.0f;
+                    if (d < head_dim)
+                        for (int k = 0; k < KEY_TILE; k++) sum += pw[warp][k] * bf16_to_f32(vs[k][d]);
+                    acc[g][r] = acc[g][r] * correction + sum;
+                }
+                m[g] = m_new;
+                __syncwarp();
+            }
+        }
+        __syncthreads();
+    }
+    if (!active) return;
+#pragma unroll
+    for (int g = 0; g < ATTN_HEADS; g++) {
+        if (g >= heads) break;
+        bf16* o = out + ((size_t)t * n_heads + h0 + g) * head_dim;
+#pragma unroll
+        for (int r = 0; r < DIMS; r++)
+            if (lane + 32 * r < head_dim) o[lane + 32 * r] = f32_to_bf16(acc[g][r] / l[g]);
+    }
+}
+
 #define PAGED_ATTENTION(DIMS)                                                                   \
     extern "C" __global__ void paged_attention_##DIMS(                                          \
         const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,              \
         const int* block_tables, int max_blocks, const int* token_seq, const int* positions,    \
         bf16* out, float* partial, int n_heads, int n_kv_heads, int head_dim, int block_size,   \
-        float scale, float softcap, int window, int partition) {                                \
+        float scale, float softcap, int window, int partition, const int* rows) {               \
         paged_attention_t<DIMS>(qkv, qkv_width, k_cache, v_cache, block_tables, max_blocks,     \
                                 token_seq, positions, out, partial, n_heads, n_kv_heads,        \
-                                head_dim, block_size, scale, softcap, window, partition);       \
+                                head_dim, block_size, scale, softcap, window, partition, rows); \
+    }                                                                                           \
+    extern "C" __global__ void paged_prefill_##DIMS(                                            \
+        const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,              \
+        const int* block_tables, int max_blocks, const int* token_seq, const int* positions,    \
+        bf16* out, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale,      \
+        float softcap, int window, const int* tiles) {                                          \
+        paged_prefill_t<DIMS>(qkv, qkv_width, k_cache, v_cache, block_tables, max_blocks,       \
+                              token_seq, positions, out, n_heads, n_kv_heads, head_dim,         \
+                              block_size, scale, softcap, window, tiles);                       \
     }
 
 PAGED_ATTENTION(1)
@@ -156,8 +284,8 @@ PAGED_ATTENTION(8)
 // accumulators rescaled to the largest maximum, over the sum of their rescaled sums.
 // Empty splits (sum 0) are skipped; the first split always holds the token itself.
 extern "C" __global__ void attention_merge(const float* partial, bf16* out, int n_heads,
-                                           int head_dim, int splits) {
-    int t = blockIdx.x, h = blockIdx.y;
+                                           int head_dim, int splits, const int* rows) {
+    int t = rows ? rows[blockIdx.x] : (int)blockIdx.x, h = blockIdx.y;
     int stride = head_dim + 2;
     const float* rec = partial + ((size_t)t * n_heads + h) * splits * stride;
     float m_all = NEG_INF;

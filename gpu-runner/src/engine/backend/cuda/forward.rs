@@ -20,6 +20,25 @@ const ROW_THREADS: u32 = 1024;
 const ELEMENT_THREADS: u32 = 256;
 /// Threads per block of the attention kernel (ATTN_WARPS in attention.cu).
 const ATTN_THREADS: u32 = 256;
+/// The attention kernels by head_dim / 32 rounded up to 1, 2, 4 or 8 ([`kernel_variant`]).
+const DECODE_KERNELS: [&str; 4] = [
+    "paged_attention_1",
+    "paged_attention_2",
+    "paged_attention_4",
+    "paged_attention_8",
+];
+const PREFILL_KERNELS: [&str; 4] = [
+    "paged_prefill_1",
+    "paged_prefill_2",
+    "paged_prefill_4",
+    "paged_prefill_8",
+];
+
+/// Which instantiation serves `dims` = head_dim / 32 rounded up (at most 8).
+pub(super) fn kernel_variant(dims: usize) -> usize {
+    dims.clamp(1, 8).next_power_of_two().trailing_zeros() as usize
+}
+
 /// Threads per (token, head) block of `qkv_prepare`.
 const HEAD_THREADS: u32 = 64;
 /// Threads per row of `pick_rows`.
@@ -159,56 +178,84 @@ impl CudaBackend {
 
         let qkv_width = (c.q_dim() + 2 * kv_dim) as i32;
         let window = c.layer_window(layer);
-        let split = self.attention_split(window, n);
-        let partial = addr(&s.partial);
-        let kernel = match c.head_dim.div_ceil(32) {
-            1 => "paged_attention_1",
-            2 => "paged_attention_2",
-            3 | 4 => "paged_attention_4",
-            _ => "paged_attention_8",
-        };
-        launch!(
-            self,
-            kernel,
-            LaunchConfig {
-                grid_dim: (
-                    n as u32,
-                    head_blocks(c.n_heads, c.n_kv_heads) as u32,
-                    split.splits as u32
-                ),
-                block_dim: (ATTN_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            },
-            qkv,
-            qkv_width,
-            k_cache,
-            v_cache,
+        let dims = c.head_dim.div_ceil(32);
+        let head_blocks = head_blocks(c.n_heads, c.n_kv_heads) as u32;
+        let (block_tables, token_seq) = (
             self.inputs.at(self.inputs.block_tables),
-            self.inputs.max_blocks as i32,
             self.inputs.at(self.inputs.token_seq),
-            positions,
-            attn,
-            partial,
-            n_heads,
-            n_kv,
-            hd,
-            self.block_size as i32,
-            c.attn_scale,
-            c.attn_logit_softcap.unwrap_or(0.0),
-            window.map_or(0, |w| w as i32),
-            split.partition as i32
-        )?;
-        if split.splits > 1 {
+        );
+        let (max_blocks, block_size) = (self.inputs.max_blocks as i32, self.block_size as i32);
+        let (scale, softcap) = (c.attn_scale, c.attn_logit_softcap.unwrap_or(0.0));
+        let window_arg = window.map_or(0, |w| w as i32);
+        if self.inputs.n_tiles > 0 {
             launch!(
                 self,
-                "attention_merge",
-                grid(n, c.n_heads, HEAD_THREADS),
-                partial,
+                PREFILL_KERNELS[kernel_variant(dims)],
+                grid(self.inputs.n_tiles, head_blocks as usize, ATTN_THREADS),
+                qkv,
+                qkv_width,
+                k_cache,
+                v_cache,
+                block_tables,
+                max_blocks,
+                token_seq,
+                positions,
                 attn,
                 n_heads,
+                n_kv,
                 hd,
-                split.splits as i32
+                block_size,
+                scale,
+                softcap,
+                window_arg,
+                self.inputs.at(self.inputs.tiles)
             )?;
+        }
+        let decode = self.inputs.n_decode;
+        if decode > 0 {
+            let split = self.attention_split(window, decode);
+            let (partial, rows) = (addr(&s.partial), self.inputs.decode_row_list());
+            launch!(
+                self,
+                DECODE_KERNELS[kernel_variant(dims)],
+                LaunchConfig {
+                    grid_dim: (decode as u32, head_blocks, split.splits as u32),
+                    block_dim: (ATTN_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                },
+                qkv,
+                qkv_width,
+                k_cache,
+                v_cache,
+                block_tables,
+                max_blocks,
+                token_seq,
+                positions,
+                attn,
+                partial,
+                n_heads,
+                n_kv,
+                hd,
+                block_size,
+                scale,
+                softcap,
+                window_arg,
+                split.partition as i32,
+                rows
+            )?;
+            if split.splits > 1 {
+                launch!(
+                    self,
+                    "attention_merge",
+                    grid(decode, c.n_heads, HEAD_THREADS),
+                    partial,
+                    attn,
+                    n_heads,
+                    hd,
+                    split.splits as i32,
+                    rows
+                )?;
+            }
         }
         gemm!(self, "o", attn, &l.wo, n, proj)?;
 

@@ -18,7 +18,7 @@ pub const SOURCE: &str = concat!(
 );
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 29] = [
+pub const NAMES: [&str; 33] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -27,6 +27,10 @@ pub const NAMES: [&str; 29] = [
     "paged_attention_2",
     "paged_attention_4",
     "paged_attention_8",
+    "paged_prefill_1",
+    "paged_prefill_2",
+    "paged_prefill_4",
+    "paged_prefill_8",
     "attention_merge",
     "gated_act",
     "softcap",

@@ -261,8 +261,8 @@ impl CudaBackend {
         let moved_inputs = self.inputs.upload(&self.stream)?;
         let n = self.inputs.tokens;
         let head_rows = self.inputs.full_rows + self.inputs.picked_rows;
-        // Sliding-window layers split at most as far as the others.
-        let splits = self.attention_split(None, n).splits;
+        // Sliding-window layers split at most as far as the others; only decode rows split.
+        let splits = self.attention_split(None, self.inputs.n_decode).splits;
         let moved_scratch =
             self.scratch
                 .ensure(&self.stream, &self.config, n, head_rows, splits)?;

@@ -28,12 +28,23 @@ pub struct StepInputs {
     pub block_tables: usize,
     /// Row width of the block-table matrix (the longest table of the step).
     pub max_blocks: usize,
+    /// Rows of single-token (decode) sequences, for the decode attention kernel; when every
+    /// sequence has one token it is all of them and the kernel takes no list.
+    pub decode_rows: usize,
+    pub n_decode: usize,
+    /// `(first row, count)` pairs: the prompt runs' tiles of at most [`PREFILL_TILE`] rows.
+    pub tiles: usize,
+    pub n_tiles: usize,
     /// Token rows the kernels run over: the step's tokens, then any padding.
     pub tokens: usize,
     /// LM-head rows returning logits, then rows returning a picked token (padding included).
     pub full_rows: usize,
     pub picked_rows: usize,
 }
+
+/// Consecutive prompt tokens one prefill attention block serves (PREFILL_TOKENS in
+/// attention.cu).
+pub const PREFILL_TILE: usize = 8;
 
 /// Values per picked row of `pick_rows` (PICK_PARAMS in pick.cu): temperature, top-k,
 /// top-p, min-p, u, top logprobs (−1: no logprobs).
@@ -144,6 +155,35 @@ impl StepInputs {
         if pads > 0 {
             h.push(pad_slot / block_size as i32);
             h.extend(std::iter::repeat_n(0, self.max_blocks - 1));
+        }
+        // Attention: single tokens (and padding) to the decode kernel, runs of prompt tokens
+        // in tiles to the prefill kernel.
+        self.decode_rows = h.len();
+        for win in layout.offsets.windows(2) {
+            if win[1] - win[0] == 1 {
+                h.push(win[0] as i32);
+            }
+        }
+        h.extend((real..n).map(|r| r as i32));
+        self.n_decode = h.len() - self.decode_rows;
+        self.tiles = h.len();
+        for win in layout.offsets.windows(2) {
+            if win[1] - win[0] > 1 {
+                for first in (win[0]..win[1]).step_by(PREFILL_TILE) {
+                    h.push(first as i32);
+                    h.push((win[1] - first).min(PREFILL_TILE) as i32);
+                }
+            }
+        }
+        self.n_tiles = (h.len() - self.tiles) / 2;
+    }
+
+    /// The decode kernel's row list: none (every row) when the step has no prompt runs.
+    pub fn decode_row_list(&self) -> u64 {
+        if self.n_tiles == 0 {
+            0
+        } else {
+            self.at(self.decode_rows)
         }
     }
 
@@ -267,6 +307,32 @@ mod tests {
         assert_eq!(p.host(p.slots, 6), &[4, 5, 6, 7, 8, 23]);
         assert_eq!(p.max_blocks, 2, "the longest table used");
         assert_eq!(p.host(p.block_tables, 4), &[1, 2, 5, 0]);
+        // Row 5 decodes; rows 0..5 are a prompt run, one tile.
+        assert_eq!(p.host(p.decode_rows, p.n_decode), &[5]);
+        assert_eq!(p.host(p.tiles, 2 * p.n_tiles), &[0, 5]);
+    }
+    #[test]
+    fn prompt_runs_split_into_tiles_and_single_tokens_go_to_decode() {
+        let tables = [vec![1u32, 2, 3, 4, 5, 6], vec![7u32]];
+        let prompt: Vec<u32> = (0..19).collect();
+        let next = [9u32];
+        let batch = [
+            SeqSlice {
+                tokens: &next,
+                start_pos: 2,
+                block_table: &tables[1],
+                logits: LogitsMode::Last,
+            },
+            SeqSlice {
+                tokens: &prompt,
+                start_pos: 3,
+                block_table: &tables[0],
+                logits: LogitsMode::Last,
+            },
+        ];
+        let p = packed(&batch, None);
+        assert_eq!(p.host(p.decode_rows, p.n_decode), &[0]);
+        assert_eq!(p.host(p.tiles, 2 * p.n_tiles), &[1, 8, 9, 8, 17, 3]);
     }
 }
 

@@ -5,6 +5,8 @@ use super::{assert_close, from_bf16, Values};
 use crate::engine::backend::cpu::rope::{inv_freqs, RopeTable};
 use crate::engine::backend::cuda::attention_split::{head_blocks, AttentionSplit};
 use crate::engine::backend::cuda::emulator::{Arg, Emulator};
+use crate::engine::backend::cuda::forward::kernel_variant;
+use crate::engine::backend::cuda::step::PREFILL_TILE;
 use crate::engine::model::{RopeScaling, RopeStyle};
 
 /// The shape of one attention case.
@@ -31,6 +33,10 @@ struct PagedStep {
     token_seq: Vec<i32>,
     block_tables: Vec<i32>,
     max_blocks: usize,
+    /// Rows of single-token sequences (the decode kernel's), and `(first row, count)` tiles
+    /// of the longer runs (the prefill kernel's), as `StepInputs::pack` lists them.
+    decode_rows: Vec<i32>,
+    tiles: Vec<i32>,
 }
 
 impl PagedStep {
@@ -49,8 +55,22 @@ impl PagedStep {
             token_seq: Vec::new(),
             block_tables: Vec::new(),
             max_blocks,
+            decode_rows: Vec::new(),
+            tiles: Vec::new(),
         };
         for (s, &(cached, new)) in seqs.iter().enumerate() {
+            let first = step.positions.len();
+            if new == 1 {
+                step.decode_rows.push(first as i32);
+            }
+            for tile in (first..first + new)
+                .step_by(PREFILL_TILE)
+                .filter(|_| new > 1)
+            {
+                step.tiles.push(tile as i32);
+                step.tiles
+                    .push((first + new - tile).min(PREFILL_TILE) as i32);
+            }
             let used = (cached + new).div_ceil(block_size);
             for b in 0..max_blocks {
                 let block = if b < used {
@@ -147,45 +167,80 @@ fn emulated_attention(
     let n = step.tokens();
     let mut out = vec![0u16; n * n_heads * hd];
     let mut partial = vec![0f32; n * n_heads * split.splits * (hd + 2)];
-    let kernel = [
-        "paged_attention_1",
-        "paged_attention_2",
-        "paged_attention_4",
-        "paged_attention_8",
-    ][hd.div_ceil(32).next_power_of_two().trailing_zeros() as usize];
-    emu.launch(
-        kernel,
-        (
-            n as u32,
-            head_blocks(n_heads, n_kv) as u32,
-            split.splits as u32,
-        ),
-        256,
-        &[
+    let variant = kernel_variant(hd.div_ceil(32));
+    let common = |step: &mut PagedStep, qkv: &mut [f32], k: &mut [u16], v: &mut [u16]| {
+        vec![
             Arg::buf(qkv),
             Arg::I32(heads.qkv_width() as i32),
-            Arg::buf(k_cache),
-            Arg::buf(v_cache),
+            Arg::buf(k),
+            Arg::buf(v),
             Arg::buf(&mut step.block_tables),
             Arg::I32(step.max_blocks as i32),
             Arg::buf(&mut step.token_seq),
             Arg::buf(&mut step.positions),
-            Arg::buf(&mut out),
-            Arg::buf(&mut partial),
-            Arg::I32(n_heads as i32),
-            Arg::I32(n_kv as i32),
-            Arg::I32(hd as i32),
-            Arg::I32(step.block_size as i32),
-            Arg::F32(scale),
-            Arg::F32(heads.softcap),
-            Arg::I32(heads.window as i32),
-            Arg::I32(split.partition as i32),
-        ],
-    );
-    if split.splits > 1 {
+        ]
+    };
+    let shape = [
+        Arg::I32(n_heads as i32),
+        Arg::I32(n_kv as i32),
+        Arg::I32(hd as i32),
+        Arg::I32(step.block_size as i32),
+        Arg::F32(scale),
+        Arg::F32(heads.softcap),
+        Arg::I32(heads.window as i32),
+    ];
+    let n_tiles = step.tiles.len() / 2;
+    if n_tiles > 0 {
+        let mut args = common(step, qkv, k_cache, v_cache);
+        args.push(Arg::buf(&mut out));
+        args.extend(shape);
+        args.push(Arg::buf(&mut step.tiles));
+        emu.launch(
+            [
+                "paged_prefill_1",
+                "paged_prefill_2",
+                "paged_prefill_4",
+                "paged_prefill_8",
+            ][variant],
+            (n_tiles as u32, head_blocks(n_heads, n_kv) as u32, 1),
+            256,
+            &args,
+        );
+    }
+    let decode = step.decode_rows.len();
+    // The row list, as the backend passes it: none when every row decodes.
+    let rows = if n_tiles > 0 {
+        Arg::buf(&mut step.decode_rows)
+    } else {
+        Arg::Ptr(0)
+    };
+    if decode > 0 {
+        let mut args = common(step, qkv, k_cache, v_cache);
+        args.push(Arg::buf(&mut out));
+        args.push(Arg::buf(&mut partial));
+        args.extend(shape);
+        args.push(Arg::I32(split.partition as i32));
+        args.push(rows);
+        emu.launch(
+            [
+                "paged_attention_1",
+                "paged_attention_2",
+                "paged_attention_4",
+                "paged_attention_8",
+            ][variant],
+            (
+                decode as u32,
+                head_blocks(n_heads, n_kv) as u32,
+                split.splits as u32,
+            ),
+            256,
+            &args,
+        );
+    }
+    if decode > 0 && split.splits > 1 {
         emu.launch(
             "attention_merge",
-            (n as u32, n_heads as u32, 1),
+            (decode as u32, n_heads as u32, 1),
             64,
             &[
                 Arg::buf(&mut partial),
@@ -193,6 +248,7 @@ fn emulated_attention(
                 Arg::I32(n_heads as i32),
                 Arg::I32(hd as i32),
                 Arg::I32(split.splits as i32),
+                rows,
             ],
         );
     }
@@ -211,8 +267,9 @@ fn paged_attention_matches_plain_attention_whole_and_split_over_the_keys() {
         (8, 8, 48, 0.0, 37),  // multi-head, head_dim not a multiple of 32, sliding window
         (8, 2, 128, 0.0, 0),  // Llama-3 8B's head_dim and groups of 4
     ];
-    // Decodes at positions 0, 40 and 150, and a prefill chunk of 5 after 20 cached tokens.
-    let seqs = [(0, 1), (40, 1), (150, 1), (20, 5)];
+    // Decodes at positions 0, 40 and 150, a prefill chunk of 5 after 20 cached tokens, one of
+    // 19 (tiles of 8, 8 and 3) after 60, and a fresh prompt of 12.
+    let seqs = [(0, 1), (40, 1), (150, 1), (20, 5), (60, 19), (0, 12)];
     let (block_size, num_blocks) = (16, 64);
     let mut values = Values(0x9e37_79b9_7f4a_7c15);
     for (n_heads, n_kv, head_dim, softcap, window) in cases {
