@@ -138,7 +138,9 @@ __device__ void paged_attention_t(
         if (splits == 1) {
             out[((size_t)t * n_heads + h) * head_dim + d] = f32_to_bf16(sum / l_all);
         } else {
-            float* rec = partial + (((size_t)t * n_heads + h) * splits + blockIdx.z) * (head_dim + 2);
+            // Records by the block's place in the launch (the decode rows), not by token row.
+            float* rec = partial +
+                         (((size_t)blockIdx.x * n_heads + h) * splits + blockIdx.z) * (head_dim + 2);
             if (d == 0) {
                 rec[0] = m_all;
                 rec[1] = l_all;
@@ -280,14 +282,14 @@ PAGED_ATTENTION(2)
 PAGED_ATTENTION(4)
 PAGED_ATTENTION(8)
 
-// Combines the split-K partial results of paged_attention: per (token, head), the splits'
-// accumulators rescaled to the largest maximum, over the sum of their rescaled sums.
+// Combines the split-K partial results of paged_attention: per (decode row, head), the
+// splits' accumulators rescaled to the largest maximum, over the sum of their rescaled sums.
 // Empty splits (sum 0) are skipped; the first split always holds the token itself.
 extern "C" __global__ void attention_merge(const float* partial, bf16* out, int n_heads,
                                            int head_dim, int splits, const int* rows) {
     int t = rows ? rows[blockIdx.x] : (int)blockIdx.x, h = blockIdx.y;
     int stride = head_dim + 2;
-    const float* rec = partial + ((size_t)t * n_heads + h) * splits * stride;
+    const float* rec = partial + ((size_t)blockIdx.x * n_heads + h) * splits * stride;
     float m_all = NEG_INF;
     for (int s = 0; s < splits; s++)
         if (rec[s * stride + 1] > 0.0f) m_all = fmaxf(m_all, rec[s * stride]);

@@ -262,10 +262,11 @@ impl CudaBackend {
         let n = self.inputs.tokens;
         let head_rows = self.inputs.full_rows + self.inputs.picked_rows;
         // Sliding-window layers split at most as far as the others; only decode rows split.
-        let splits = self.attention_split(None, self.inputs.n_decode).splits;
+        let decode = self.inputs.n_decode;
+        let splits = self.attention_split(None, decode).splits;
         let moved_scratch =
             self.scratch
-                .ensure(&self.stream, &self.config, n, head_rows, splits)?;
+                .ensure(&self.stream, &self.config, n, head_rows, (decode, splits))?;
         if moved_inputs || moved_scratch {
             // Captured graphs hold the old addresses.
             self.graphs.clear();

@@ -361,7 +361,7 @@ pub struct Scratch {
     pub picked: Option<DeviceBuf<i32>>,
     /// `[picked rows, LOGPROB_STRIDE]` logprobs of the picked rows that want them.
     pub picked_logprobs: Option<DeviceBuf<f32>>,
-    /// Split-K attention's partial results `[n, n_heads, splits, 2 + head_dim]` f32.
+    /// Split-K attention's partial results `[decode rows, n_heads, splits, 2 + head_dim]` f32.
     pub partial: Option<DeviceBuf<f32>>,
 }
 
@@ -381,16 +381,16 @@ fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
 }
 
 impl Scratch {
-    /// Makes room for `n` tokens, `logit_rows` LM-head rows and attention split in
-    /// `attn_splits`; returns whether any buffer moved (which invalidates captured CUDA
-    /// graphs).
+    /// Makes room for `n` tokens, `logit_rows` LM-head rows and the attention of
+    /// `decode_rows` split in `attn_splits`; returns whether any buffer moved (which
+    /// invalidates captured CUDA graphs).
     pub fn ensure(
         &mut self,
         stream: &Arc<CudaStream>,
         c: &ModelConfig,
         n: usize,
         logit_rows: usize,
-        attn_splits: usize,
+        (decode_rows, attn_splits): (usize, usize),
     ) -> Result<bool, CudaError> {
         let qkv = c.q_dim() + 2 * c.kv_dim();
         let rows = logit_rows.max(1);
@@ -410,7 +410,7 @@ impl Scratch {
                 &mut self.partial,
                 stream,
                 if attn_splits > 1 {
-                    n * c.n_heads * attn_splits * (2 + c.head_dim)
+                    decode_rows * c.n_heads * attn_splits * (2 + c.head_dim)
                 } else {
                     1
                 },

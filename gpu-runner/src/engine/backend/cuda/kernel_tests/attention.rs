@@ -166,7 +166,7 @@ fn emulated_attention(
     let (n_heads, n_kv, hd) = (heads.n_heads, heads.n_kv, heads.head_dim);
     let n = step.tokens();
     let mut out = vec![0u16; n * n_heads * hd];
-    let mut partial = vec![0f32; n * n_heads * split.splits * (hd + 2)];
+    let mut partial = vec![f32::NAN; step.decode_rows.len() * n_heads * split.splits * (hd + 2)];
     let variant = kernel_variant(hd.div_ceil(32));
     let common = |step: &mut PagedStep, qkv: &mut [f32], k: &mut [u16], v: &mut [u16]| {
         vec![
