@@ -3,6 +3,10 @@
 //! shuffles, shared memory; see its header) into a shared library, and each kernel is called
 //! with a grid and an argument list as `cuLaunchKernel` would be, on host buffers.
 //!
+//! Every buffer argument is copied into its own mapping that ends at a guard page (and copied
+//! back after the launch), so a kernel that reads or writes past a buffer's end crashes the
+//! test with the kernel's name instead of reading a neighbour's memory.
+//!
 //! This checks a kernel's arithmetic and indexing against a plain reference; it says nothing
 //! of speed, memory coalescing or races the emulator's barriers happen to order. The GPU
 //! conformance suite (`tests/cuda_conformance.rs`) is the real check.
@@ -20,7 +24,13 @@ const PRELUDE: &str = include_str!("emulator.hpp");
 /// One by-value kernel argument, as the backend's `launch!` passes them.
 #[derive(Clone, Copy, Debug)]
 pub enum Arg {
+    /// A raw address (0 for a null pointer).
     Ptr(u64),
+    /// A host buffer standing for a device buffer: `bytes` at `ptr`.
+    Buf {
+        ptr: u64,
+        bytes: usize,
+    },
     I32(i32),
     F32(f32),
     I64(i64),
@@ -29,16 +39,104 @@ pub enum Arg {
 impl Arg {
     /// A host buffer standing for a device buffer.
     pub fn buf<T>(v: &mut [T]) -> Arg {
-        Arg::Ptr(v.as_mut_ptr() as u64)
+        Arg::Buf {
+            ptr: v.as_mut_ptr() as u64,
+            bytes: std::mem::size_of_val(v),
+        }
     }
 
     fn bits(self) -> u64 {
         match self {
-            Arg::Ptr(p) => p,
+            Arg::Ptr(p) | Arg::Buf { ptr: p, .. } => p,
             Arg::I32(v) => v as u32 as u64,
             Arg::F32(v) => v.to_bits() as u64,
             Arg::I64(v) => v as u64,
         }
+    }
+}
+
+/// A copy of a buffer in a mapping whose next page is inaccessible, the copy's last byte
+/// right before it.
+struct Guarded {
+    base: *mut libc::c_void,
+    map_len: usize,
+    data: *mut u8,
+    bytes: usize,
+}
+
+impl Guarded {
+    fn copy_of(src: u64, bytes: usize) -> Guarded {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        let body = bytes.next_multiple_of(page).max(page);
+        let map_len = body + page;
+        // SAFETY: a fresh private anonymous mapping; checked below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert!(base != libc::MAP_FAILED, "mmap of a guarded buffer failed");
+        // SAFETY: the last page is inside the mapping just made.
+        let guarded =
+            unsafe { libc::mprotect(base.cast::<u8>().add(body).cast(), page, libc::PROT_NONE) };
+        assert_eq!(guarded, 0, "mprotect of the guard page failed");
+        // Flush against the guard page: `body` is page-aligned, so the copy stays aligned to
+        // the largest power of two dividing its size (at least its element's alignment, and
+        // 16 for the buffers kernels read 16 bytes at a time).
+        let start = body - bytes;
+        // SAFETY: `start + bytes <= body`: inside the accessible part of the mapping.
+        let data = unsafe { base.cast::<u8>().add(start) };
+        if bytes > 0 {
+            // SAFETY: `src` is a live buffer of `bytes` (from `Arg::buf`), `data` has room.
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, data, bytes) };
+        }
+        Guarded {
+            base,
+            map_len,
+            data,
+            bytes,
+        }
+    }
+
+    fn copy_back(&self, dst: u64) {
+        if self.bytes > 0 {
+            // SAFETY: as in `copy_of`, the other way.
+            unsafe { std::ptr::copy_nonoverlapping(self.data, dst as *mut u8, self.bytes) };
+        }
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `copy_of`, unmapped once.
+        unsafe { libc::munmap(self.base, self.map_len) };
+    }
+}
+
+/// The kernel running now, for the crash message (the emulator runs one launch at a time).
+static RUNNING: std::sync::Mutex<[u8; 64]> = std::sync::Mutex::new([0; 64]);
+
+/// Reports a guard-page hit with the kernel's name, then dies as the signal would.
+extern "C" fn on_fault(_: libc::c_int) {
+    let name = RUNNING.try_lock().map(|n| *n).unwrap_or([b'?'; 64]);
+    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let prefix: &[u8] = if len == 0 {
+        b"\nmemory fault outside any emulated CUDA kernel"
+    } else {
+        b"\nemulated CUDA kernel accessed memory outside its buffers: "
+    };
+    // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffers are live.
+    unsafe {
+        libc::write(2, prefix.as_ptr().cast(), prefix.len());
+        libc::write(2, name.as_ptr().cast(), len);
+        libc::write(2, b"\n".as_ptr().cast(), 1);
+        libc::_exit(139);
     }
 }
 
@@ -71,21 +169,51 @@ impl Emulator {
             .kernels
             .get(name)
             .unwrap_or_else(|| panic!("kernel {name} is not in kernels::NAMES"));
-        let mut values: Vec<u64> = args.iter().map(|a| a.bits()).collect();
+        // One launch at a time (the C++ side runs them so anyway): the crash message names
+        // the right kernel.
+        static LAUNCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = LAUNCH
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Ok(mut running) = RUNNING.lock() {
+            *running = [0; 64];
+            let n = name.len().min(63);
+            running[..n].copy_from_slice(&name.as_bytes()[..n]);
+        }
+        let guarded: Vec<Option<Guarded>> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::Buf { ptr, bytes } => Some(Guarded::copy_of(ptr, bytes)),
+                _ => None,
+            })
+            .collect();
+        let mut values: Vec<u64> = args
+            .iter()
+            .zip(&guarded)
+            .map(|(a, g)| g.as_ref().map_or(a.bits(), |g| g.data as u64))
+            .collect();
         let pointers: Vec<*mut c_void> = values
             .iter_mut()
             .map(|v| v as *mut u64 as *mut c_void)
             .collect();
         let grid = [grid.0, grid.1, grid.2];
         let block = [threads, 1, 1];
-        // SAFETY: `f` was resolved from the library built from the kernel sources; the caller passes
-        // the kernel's argument list, every pointer a live host buffer large enough for the
-        // launch (the same contract as a device launch).
+        // SAFETY: `f` was resolved from the library built from the kernel sources; the caller
+        // passes the kernel's argument list, every buffer a guarded copy of a live host buffer
+        // (the same contract as a device launch; past its end is a guard page).
         let rc = unsafe { f(grid.as_ptr(), block.as_ptr(), pointers.as_ptr()) };
         assert_eq!(
             rc, 0,
             "kernel {name}: bad launch shape {grid:?} x {threads}"
         );
+        for (a, g) in args.iter().zip(&guarded) {
+            if let (Arg::Buf { ptr, .. }, Some(g)) = (a, g) {
+                g.copy_back(*ptr);
+            }
+        }
+        if let Ok(mut running) = RUNNING.lock() {
+            *running = [0; 64];
+        }
     }
 }
 
@@ -116,6 +244,13 @@ fn build() -> Result<Option<Emulator>, String> {
     let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if handle.is_null() {
         return Err(format!("dlopen {} failed", lib.display()));
+    }
+    // SAFETY: installs a handler for faults, which in this test process only the guard
+    // pages of emulated launches raise on purpose.
+    unsafe {
+        let handler: extern "C" fn(libc::c_int) = on_fault;
+        libc::signal(libc::SIGSEGV, handler as libc::sighandler_t);
+        libc::signal(libc::SIGBUS, handler as libc::sighandler_t);
     }
     let mut kernels = HashMap::new();
     for name in NAMES {
