@@ -282,6 +282,8 @@ T __shfl_up_sync(unsigned, T v, unsigned delta) {
     return emu::exchange(v, [delta](unsigned lane) { return lane >= delta ? lane - delta : lane; });
 }
 
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+
 template <class T>
 T __ldg(const T* p) {
     return *p;

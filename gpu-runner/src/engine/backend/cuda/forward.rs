@@ -302,18 +302,31 @@ impl CudaBackend {
             Activation::Silu => 0i32,
             Activation::GeluTanh => 1,
         };
-        let ffn = c.ffn as i32;
-        let ffn_blocks = c.ffn.div_ceil(ELEMENT_THREADS as usize);
-        launch!(
-            self,
-            "gated_act",
-            grid(n, ffn_blocks, ELEMENT_THREADS),
-            gate_up,
-            act,
-            ffn,
-            kind
-        )?;
-        gemm!(self, "down", act, &l.w_down, n, proj)?;
+        if self.gemm.can_fuse_activation(&l.w_down, n) {
+            // A decode step: the down projection computes the activation as it reads it.
+            let w = &l.w_down;
+            let started = self.profiler.start(&self.ctx, &self.stream)?;
+            self.gemm.matmul_gated(gate_up, kind, w, n, proj)?;
+            self.profiler.stop(
+                started,
+                &self.stream,
+                || format!("gemm down+act {}x{} n={n}", w.rows, w.cols),
+                w.bytes() as u64,
+            )?;
+        } else {
+            let ffn = c.ffn as i32;
+            let ffn_blocks = c.ffn.div_ceil(ELEMENT_THREADS as usize);
+            launch!(
+                self,
+                "gated_act",
+                grid(n, ffn_blocks, ELEMENT_THREADS),
+                gate_up,
+                act,
+                ffn,
+                kind
+            )?;
+            gemm!(self, "down", act, &l.w_down, n, proj)?;
+        }
 
         let post = addr(&l.post_ffn_norm);
         // The last block only adds its residual: the final norm runs over logit rows alone.

@@ -130,6 +130,56 @@ impl Gemm {
         }
     }
 
+    /// Whether the down projection of `n` rows through `w` can take the feed-forward's
+    /// [gate | up] rows directly ([`Gemm::matmul_gated`]): a decode-sized product of bf16
+    /// weights.
+    pub fn can_fuse_activation(&self, w: &DeviceMatrix, n: usize) -> bool {
+        n > 0
+            && n <= self.gemv_max_rows
+            && w.cols.is_multiple_of(8)
+            && matches!(w.storage, Storage::Bf16(_))
+    }
+
+    /// `out[n, w.rows] = bf16(act(gate)·up) · wᵀ` from `gate_up` (`[n, 2·w.cols]` f32), the
+    /// gated activation computed as the GEMV stages its input (act 0 = SiLU, 1 = GELU). Only
+    /// where [`Gemm::can_fuse_activation`].
+    pub fn matmul_gated(
+        &self,
+        gate_up: u64,
+        act: i32,
+        w: &DeviceMatrix,
+        n: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let Some(weights) = w.bf16_ptr() else {
+            return Err(CudaError::Failure(
+                "a fused down projection needs bf16 weights".into(),
+            ));
+        };
+        let (m, k, n_rows, ldo) = (w.rows as i32, w.cols as i32, n as i32, w.rows as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (w.rows.div_ceil(GEMV_WARPS) as u32, 1, 1),
+            block_dim: ((GEMV_WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self
+            .stream
+            .launch_builder(self.kernels.get("gemv_bf16_gated"));
+        b.arg(&weights)
+            .arg(&gate_up)
+            .arg(&out)
+            .arg(&m)
+            .arg(&k)
+            .arg(&n_rows)
+            .arg(&ldo)
+            .arg(&act);
+        // SAFETY: `weights` holds rows·cols bf16 (cols % 8 == 0); the caller sized `gate_up`
+        // (n·2·cols f32) and `out` (n·rows f32).
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| CudaError::Failure(format!("kernel gemv_bf16_gated: {e}")))
+    }
+
     /// `out[j·ldo + m] = x[j] · w[m]` for the `rows` rows of `weights`, read by `kernel`
     /// (`gemv_bf16` or a block format's `gemv_*`: the same arguments).
     #[allow(clippy::too_many_arguments)]

@@ -152,18 +152,22 @@ extern "C" __global__ void qkv_prepare(float* qkv, const float* bias, const floa
 // out = bf16(act(gate) * up) over the fused [gate | up] rows; act 0 = SiLU, 1 = GELU (tanh).
 // Grid (tokens, ffn / blockDim): one element per thread, so a single token still spreads
 // over the whole GPU.
+__device__ __forceinline__ bf16 gated(float gate, float up, int act) {
+    float a;
+    if (act == 0) {
+        a = gate / (1.0f + __expf(-gate));
+    } else {
+        a = 0.5f * gate * (1.0f + tanhf(0.7978845608f * (gate + 0.044715f * gate * gate * gate)));
+    }
+    return f32_to_bf16(a * up);
+}
+
 extern "C" __global__ void gated_act(const float* __restrict__ gate_up, bf16* __restrict__ out,
                                      int ffn, int act) {
     int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= ffn) return;
     const float* g = gate_up + (size_t)blockIdx.x * 2 * ffn;
-    float x = g[i], a;
-    if (act == 0) {
-        a = x / (1.0f + __expf(-x));
-    } else {
-        a = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
-    }
-    out[(size_t)blockIdx.x * ffn + i] = f32_to_bf16(a * g[ffn + i]);
+    out[(size_t)blockIdx.x * ffn + i] = gated(g[i], g[ffn + i], act);
 }
 
 // x = cap * tanh(x / cap) (Gemma 2's final logit soft-capping).
@@ -183,9 +187,15 @@ extern "C" __global__ void softcap(float* x, long long n, float cap) {
 // staged tile by tile in shared memory (read from L2 once per block, not once per warp and
 // row), and each lane keeps GEMV_UNROLL independent 16-byte loads of W in flight. Each lane
 // adds its chunks of K in ascending order whatever the tiling. K % 8 == 0.
-extern "C" __global__ void gemv_bf16(const bf16* __restrict__ w, const bf16* __restrict__ x,
-                                     float* __restrict__ out, int M, int K, int n, int ldo) {
+//
+// GATED: x is not bf16 rows but the fused [gate | up] f32 rows of the feed-forward (2·K wide),
+// and each staged element is gated_act's bf16(act(gate)·up), computed here: the down
+// projection of a decode step without the activation's own launch (same values, same sums).
+template <bool GATED>
+__device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__ xin,
+                            float* __restrict__ out, int M, int K, int n, int ldo, int act) {
     __shared__ uint4 xs[GEMV_MAX_ROWS][GEMV_TILE / 8];
+    const bf16* x = (const bf16*)xin;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int m = blockIdx.x * GEMV_WARPS + warp;
     const uint4* wrow = (const uint4*)(w + (size_t)min(m, M - 1) * K);
@@ -196,7 +206,17 @@ extern "C" __global__ void gemv_bf16(const bf16* __restrict__ w, const bf16* __r
         int chunks = min(GEMV_TILE, K - k0) / 8;
         for (int i = threadIdx.x; i < n * chunks; i += blockDim.x) {
             int j = i / chunks, c = i - j * chunks;
-            xs[j][c] = __ldg((const uint4*)(x + (size_t)j * K + k0) + c);
+            if (GATED) {
+                const float* g = (const float*)xin + (size_t)j * 2 * K + k0 + 8 * c;
+                unsigned int packed[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    packed[e] = gated(g[2 * e], g[K + 2 * e], act) |
+                                ((unsigned int)gated(g[2 * e + 1], g[K + 2 * e + 1], act) << 16);
+                xs[j][c] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+            } else {
+                xs[j][c] = __ldg((const uint4*)(x + (size_t)j * K + k0) + c);
+            }
         }
         __syncthreads();
         uint4 wv[GEMV_UNROLL];
@@ -242,5 +262,18 @@ extern "C" __global__ void gemv_bf16(const bf16* __restrict__ w, const bf16* __r
             if (lane == 0) out[(size_t)j * ldo + m] = s;
         }
     }
+}
+
+extern "C" __global__ void gemv_bf16(const bf16* __restrict__ w, const bf16* __restrict__ x,
+                                     float* __restrict__ out, int M, int K, int n, int ldo) {
+    gemv_bf16_t<false>(w, x, out, M, K, n, ldo, 0);
+}
+
+// The down projection of [gate | up] rows (act 0 = SiLU, 1 = GELU), see gemv_bf16_t.
+extern "C" __global__ void gemv_bf16_gated(const bf16* __restrict__ w,
+                                           const float* __restrict__ gate_up,
+                                           float* __restrict__ out, int M, int K, int n, int ldo,
+                                           int act) {
+    gemv_bf16_t<true>(w, gate_up, out, M, K, n, ldo, act);
 }
 

@@ -18,7 +18,7 @@ pub const SOURCE: &str = concat!(
 );
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 33] = [
+pub const NAMES: [&str; 34] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -35,6 +35,7 @@ pub const NAMES: [&str; 33] = [
     "gated_act",
     "softcap",
     "gemv_bf16",
+    "gemv_bf16_gated",
     "pick_rows",
     "gemv_q4_0",
     "gemv_q4_1",

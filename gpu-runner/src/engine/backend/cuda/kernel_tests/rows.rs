@@ -208,3 +208,52 @@ fn softcap_squashes_logits_into_the_cap() {
     );
     assert_close(&x, &want, 1e-5, "soft-capped logits");
 }
+
+#[test]
+fn the_fused_down_projection_equals_the_activation_then_the_gemv() {
+    let Some(emu) = Emulator::get() else { return };
+    // K (the ffn width) not a multiple of the staged tile, M not of the 8 warps per block.
+    let (m, k) = (21usize, 1096usize);
+    let mut values = Values(19);
+    let mut w = values.bf16s(m * k);
+    for (act, n) in [(0i32, 1usize), (1, 3), (0, 8)] {
+        let mut gate_up: Vec<f32> = values.vec(n * 2 * k).iter().map(|v| v * 4.0).collect();
+        // Separately: the activation's own kernel, then the GEMV.
+        let mut activated = vec![0u16; n * k];
+        emu.launch(
+            "gated_act",
+            (n as u32, k.div_ceil(256) as u32, 1),
+            256,
+            &[
+                Arg::buf(&mut gate_up),
+                Arg::buf(&mut activated),
+                Arg::I32(k as i32),
+                Arg::I32(act),
+            ],
+        );
+        let gemv = |name: &str, x: Arg, extra: &[Arg], w: &mut Vec<u16>| -> Vec<f32> {
+            let mut out = vec![0f32; n * m];
+            let mut args = vec![
+                Arg::buf(w),
+                x,
+                Arg::buf(&mut out),
+                Arg::I32(m as i32),
+                Arg::I32(k as i32),
+                Arg::I32(n as i32),
+                Arg::I32(m as i32),
+            ];
+            args.extend_from_slice(extra);
+            emu.launch(name, (m.div_ceil(8) as u32, 1, 1), 256, &args);
+            out
+        };
+        let separate = gemv("gemv_bf16", Arg::buf(&mut activated), &[], &mut w);
+        let fused = gemv(
+            "gemv_bf16_gated",
+            Arg::buf(&mut gate_up),
+            &[Arg::I32(act)],
+            &mut w,
+        );
+        // The same bf16 inputs summed in the same order.
+        assert_eq!(fused, separate, "act {act}, {n} rows");
+    }
+}
