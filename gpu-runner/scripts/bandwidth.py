@@ -68,14 +68,22 @@ def read_text(path):
 
 
 def parse_fallow(text):
-    """{concurrency: (prefill, decode, aggregate, ttft_ms)} from `fallow bench engine`'s table."""
+    """{concurrency: (prefill, decode, aggregate, ttft_ms)} from `fallow bench engine`'s table:
+    rows `concurrency constraint prefill decode aggregate TTFT generated CPU-ms` (only the
+    unconstrained ones, constraint `none`), or the older 5-column rows without a constraint."""
     rows = {}
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) != 5 or not fields[0].isdigit():
+        if not fields or not fields[0].isdigit():
+            continue
+        if len(fields) >= 6 and fields[1] == "none":
+            numbers = fields[2:6]
+        elif len(fields) == 5:
+            numbers = fields[1:5]
+        else:
             continue
         try:
-            vals = [float(v) for v in fields[1:]]
+            vals = [float(v) for v in numbers]
         except ValueError:
             continue
         rows[int(fields[0])] = tuple(vals)
@@ -168,6 +176,26 @@ def summary(args):
     say(f"  fallow batch 1   {fmt(f1_dec)} tok/s = {pct(f1_dec)} % of roofline")
     say(f"  HF batch 1       {fmt(h1_dec)} tok/s = {pct(h1_dec)} % of roofline")
 
+    # Other storages of the same models: decode tok/s side by side.
+    for title, base_log, other_log, other in [
+        ("8B shape: bf16 vs Q8_0 at load (f. vs f4.)", args.fallow_log, args.q8_log, "q8_0"),
+        ("SmolLM2 Q4_1: bf16 vs its own blocks (c2.)", args.smol_bf16_log, args.smol_quant_log,
+         "quantized"),
+    ]:
+        base, alt = parse_fallow(read_text(base_log)), parse_fallow(read_text(other_log))
+        if not base and not alt:
+            continue
+        say("")
+        say(title)
+        say(f"{'batch':>5} {'bf16 decode':>12} {other + ' decode':>16} {'ratio':>6}")
+        for b in sorted(set(base) | set(alt)):
+            d0 = base[b][1] if b in base else None
+            d1 = alt[b][1] if b in alt else None
+            say(f"{b:>5} {fmt(d0):>12} {fmt(d1):>16} {fmt(ratio(d1, d0), '.2f'):>6}")
+        if other == "q8_0" and roof and 1 in alt:
+            # Q8_0 keeps 34 bytes per 32 weights against bf16's 64.
+            say(f"  Q8_0 batch 1 = {pct(alt[1][1] * 34 / 64)} % of its own roofline")
+
     text = "\n".join(out) + "\n"
     sys.stdout.write(text)
     if args.out:
@@ -186,6 +214,9 @@ def main():
     s.add_argument("--bytes-per-step")
     s.add_argument("--bandwidth-gbs", type=float)
     s.add_argument("--steps", help="TSV of step name and status")
+    s.add_argument("--q8-log", help="f4.: the 8B shape's bench with Q8_0 weights")
+    s.add_argument("--smol-bf16-log", help="c2.: SmolLM2's bench with bf16 weights")
+    s.add_argument("--smol-quant-log", help="c2.: SmolLM2's bench with its own blocks")
     s.add_argument("--out", help="also write the summary here")
     args = ap.parse_args()
     if args.cmd == "summary":

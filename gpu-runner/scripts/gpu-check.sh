@@ -311,7 +311,7 @@ step_generate() {
   # decode tok/s of each, side by side in the log.
   local storage
   for storage in bf16 quantized; do
-    run_step "c2. SmolLM2 bench, $storage weights" 60 - \
+    run_step "c2. SmolLM2 bench, $storage weights" 60 "$WORK/smol-bench-$storage.log" \
       "$FALLOW" bench engine --model "$SMOL" --device cuda --cuda-weights "$storage" \
       --concurrency 1,8,64 --prompt-tokens 32 --gen-tokens 64 --kv-cache-mib 2048
   done
@@ -324,6 +324,9 @@ main() {
   step_tests
   step_generate
   if [ "${GPU_CHECK_ONLY:-}" = model ]; then
+    timeout 30 "$PY" gpu-runner/scripts/bandwidth.py summary --steps "$OUT/steps.tsv" \
+      --smol-bf16-log "$WORK/smol-bench-bf16.log" --smol-quant-log "$WORK/smol-bench-quantized.log" \
+      --out "$OUT/summary.txt" || echo "summary: FAILED rc=$?"
     echo "gpu-check: GPU_CHECK_ONLY=model, done in $((SECONDS - START_S))s"
     if grep -qE $'\t(FAILED|TIMEOUT)' "$OUT/steps.tsv"; then return 1; fi
     return 0
@@ -366,7 +369,9 @@ main() {
   timeout 30 "$PY" gpu-runner/scripts/bandwidth.py summary \
     --fallow-log "$OUT/fallow-bench.log" --hf-log "$OUT/hf-bench.log" \
     --bytes-per-step "$LLAMA_DIR/bytes_per_step.txt" ${bw:+--bandwidth-gbs "$bw"} \
-    --steps "$OUT/steps.tsv" --out "$OUT/summary.txt" ||
+    --steps "$OUT/steps.tsv" --q8-log "$WORK/fallow-bench-q8_0.log" \
+    --smol-bf16-log "$WORK/smol-bench-bf16.log" --smol-quant-log "$WORK/smol-bench-quantized.log" \
+    --out "$OUT/summary.txt" ||
     echo "summary: FAILED rc=$?" | tee "$OUT/summary.txt"
   echo
   echo "gpu-check: done in $((SECONDS - START_S))s; files in $OUT: $(cd "$OUT" && echo *)"
