@@ -86,9 +86,17 @@ impl Gemm {
         }
         let decode = n <= self.gemv_max_rows && w.cols.is_multiple_of(8);
         match &w.storage {
-            Storage::Bf16(buf) if decode => {
-                self.gemv("gemv_bf16", buf.ptr(), w.rows, w.cols, w.rows, x, n, out)
-            }
+            Storage::Bf16(buf) if decode => self.gemv(
+                "gemv_bf16",
+                buf.ptr(),
+                w.rows,
+                w.cols,
+                w.rows,
+                x,
+                n,
+                out,
+                None,
+            ),
             Storage::Bf16(buf) => self.cublas(buf.ptr(), w.rows, w.cols, x, n, out),
             Storage::Quantized(parts) if decode => {
                 let mut first_row = 0;
@@ -104,6 +112,7 @@ impl Gemm {
                         x,
                         n,
                         out,
+                        None,
                     )?;
                     first_row += part.rows;
                 }
@@ -156,32 +165,22 @@ impl Gemm {
                 "a fused down projection needs bf16 weights".into(),
             ));
         };
-        let (m, k, n_rows, ldo) = (w.rows as i32, w.cols as i32, n as i32, w.rows as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (w.rows.div_ceil(GEMV_WARPS) as u32, 1, 1),
-            block_dim: ((GEMV_WARPS * 32) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = self
-            .stream
-            .launch_builder(self.kernels.get("gemv_bf16_gated"));
-        b.arg(&weights)
-            .arg(&gate_up)
-            .arg(&out)
-            .arg(&m)
-            .arg(&k)
-            .arg(&n_rows)
-            .arg(&ldo)
-            .arg(&act);
-        // SAFETY: `weights` holds rows·cols bf16 (cols % 8 == 0); the caller sized `gate_up`
-        // (n·2·cols f32) and `out` (n·rows f32).
-        unsafe { b.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| CudaError::Failure(format!("kernel gemv_bf16_gated: {e}")))
+        self.gemv(
+            "gemv_bf16_gated",
+            weights,
+            w.rows,
+            w.cols,
+            w.rows,
+            gate_up,
+            n,
+            out,
+            Some(act),
+        )
     }
 
     /// `out[j·ldo + m] = x[j] · w[m]` for the `rows` rows of `weights`, read by `kernel`
-    /// (`gemv_bf16` or a block format's `gemv_*`: the same arguments).
+    /// (`gemv_bf16` or a block format's `gemv_*`: the same arguments; `gemv_bf16_gated`
+    /// takes [gate | up] rows as `x` and the activation as `act`).
     #[allow(clippy::too_many_arguments)]
     fn gemv(
         &self,
@@ -193,6 +192,7 @@ impl Gemm {
         x: u64,
         n: usize,
         out: u64,
+        act: Option<i32>,
     ) -> Result<(), CudaError> {
         let (m, k, n_rows, ldo) = (rows as i32, cols as i32, n as i32, ldo as i32);
         let cfg = LaunchConfig {
@@ -208,9 +208,13 @@ impl Gemm {
             .arg(&k)
             .arg(&n_rows)
             .arg(&ldo);
+        if let Some(act) = &act {
+            b.arg(act);
+        }
         // SAFETY: `weights` holds `rows` rows of `cols` in the kernel's format (bf16 with
         // cols % 8 == 0, or whole blocks, checked when the file was opened); the caller sized
-        // `x` (n·cols bf16) and `out` (n rows `ldo` floats apart, `rows` of them from here).
+        // `x` (n·cols bf16, or n·2·cols f32 for the gated kernel) and `out` (n rows `ldo`
+        // floats apart, `rows` of them from here).
         unsafe { b.launch(cfg) }
             .map(|_| ())
             .map_err(|e| CudaError::Failure(format!("kernel {kernel}: {e}")))

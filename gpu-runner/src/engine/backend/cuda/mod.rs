@@ -39,6 +39,7 @@ use self::profile::Profiler;
 use self::step::{Padding, Scratch, StepInputs};
 use self::weights::DeviceWeights;
 use super::batch::BatchLayout;
+use super::cpu::kv_bytes_per_block;
 use super::cpu::rope::inv_freqs;
 use super::{Backend, BackendError, SeqSlice, StepOutput};
 use crate::engine::footprint::KvPoolSize;
@@ -156,7 +157,8 @@ impl CudaBackend {
             KvPoolSize::Blocks(n) => n,
             KvPoolSize::UpTo(most) => {
                 let (free, _) = ctx.mem_get_info().map_err(CudaError::driver)?;
-                let per_block = 2 * config.n_layers * block_size * config.kv_dim() * 2;
+                // bf16 here, the same two bytes as the CPU pool's default f16.
+                let per_block = kv_bytes_per_block(&config, block_size);
                 let blocks = auto_kv_blocks(free, per_block).min(most);
                 tracing::info!(
                     blocks,
