@@ -176,18 +176,21 @@ def summary(args):
     say(f"  fallow batch 1   {fmt(f1_dec)} tok/s = {pct(f1_dec)} % of roofline")
     say(f"  HF batch 1       {fmt(h1_dec)} tok/s = {pct(h1_dec)} % of roofline")
 
-    # Other storages of the same models: decode tok/s side by side.
-    for title, base_log, other_log, other in [
-        ("8B shape: bf16 vs Q8_0 at load (f. vs f4.)", args.fallow_log, args.q8_log, "q8_0"),
+    # Other storages of the same models, and the 8B shape launched without early starts.
+    for title, base_log, other_log, base_name, other in [
+        ("8B shape: bf16 vs Q8_0 at load (f. vs f4.)", args.fallow_log, args.q8_log, "bf16",
+         "q8_0"),
         ("SmolLM2 Q4_1: bf16 vs its own blocks (c2.)", args.smol_bf16_log, args.smol_quant_log,
-         "quantized"),
+         "bf16", "quantized"),
+        ("8B shape: early-start vs plain launches (f. vs f5.)", args.fallow_log, args.plain_log,
+         "early", "plain"),
     ]:
         base, alt = parse_fallow(read_text(base_log)), parse_fallow(read_text(other_log))
         if not base and not alt:
             continue
         say("")
         say(title)
-        say(f"{'batch':>5} {'bf16 decode':>12} {other + ' decode':>16} {'ratio':>6}")
+        say(f"{'batch':>5} {base_name + ' decode':>12} {other + ' decode':>16} {'ratio':>6}")
         for b in sorted(set(base) | set(alt)):
             d0 = base[b][1] if b in base else None
             d1 = alt[b][1] if b in alt else None
@@ -217,6 +220,7 @@ def main():
     s.add_argument("--q8-log", help="f4.: the 8B shape's bench with Q8_0 weights")
     s.add_argument("--smol-bf16-log", help="c2.: SmolLM2's bench with bf16 weights")
     s.add_argument("--smol-quant-log", help="c2.: SmolLM2's bench with its own blocks")
+    s.add_argument("--plain-log", help="f5.: the 8B shape's bench without early starts")
     s.add_argument("--out", help="also write the summary here")
     args = ap.parse_args()
     if args.cmd == "summary":

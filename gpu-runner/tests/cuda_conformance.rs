@@ -15,7 +15,8 @@
 //!   the device) generates llama.cpp's greedy tokens for concurrent requests up to the first
 //!   near tie;
 //! - the device argmax equals the host argmax of the same logits; the GEMV kernel (decode)
-//!   equals cuBLAS.
+//!   equals cuBLAS; graph replays, split-K attention and early-started launches (sm_90)
+//!   compute what eager, unsplit, plainly launched steps do.
 //!
 //! Without a usable GPU every test prints SKIPPED and passes: CI has none. The GPU machine
 //! runs this binary through `gpu-runner/scripts/gpu-check.sh`.
@@ -828,6 +829,90 @@ fn decode_steps_padded_to_a_graph_bucket_equal_unpadded_eager_ones() {
     eprintln!("padded graph vs eager, 12 sequences: max relative |Δ logit| {diff:.6}");
     // cuBLAS may pick other kernels for 16 rows than for 12 (another summation order).
     assert!(diff <= 1e-2, "padded graph replay differs by {diff}");
+}
+
+#[test]
+fn early_started_launches_compute_exactly_what_plain_launches_do() {
+    if !gpu() {
+        return;
+    }
+    let Some(path) = default_model() else { return };
+    let artifacts = model::open(&path).expect("default model");
+    let vocab = artifacts.config.vocab_size as u32;
+    let prompt_a: Vec<u32> = (0..200u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let prompt_b: Vec<u32> = (0..50u32).map(|i| (i * 104_729 + 5) % vocab).collect();
+    let (table_a, table_b) = (table(0, 240), table(64, 90));
+    let run = |early: bool| -> Option<Vec<f32>> {
+        let mut cuda = cuda_with(&artifacts, CudaWeights::Bf16);
+        cuda.set_early_start(early);
+        if cuda.early_start() != early {
+            eprintln!("SKIPPED: this device has no programmatic dependent launch (sm_90+)");
+            return None;
+        }
+        let mut all = Vec::new();
+        // A prefill (cuBLAS, tiled prefill attention), then a step mixing A's decode with
+        // B's prompt, then decodes of both (GEMV, graphs captured and replayed),
+        // teacher-forced so that both runs take the same path.
+        all.extend(
+            cuda.forward(&[SeqSlice {
+                tokens: &prompt_a,
+                start_pos: 0,
+                block_table: &table_a,
+                logits: LogitsMode::Last,
+            }])
+            .expect("prefill"),
+        );
+        let next = [1u32];
+        all.extend(
+            cuda.forward(&[
+                SeqSlice {
+                    tokens: &next,
+                    start_pos: prompt_a.len(),
+                    block_table: &table_a,
+                    logits: LogitsMode::Last,
+                },
+                SeqSlice {
+                    tokens: &prompt_b,
+                    start_pos: 0,
+                    block_table: &table_b,
+                    logits: LogitsMode::Last,
+                },
+            ])
+            .expect("mixed step"),
+        );
+        for step in 0..8u32 {
+            let tokens = [(step * 31 + 2) % vocab, (step * 17 + 3) % vocab];
+            all.extend(
+                cuda.forward(&[
+                    SeqSlice {
+                        tokens: &tokens[..1],
+                        start_pos: prompt_a.len() + 1 + step as usize,
+                        block_table: &table_a,
+                        logits: LogitsMode::Last,
+                    },
+                    SeqSlice {
+                        tokens: &tokens[1..],
+                        start_pos: prompt_b.len() + step as usize,
+                        block_table: &table_b,
+                        logits: LogitsMode::Last,
+                    },
+                ])
+                .expect("decode step"),
+            );
+        }
+        Some(all)
+    };
+    let Some(early) = run(true) else { return };
+    let plain = run(false).expect("plain launches");
+    // The same kernels doing the same sums: only when their blocks start differs.
+    assert!(
+        early == plain,
+        "early-started launches differ from plain ones (max |Δ| {})",
+        early
+            .iter()
+            .zip(&plain)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+    );
 }
 
 #[test]

@@ -37,6 +37,7 @@ __device__ void paged_attention_t(
     const int* block_tables, int max_blocks, const int* token_seq, const int* positions,
     bf16* out, float* partial, int n_heads, int n_kv_heads, int head_dim, int block_size,
     float scale, float softcap, int window, int partition, const int* rows) {
+    grid_dependency_sync();
     int t = rows ? rows[blockIdx.x] : (int)blockIdx.x;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     HeadGroup hg = head_group(n_heads, n_kv_heads);
@@ -167,6 +168,7 @@ __device__ void paged_prefill_t(
     const int* block_tables, int max_blocks, const int* token_seq, const int* positions,
     bf16* out, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale,
     float softcap, int window, const int* tiles) {
+    grid_dependency_sync();
     // K rows padded by one 32-bit word: lanes reading row `lane` at the same column hit
     // distinct banks.
     __shared__ unsigned int ks[KEY_TILE][DIMS * 16 + 1];
@@ -287,6 +289,7 @@ PAGED_ATTENTION(8)
 // Empty splits (sum 0) are skipped; the first split always holds the token itself.
 extern "C" __global__ void attention_merge(const float* partial, bf16* out, int n_heads,
                                            int head_dim, int splits, const int* rows) {
+    grid_dependency_sync();
     int t = rows ? rows[blockIdx.x] : (int)blockIdx.x, h = blockIdx.y;
     int stride = head_dim + 2;
     const float* rec = partial + ((size_t)blockIdx.x * n_heads + h) * splits * stride;

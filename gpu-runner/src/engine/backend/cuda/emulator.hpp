@@ -11,6 +11,8 @@
 // host pointers. Launches are serialised (the state is global). Fibers rather than OS
 // threads: a warp shuffle is two barriers, and a fiber switch costs nanoseconds.
 
+#define FALLOW_EMULATOR 1
+
 #include <atomic>
 #include <cmath>
 #include <cstddef>
@@ -115,6 +117,8 @@ inline std::vector<Fiber>* fibers = nullptr;
 inline Barrier block_barrier;
 inline std::vector<Barrier> warp_barriers;
 inline std::vector<uint64_t> lanes;
+// Which threads of the running block have called grid_dependency_sync (see kernels.cu).
+inline std::vector<uint8_t> synced;
 inline std::function<void()> kernel_body;
 #if defined(__x86_64__)
 inline void* scheduler_sp = nullptr;
@@ -214,6 +218,7 @@ inline int run(dim3 grid, dim3 block, std::function<void()> body) {
                     f.done = false;
                     start(f);
                 }
+                synced.assign(threads, 0);
                 unsigned live = threads;
                 while (live > 0) {
                     for (unsigned t = 0; t < threads; t++) {
@@ -224,6 +229,11 @@ inline int run(dim3 grid, dim3 block, std::function<void()> body) {
                         if (pool[t].done) live--;
                     }
                 }
+                for (uint8_t s : synced)
+                    if (!s) {
+                        fibers = nullptr;
+                        return 2;  // a thread that could race an early-started launch
+                    }
             }
     fibers = nullptr;
     return 0;
@@ -262,6 +272,8 @@ int launch(void (*k)(A...), const unsigned* grid, const unsigned* block, void** 
 #define warpSize 32
 
 inline void __syncthreads() { emu::syncthreads(); }
+// Launches run one after another here: only whether every thread calls it is checked.
+inline void grid_dependency_sync() { emu::synced[emu::linear] = 1; }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::syncwarp(); }
 
 template <class T>

@@ -202,6 +202,11 @@ impl Emulator {
         // passes the kernel's argument list, every buffer a guarded copy of a live host buffer
         // (the same contract as a device launch; past its end is a guard page).
         let rc = unsafe { f(grid.as_ptr(), block.as_ptr(), pointers.as_ptr()) };
+        assert_ne!(
+            rc, 2,
+            "kernel {name}: a thread did not call grid_dependency_sync(), so with an early \
+             start it could read or write before the previous kernel finished"
+        );
         assert_eq!(
             rc, 0,
             "kernel {name}: bad launch shape {grid:?} x {threads}"

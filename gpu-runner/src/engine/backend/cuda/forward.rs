@@ -4,9 +4,10 @@
 //! activation, down GEMM), with each residual add fused into the next block's RMSNorm;
 //! finally the norm and LM head over the rows that produce logits only.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 use super::attention_split::{head_blocks, AttentionSplit};
+use super::launch::KernelArgs;
 use super::step::{addr, LOGPROB_STRIDE};
 use super::{rope_style_code, CudaBackend, CudaError};
 use crate::engine::backend::StepOutput;
@@ -58,15 +59,12 @@ fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {
 macro_rules! launch {
     ($self:ident, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
         let started = $self.profiler.start(&$self.ctx, &$self.stream)?;
-        let f = $self.kernels.get($name);
-        let mut b = $self.stream.launch_builder(f);
+        let mut b = KernelArgs::new();
         launch!(@push b, $($arg),+);
         // SAFETY: every address comes from a live buffer sized for this step by
         // `Scratch::ensure` / `StepInputs::pack`, and the argument list matches the
         // kernel's signature in its .cu file.
-        let launched = unsafe { b.launch($cfg) }
-            .map(|_| ())
-            .map_err(|e| CudaError::Failure(format!("kernel {}: {e}", $name)));
+        let launched = unsafe { $self.launcher.launch($name, $cfg, &mut b) };
         let tokens = $self.inputs.tokens;
         launched.and_then(|()| {
             $self.profiler.stop(started, &$self.stream, || format!("{} n={tokens}", $name), 0)

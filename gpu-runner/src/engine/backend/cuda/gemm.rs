@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::cublas::{result, CudaBlas};
-use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaStream, LaunchConfig};
 
 use super::buffer::DeviceBuf;
-use super::kernels::Kernels;
+use super::launch::{KernelArgs, Launcher};
 use super::weights::{DeviceMatrix, QuantPart, Storage};
 use super::CudaError;
 
@@ -31,13 +31,12 @@ pub struct Gemm {
     /// Where a quantized matrix is expanded to bf16 for cuBLAS (sized at load for the
     /// largest one: nothing is allocated while a CUDA graph is captured).
     expanded: Option<DeviceBuf<u16>>,
-    stream: Arc<CudaStream>,
-    kernels: Arc<Kernels>,
+    launcher: Launcher,
     gemv_max_rows: usize,
 }
 
 impl Gemm {
-    pub fn new(stream: &Arc<CudaStream>, kernels: Arc<Kernels>) -> Result<Self, CudaError> {
+    pub fn new(stream: &Arc<CudaStream>, launcher: Launcher) -> Result<Self, CudaError> {
         let blas = CudaBlas::new(Arc::clone(stream))
             .map_err(|e| CudaError::Failure(format!("cuBLAS: {e}")))?;
         let workspace = DeviceBuf::<u8>::zeros(stream, CUBLAS_WORKSPACE_BYTES)?;
@@ -57,10 +56,13 @@ impl Gemm {
             blas,
             _workspace: workspace,
             expanded: None,
-            stream: Arc::clone(stream),
-            kernels,
+            launcher,
             gemv_max_rows: GEMV_MAX_ROWS,
         })
+    }
+
+    pub fn set_launcher(&mut self, launcher: Launcher) {
+        self.launcher = launcher;
     }
 
     pub fn set_gemv_max_rows(&mut self, rows: usize) {
@@ -200,7 +202,7 @@ impl Gemm {
             block_dim: ((GEMV_WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(self.kernels.get(kernel));
+        let mut b = KernelArgs::new();
         b.arg(&weights)
             .arg(&x)
             .arg(&out)
@@ -215,9 +217,7 @@ impl Gemm {
         // cols % 8 == 0, or whole blocks, checked when the file was opened); the caller sized
         // `x` (n·cols bf16, or n·2·cols f32 for the gated kernel) and `out` (n rows `ldo`
         // floats apart, `rows` of them from here).
-        unsafe { b.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| CudaError::Failure(format!("kernel {kernel}: {e}")))
+        unsafe { self.launcher.launch(kernel, cfg, &mut b) }
     }
 
     /// Expands one part to bf16 rows at `dst`.
@@ -231,13 +231,11 @@ impl Gemm {
             shared_mem_bytes: 0,
         };
         let name = part.kernels.dequant;
-        let mut b = self.stream.launch_builder(self.kernels.get(name));
+        let mut b = KernelArgs::new();
         b.arg(&weights).arg(&dst).arg(&rows).arg(&k);
         // SAFETY: the part holds `rows` whole-block rows of `cols`; `dst` has room for
         // rows·cols bf16 (`reserve_expansion`).
-        unsafe { b.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| CudaError::Failure(format!("kernel {name}: {e}")))
+        unsafe { self.launcher.launch(name, cfg, &mut b) }
     }
 
     /// Row-major `W[out, in]` is column-major `Wᵀ`, so cuBLAS computes the column-major

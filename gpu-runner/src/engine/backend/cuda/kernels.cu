@@ -33,6 +33,22 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Programmatic dependent launch (sm_90; kernels.rs's early-start launches): a kernel may begin
+// while the one before it on the stream is finishing, so every thread calls this before it
+// reads anything an earlier kernel wrote, or writes anything an earlier kernel reads; only
+// weights (which no kernel writes) may be read before it. It waits until the previous grid
+// has finished and its writes are visible, then lets the next kernel start launching (its
+// blocks take the SMs this grid's last blocks free, and wait in turn). A no-op before sm_90.
+// The emulator checks that every thread of every launch calls it.
+#ifndef FALLOW_EMULATOR
+__device__ __forceinline__ void grid_dependency_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+#endif
+
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024).
 __device__ float block_sum(float v) {
     __shared__ float partial[32];
@@ -55,6 +71,7 @@ __device__ float block_sum(float v) {
 // x[t] = table[ids[t]] * scale (Gemma scales its embeddings by sqrt(hidden)).
 extern "C" __global__ void embed(const bf16* table, const unsigned int* ids, float* x,
                                  int hidden, float scale) {
+    grid_dependency_sync();
     const bf16* row = table + (size_t)ids[blockIdx.x] * hidden;
     float* out = x + (size_t)blockIdx.x * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = bf16_to_f32(row[i]) * scale;
@@ -64,6 +81,7 @@ extern "C" __global__ void embed(const bf16* table, const unsigned int* ids, flo
 // norm of the rows that produce logits. `rows` may be null (row r reads x[r]).
 extern "C" __global__ void rms_norm_bf16(const float* x, const int* rows, const float* w,
                                          bf16* out, int hidden, float eps) {
+    grid_dependency_sync();
     int src = rows ? rows[blockIdx.x] : (int)blockIdx.x;
     const float* xr = x + (size_t)src * hidden;
     float ss = 0.0f;
@@ -79,6 +97,7 @@ extern "C" __global__ void rms_norm_bf16(const float* x, const int* rows, const 
 extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ delta,
                                         const float* post_w, const float* next_w,
                                         bf16* __restrict__ out, int hidden, float eps) {
+    grid_dependency_sync();
     float* xr = x + (size_t)blockIdx.x * hidden;
     const float* dr = delta + (size_t)blockIdx.x * hidden;
     float post_inv = 1.0f;
@@ -110,6 +129,7 @@ extern "C" __global__ void qkv_prepare(float* qkv, const float* bias, const floa
                                        const int* positions, const int* slots, bf16* k_cache,
                                        bf16* v_cache, int n_heads, int n_kv_heads, int head_dim,
                                        float eps, int style) {
+    grid_dependency_sync();
     int t = blockIdx.x, h = blockIdx.y;
     int width = (n_heads + 2 * n_kv_heads) * head_dim;
     float* v = qkv + (size_t)t * width + (size_t)h * head_dim;
@@ -164,6 +184,7 @@ __device__ __forceinline__ bf16 gated(float gate, float up, int act) {
 
 extern "C" __global__ void gated_act(const float* __restrict__ gate_up, bf16* __restrict__ out,
                                      int ffn, int act) {
+    grid_dependency_sync();
     int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= ffn) return;
     const float* g = gate_up + (size_t)blockIdx.x * 2 * ffn;
@@ -172,6 +193,7 @@ extern "C" __global__ void gated_act(const float* __restrict__ gate_up, bf16* __
 
 // x = cap * tanh(x / cap) (Gemma 2's final logit soft-capping).
 extern "C" __global__ void softcap(float* x, long long n, float cap) {
+    grid_dependency_sync();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
@@ -191,6 +213,15 @@ extern "C" __global__ void softcap(float* x, long long n, float cap) {
 // GATED: x is not bf16 rows but the fused [gate | up] f32 rows of the feed-forward (2·K wide),
 // and each staged element is gated_act's bf16(act(gate)·up), computed here: the down
 // projection of a decode step without the activation's own launch (same values, same sums).
+// This lane's GEMV_UNROLL chunks (of `chunks`) of one tile of a weight row.
+__device__ __forceinline__ void gemv_load_w(uint4* wv, const uint4* tile, int lane, int chunks) {
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; u++) {
+        int c = lane + 32 * u;
+        if (c < chunks) wv[u] = __ldg(tile + c);
+    }
+}
+
 template <bool GATED>
 __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__ xin,
                             float* __restrict__ out, int M, int K, int n, int ldo, int act) {
@@ -202,6 +233,11 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
     float acc[GEMV_MAX_ROWS];
 #pragma unroll
     for (int j = 0; j < GEMV_MAX_ROWS; j++) acc[j] = 0.0f;
+    // The first tile of W is requested before waiting for the kernel that writes x: with an
+    // early start its latency hides behind the previous kernel's last blocks.
+    uint4 wv[GEMV_UNROLL];
+    gemv_load_w(wv, wrow, lane, min(GEMV_TILE, K) / 8);
+    grid_dependency_sync();
     for (int k0 = 0; k0 < K; k0 += GEMV_TILE) {
         int chunks = min(GEMV_TILE, K - k0) / 8;
         for (int i = threadIdx.x; i < n * chunks; i += blockDim.x) {
@@ -219,12 +255,7 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
             }
         }
         __syncthreads();
-        uint4 wv[GEMV_UNROLL];
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++) {
-            int c = lane + 32 * u;
-            if (c < chunks) wv[u] = __ldg(wrow + k0 / 8 + c);
-        }
+        if (k0 > 0) gemv_load_w(wv, wrow + k0 / 8, lane, chunks);
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             int c = lane + 32 * u;

@@ -179,6 +179,34 @@ mod tests {
         }
     }
 
+    /// Every kernel waits for the previous grid (`grid_dependency_sync`) when compiled for
+    /// Hopper, where launches may start early ([`super::super::launch`]); before sm_90 the
+    /// instruction does not exist and nothing of it is compiled.
+    #[test]
+    fn every_kernel_waits_for_its_predecessor_on_hopper_only() {
+        if !nvrtc_available() {
+            eprintln!("SKIPPED: libnvrtc.so.13 not found (see the PTX test)");
+            return;
+        }
+        for (arch, waits) in [("compute_80", false), ("compute_90", true)] {
+            let text = compile_ptx(arch).unwrap_or_else(|e| panic!("{e}")).to_src();
+            // PTX lists each kernel as `.entry name(` followed by its body, up to the next.
+            for body in text.split(".entry ").skip(1) {
+                let name = body.split('(').next().unwrap_or("?");
+                assert_eq!(
+                    body.contains("griddepcontrol.wait"),
+                    waits,
+                    "{arch}: kernel {name}"
+                );
+                assert_eq!(
+                    body.contains("griddepcontrol.launch_dependents"),
+                    waits,
+                    "{arch}: kernel {name}"
+                );
+            }
+        }
+    }
+
     /// No kernel spills registers to local memory on Ampere or Hopper (ptxas, through
     /// NVRTC, reports it without a GPU): a spill in a hot loop costs more than any tuning.
     #[test]

@@ -2,7 +2,8 @@
 //! batched step per `forward_step` on one stream. Large GEMMs go through cuBLAS, decode-sized
 //! ones through our GEMV ([`gemm`]); everything else is a kernel of ours compiled at run time
 //! with NVRTC ([`kernels`]). Greedy and sampled rows get their token picked on the device, and decode steps of
-//! a few sequences replay CUDA graphs ([`graphs`]). The batcher, block manager and sampler
+//! a few sequences replay CUDA graphs ([`graphs`]); from sm_90 each kernel launches while the
+//! previous one finishes ([`launch`]). The batcher, block manager and sampler
 //! are the CPU backend's: only [`Backend::forward_step`] differs.
 //!
 //! The crate links CUDA dynamically, so it builds and runs on machines without it; opening a
@@ -19,6 +20,7 @@ mod graphs;
 #[cfg(test)]
 mod kernel_tests;
 pub mod kernels;
+mod launch;
 mod profile;
 mod step;
 mod weights;
@@ -35,6 +37,7 @@ use self::buffer::DeviceBuf;
 use self::gemm::Gemm;
 use self::graphs::{DecodeGraphs, GraphKey, Replay};
 use self::kernels::Kernels;
+use self::launch::Launcher;
 use self::profile::Profiler;
 use self::step::{Padding, Scratch, StepInputs};
 use self::weights::DeviceWeights;
@@ -96,7 +99,10 @@ pub struct CudaBackend {
     config: ModelConfig,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    kernels: Arc<Kernels>,
+    /// Launches our kernels (with early starts where the device has them, [`launch`]).
+    launcher: Launcher,
+    /// Compute capability's major number (whether early starts can be turned back on).
+    cc_major: i32,
     gemm: Gemm,
     weights: DeviceWeights,
     /// `[layer, block, slot, kv_dim]` bf16, `num_blocks + 1` blocks per layer (the last is
@@ -145,12 +151,18 @@ impl CudaBackend {
         // Its own stream: the legacy default stream cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(CudaError::driver)?;
         let kernels = Kernels::for_device(&ctx).map_err(CudaError::Failure)?;
+        let (cc_major, _) = ctx.compute_capability().map_err(CudaError::driver)?;
         let profiler = Profiler::from_env();
+        let mut launcher = Launcher::new(kernels, Arc::clone(&stream), cc_major);
+        if profiler.enabled() {
+            // A profile times each launch on its own: overlapping ones would blur it.
+            launcher.set_early_start(false, cc_major);
+        }
         let sm_count = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(CudaError::driver)?
             .max(1) as usize;
-        let mut gemm = Gemm::new(&stream, Arc::clone(&kernels))?;
+        let mut gemm = Gemm::new(&stream, launcher.clone())?;
         let weights = DeviceWeights::upload(&stream, &config, &artifacts.weights, weight_storage)?;
         gemm.reserve_expansion(&stream, weights.largest_quantized())?;
         let num_blocks = match pool {
@@ -200,7 +212,8 @@ impl CudaBackend {
             inv_freq_local: DeviceBuf::from_host(&stream, &local)?,
             config,
             ctx,
-            kernels,
+            launcher,
+            cc_major,
             gemm,
             weights,
             k_cache,
@@ -242,6 +255,20 @@ impl CudaBackend {
     /// turns them off for a process).
     pub fn set_cuda_graphs(&mut self, enabled: bool) {
         self.graphs.set_enabled(enabled);
+    }
+
+    /// Turns early starts (programmatic dependent launch, [`launch`]) on or off: on by
+    /// default from sm_90, where `FALLOW_CUDA_EARLY_START=0` turns them off for a process;
+    /// never on before sm_90. Tests compare the two.
+    pub fn set_early_start(&mut self, enabled: bool) {
+        self.launcher.set_early_start(enabled, self.cc_major);
+        self.gemm.set_launcher(self.launcher.clone());
+        self.graphs.clear();
+    }
+
+    /// Whether launches start early ([`CudaBackend::set_early_start`]).
+    pub fn early_start(&self) -> bool {
+        self.launcher.early_start()
     }
 
     /// Turns split-K attention on or off (on by default; tests compare the two).

@@ -205,6 +205,7 @@ __device__ int draw_token(const float* row, int vocab, float best, float tempera
 // (id as float bits, logprob) of the top_logprobs best tokens}: log-softmax of the raw row.
 extern "C" __global__ void pick_rows(const float* logits, int first, int vocab,
                                      const int* params, int* ids, float* logprobs) {
+    grid_dependency_sync();
     const float* row = logits + (size_t)(first + blockIdx.x) * vocab;
     const int* p = params + (size_t)blockIdx.x * PICK_PARAMS;
     float temperature = __int_as_float(p[0]), top_p = __int_as_float(p[2]);

@@ -124,6 +124,7 @@ __device__ __forceinline__ void dequant32(const u8* row, int g, float* v) {
 template <int FMT>
 __device__ void gemv_q(const u8* __restrict__ w, const bf16* __restrict__ x,
                        float* __restrict__ out, int M, int K, int n, int ldo) {
+    grid_dependency_sync();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int m = blockIdx.x * GEMV_WARPS + warp;
     if (m >= M) return;
@@ -165,6 +166,7 @@ __device__ void gemv_q(const u8* __restrict__ w, const bf16* __restrict__ x,
 // out = the rows × K matrix as bf16, one thread per group of 32.
 template <int FMT>
 __device__ void dequant_bf16(const u8* __restrict__ w, bf16* __restrict__ out, int rows, int K) {
+    grid_dependency_sync();  // `out` is the expansion buffer the previous GEMM read
     long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     int groups = K / 32;
     if (g >= (long long)rows * groups) return;
