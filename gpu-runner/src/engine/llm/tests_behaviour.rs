@@ -189,7 +189,8 @@ fn n_choices_share_the_prompt_and_sum_their_usage() {
 }
 
 /// Greedy and seeded outputs of one request, alone and among 16 others with mixed
-/// prompt lengths, a small token budget (chunked prefill) and a small pool (preemption).
+/// prompt lengths, a small token budget (chunked prefill) and a small pool (preemption),
+/// and seeded ones alike whether the host or the backend draws them.
 #[test]
 fn outputs_do_not_depend_on_batch_composition() {
     let target = |sampling: Sampling| request(0, (0..11).map(|t| t % 26).collect(), sampling);
@@ -211,10 +212,12 @@ fn outputs_do_not_depend_on_batch_composition() {
         (seeded.clone(), backends[0]),
         (seeded, backends[1]),
     ];
+    let mut alone_tokens = Vec::new();
     for (sampling, backend) in cases {
         let mut alone = engine_with(backend(64, &drawn), 8, 32);
         alone.add_request(target(sampling.clone())).unwrap();
         let expected = choice(&run_all(&mut alone), 0, 0).1;
+        alone_tokens.push(expected.clone());
 
         let mut crowded = engine_with(backend(40, &drawn), 6, 16);
         let mut outputs = Vec::new();
@@ -239,6 +242,9 @@ fn outputs_do_not_depend_on_batch_composition() {
         drawn.load(Ordering::Relaxed) >= 2 * 20,
         "the drawing backend drew the sampled tokens"
     );
+    // One definition of a draw (`TokenDraw`): the same seed gives the same tokens whether
+    // the host sampler draws them or the backend does.
+    assert_eq!(alone_tokens[1], alone_tokens[2]);
 }
 
 /// On a backend that draws, only sequences whose draw needs nothing but the raw logits are

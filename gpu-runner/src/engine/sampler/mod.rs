@@ -20,14 +20,15 @@
 //!    as OpenAI does, so the value stays valid JSON. Under a grammar they are the
 //!    *constrained* distribution: renormalised over the allowed tokens, disallowed
 //!    alternatives never listed with a finite value.
-//! 5. Selection: temperature < 1e-5 is greedy (arg max, ties to the lowest id); otherwise
-//!    logits are divided by the temperature, then min-p, top-k and top-p cut the candidate
-//!    set, and one uniform draw from the sequence's RNG picks a token.
+//! 5. Selection ([`TokenDraw`], the definition device backends draw by too): temperature
+//!    < 1e-5 is greedy (arg max, ties to the lowest id); otherwise logits are divided by the
+//!    temperature, then min-p, top-k and top-p cut the candidate set, and one uniform number
+//!    from the sequence's RNG picks a token.
 
 mod logprobs;
 pub use select::argmax;
 mod draw;
-pub use draw::TokenDraw;
+pub use draw::{DrawScratch, TokenDraw};
 mod penalties;
 mod select;
 
@@ -125,8 +126,14 @@ impl SeqSampler {
         if self.only_needs_argmax() || !self.draws_from_raw_logits() {
             return None;
         }
+        Some(self.next_draw())
+    }
+
+    /// The next token's draw: the sampling knobs and, when sampling, the next uniform
+    /// number of the sequence's RNG (one per sampled token, wherever it is drawn).
+    fn next_draw(&mut self) -> TokenDraw {
         let p = &self.params;
-        Some(TokenDraw {
+        TokenDraw {
             temperature: if self.is_greedy() { 0.0 } else { p.temperature },
             top_k: p.top_k,
             top_p: p.top_p,
@@ -139,7 +146,7 @@ impl SeqSampler {
             logprobs: p
                 .logprobs
                 .then(|| p.top_logprobs.min(MAX_TOP_LOGPROBS as u32) as u8),
-        })
+        }
     }
 
     fn draws_from_raw_logits(&self) -> bool {
@@ -156,8 +163,9 @@ impl SeqSampler {
 #[derive(Debug, Default)]
 pub struct Sampler {
     logits: Vec<f32>,
+    /// Token ids (the top logprobs).
     candidates: Vec<u32>,
-    weights: Vec<f32>,
+    draw: DrawScratch,
 }
 
 impl Sampler {
@@ -198,17 +206,7 @@ impl Sampler {
         penalties::apply(&mut self.logits, seq);
         let want_logprobs = seq.params.logprobs;
         let normaliser = want_logprobs.then(|| logprobs::log_normaliser(&self.logits));
-        let token = if seq.is_greedy() {
-            select::argmax(&self.logits)
-        } else {
-            select::draw(
-                &self.logits,
-                &seq.params,
-                &mut seq.rng,
-                &mut self.candidates,
-                &mut self.weights,
-            )
-        };
+        let token = seq.next_draw().pick_with(&self.logits, &mut self.draw);
         let (logprob, top) = match normaliser {
             Some(norm) => {
                 let n = (seq.params.top_logprobs as usize).min(MAX_TOP_LOGPROBS);

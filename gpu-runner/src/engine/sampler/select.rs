@@ -1,11 +1,5 @@
-//! Choosing a token from processed logits: greedy, or temperature with min-p, top-k and
-//! top-p truncation and one draw from the sequence's own RNG.
-
-use fallow_scheduler::job::Sampling;
-use rand::rngs::StdRng;
-use rand::Rng;
-
-use crate::engine::fast_exp::exp_fast;
+//! The linear passes a token choice is made of: the greedy argmax, top-p's nucleus and the
+//! inverse-CDF pick of a uniform number (a whole draw is [`super::TokenDraw`]).
 
 /// Index of the largest logit, ties to the lowest index, NaN never chosen; 0 for an empty
 /// row or one without a number. Device backends' argmax kernels match this definition.
@@ -15,6 +9,17 @@ use crate::engine::fast_exp::exp_fast;
 /// One serial compare-and-branch per logit took 4 % of a 16-stream Gemma 3 decode step
 /// (262k logits per row).
 pub fn argmax(logits: &[f32]) -> u32 {
+    let max = max_logit(logits);
+    // All −∞ finds the first −∞ (the first number), as the one-pass definition does; no
+    // number at all finds nothing.
+    logits
+        .iter()
+        .position(|&l| l == max)
+        .map_or(0, |i| i as u32)
+}
+
+/// The largest logit, NaN ignored (−∞ for a row without a number).
+pub(super) fn max_logit(logits: &[f32]) -> f32 {
     const LANES: usize = 16;
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let chunks = logits.chunks_exact(LANES);
@@ -24,78 +29,10 @@ pub fn argmax(logits: &[f32]) -> u32 {
             *m = if l > *m { l } else { *m };
         }
     }
-    let max = lanes
+    lanes
         .iter()
         .chain(rest)
-        .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
-    // All −∞ finds the first −∞ (the first number), as the one-pass definition does; no
-    // number at all finds nothing.
-    logits
-        .iter()
-        .position(|&l| l == max)
-        .map_or(0, |i| i as u32)
-}
-
-/// Samples from `softmax(logits / temperature)` restricted by min-p, top-k and top-p.
-/// `candidates` and `weights` are scratch buffers reused across calls; `weights` is
-/// indexed by token id.
-///
-/// Every pass over the vocabulary is linear and vectorisable (a 262k-token draw took 1.4 ms
-/// with libm's `exp` and a candidate list of every token, 13.7 ms with top-p's full sort;
-/// the engine draws for each sampled sequence of every step).
-pub(super) fn draw(
-    logits: &[f32],
-    params: &Sampling,
-    rng: &mut StdRng,
-    candidates: &mut Vec<u32>,
-    weights: &mut Vec<f32>,
-) -> u32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if !max.is_finite() {
-        return argmax(logits);
-    }
-    // Unnormalised probabilities relative to the best token (whose weight is 1), so
-    // min-p compares against its threshold directly. A masked (−∞) token weighs exactly 0.
-    let inv_t = 1.0 / params.temperature;
-    weights.clear();
-    weights.extend(logits.iter().map(|&l| {
-        let x = (l - max) * inv_t;
-        if x < -87.0 {
-            0.0
-        } else {
-            exp_fast(x)
-        }
-    }));
-    let top_k = params.top_k as usize;
-    let filtered = params.min_p > 0.0 || (top_k > 0 && top_k < logits.len()) || params.top_p < 1.0;
-    if !filtered {
-        return pick_all(weights, rng).unwrap_or_else(|| argmax(logits));
-    }
-    let min_weight = params.min_p.clamp(0.0, 1.0);
-    candidates.clear();
-    candidates.extend((0..logits.len() as u32).filter(|&t| {
-        let w = weights[t as usize];
-        w > 0.0 && w >= min_weight
-    }));
-    let by_logit_desc = |a: &u32, b: &u32| {
-        logits[*b as usize]
-            .total_cmp(&logits[*a as usize])
-            .then(a.cmp(b))
-    };
-    if top_k > 0 && top_k < candidates.len() {
-        candidates.select_nth_unstable_by(top_k - 1, by_logit_desc);
-        candidates.truncate(top_k);
-    }
-    if params.top_p < 1.0 {
-        let nucleus = params.top_p * mass(candidates, weights);
-        keep_nucleus(candidates, weights, nucleus, by_logit_desc);
-    }
-    pick(candidates, weights, rng).unwrap_or_else(|| argmax(logits))
-}
-
-/// Σ of the candidates' weights.
-fn mass(ids: &[u32], weights: &[f32]) -> f32 {
-    ids.iter().map(|&t| weights[t as usize]).sum()
+        .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m })
 }
 
 /// Keeps the fewest best candidates (by `by`, which must order them by falling weight)
@@ -103,7 +40,8 @@ fn mass(ids: &[u32], weights: &[f32]) -> f32 {
 /// f32 bits (16 per power of two, so a bucket's weights are all above the next one's), the
 /// buckets from the top decide which are wholly in, and only the boundary bucket's few
 /// candidates are sorted. Sorting all candidates (most of a flat 262k-token
-/// distribution) took 13.7 ms per draw, halving selections 2.9 ms.
+/// distribution) took 13.7 ms per draw, halving selections 2.9 ms. The worst kept candidate
+/// is left last.
 pub(super) fn keep_nucleus(
     candidates: &mut Vec<u32>,
     weights: &[f32],
@@ -150,50 +88,94 @@ pub(super) fn keep_nucleus(
     candidates.truncate(kept.max(1));
 }
 
-/// One uniform draw over the candidates' weights (unnormalised, indexed by token id).
-fn pick(candidates: &[u32], weights: &[f32], rng: &mut StdRng) -> Option<u32> {
-    let weight = |t: u32| f64::from(weights[t as usize]);
-    let total: f64 = candidates.iter().map(|&t| weight(t)).sum();
+/// Which tokens a draw keeps, all of positive weight.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Kept {
+    Every,
+    /// Weighing at least this (min-p).
+    AtLeast(f32),
+    /// No later than this token in the order of falling weight, ties by id: a prefix of
+    /// that order (top-k, top-p), marked by its last token.
+    UpTo {
+        weight: f32,
+        id: u32,
+    },
+}
+
+/// The kept token `u` (uniform in [0, 1)) picks by inverse CDF over the weights
+/// (unnormalised, indexed by token id), walking the ids in order; `None` when nothing kept
+/// weighs anything.
+///
+/// Two linear passes and no sort: ordering even a top-p prefix by id (most of a flat
+/// 262k-token distribution) took 1 ms per draw.
+pub(super) fn pick_in_id_order(weights: &[f32], kept: Kept, u: f32) -> Option<u32> {
+    match kept {
+        // Weights are never negative: every token counts as it weighs.
+        Kept::Every => pick_where(weights, u, |_, _| true),
+        Kept::AtLeast(min) => pick_where(weights, u, |_, w| w >= min),
+        // Non-short-circuiting, so that the total's pass vectorises.
+        Kept::UpTo { weight, id } => pick_where(weights, u, |t, w| {
+            (w > weight) | ((w == weight) & (t <= id))
+        }),
+    }
+}
+
+fn pick_where(weights: &[f32], u: f32, keeps: impl Fn(u32, f32) -> bool) -> Option<u32> {
+    let total = lane_sum(weights, |t, w| if keeps(t, w) { w } else { 0.0 });
     if total.is_nan() || total <= 0.0 {
         return None;
     }
-    let target = rng.gen::<f64>() * total;
+    let target = f64::from(u) * total;
     let mut acc = 0.0f64;
-    for &token in candidates {
+    let mut picked = None;
+    for (t, &w) in weights.iter().enumerate() {
+        if w > 0.0 && keeps(t as u32, w) {
+            acc += f64::from(w);
+            picked = Some(t as u32);
+            if target < acc {
+                break;
+            }
+        }
+    }
+    picked
+}
+
+/// [`pick_in_id_order`] over a list of kept tokens, walked in the order given (by id for
+/// the same pick).
+pub(super) fn pick_listed(kept: &[u32], weights: &[f32], u: f32) -> Option<u32> {
+    let weight = |t: u32| f64::from(weights[t as usize]);
+    let total: f64 = kept.iter().map(|&t| weight(t)).sum();
+    if total.is_nan() || total <= 0.0 {
+        return None;
+    }
+    let target = f64::from(u) * total;
+    let mut acc = 0.0f64;
+    for &token in kept {
         acc += weight(token);
         if target < acc {
             return Some(token);
         }
     }
-    candidates.last().copied()
+    kept.last().copied()
 }
 
-/// [`pick`] over every token (no filter applied): the same draw without listing them.
-fn pick_all(weights: &[f32], rng: &mut StdRng) -> Option<u32> {
-    // Sixteen partial sums, so the total vectorises; f64 as in `pick`.
+/// Σ of `counted(id, weight)` over the weights, in f64 (against rounding) and in sixteen
+/// partial sums, so that the pass vectorises.
+fn lane_sum(weights: &[f32], counted: impl Fn(u32, f32) -> f32) -> f64 {
     let mut lanes = [0f64; 16];
     let chunks = weights.chunks_exact(16);
-    let rest: f64 = chunks.remainder().iter().map(|&w| f64::from(w)).sum();
+    let rest = chunks.remainder();
+    let mut first = 0u32;
     for chunk in chunks {
-        for (l, &w) in lanes.iter_mut().zip(chunk) {
-            *l += f64::from(w);
+        for i in 0..16 {
+            lanes[i] += f64::from(counted(first + i as u32, chunk[i]));
         }
+        first += 16;
     }
-    let total = lanes.iter().sum::<f64>() + rest;
-    if total.is_nan() || total <= 0.0 {
-        return None;
-    }
-    let target = rng.gen::<f64>() * total;
-    let mut acc = 0.0f64;
-    let mut last = None;
-    for (token, &w) in weights.iter().enumerate() {
-        if w > 0.0 {
-            acc += f64::from(w);
-            last = Some(token as u32);
-            if target < acc {
-                return last;
-            }
-        }
-    }
-    last
+    let rest: f64 = rest
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| f64::from(counted(first + i as u32, w)))
+        .sum();
+    lanes.iter().sum::<f64>() + rest
 }

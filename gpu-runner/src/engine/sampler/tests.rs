@@ -454,6 +454,15 @@ fn time_sampling_over_a_large_vocabulary() {
                 ..Sampling::default()
             },
         ),
+        (
+            "top_k 40 top_p 0.9",
+            Sampling {
+                temperature: 0.7,
+                top_k: 40,
+                top_p: 0.9,
+                ..Sampling::default()
+            },
+        ),
         ("greedy", params()),
     ] {
         let mut sampler = Sampler::new();
