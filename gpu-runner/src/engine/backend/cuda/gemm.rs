@@ -61,10 +61,6 @@ impl Gemm {
         })
     }
 
-    pub fn set_launcher(&mut self, launcher: Launcher) {
-        self.launcher = launcher;
-    }
-
     pub fn set_gemv_max_rows(&mut self, rows: usize) {
         self.gemv_max_rows = rows.min(GEMV_MAX_ROWS);
     }

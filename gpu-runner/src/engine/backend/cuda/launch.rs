@@ -10,6 +10,7 @@
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::sys::{
@@ -42,12 +43,14 @@ impl<'a> KernelArgs<'a> {
     }
 }
 
-/// Launches kernels of one device on one stream.
+/// Launches kernels of one device on one stream. Clones share the early-start switch.
 #[derive(Clone)]
 pub struct Launcher {
     kernels: Arc<Kernels>,
     stream: Arc<CudaStream>,
-    early_start: bool,
+    early_start: Arc<AtomicBool>,
+    /// Compute capability's major number.
+    major: i32,
 }
 
 impl Launcher {
@@ -61,20 +64,24 @@ impl Launcher {
         Launcher {
             kernels,
             stream,
-            early_start,
+            early_start: Arc::new(AtomicBool::new(early_start)),
+            major,
         }
     }
 
     pub fn early_start(&self) -> bool {
-        self.early_start
+        self.early_start.load(Ordering::Relaxed)
     }
 
-    /// Turns early starts off (or back on: only where the device has them).
-    pub fn set_early_start(&mut self, enabled: bool, major: i32) {
-        self.early_start = enabled && supports_early_start(major);
+    /// Turns early starts off (or back on: only where the device has them), for this
+    /// launcher and its clones.
+    pub fn set_early_start(&self, enabled: bool) {
+        let on = enabled && supports_early_start(self.major);
+        self.early_start.store(on, Ordering::Relaxed);
     }
 
-    /// Launches kernel `name` (one of [`super::kernels::NAMES`]) with `args`.
+    /// Launches kernel `name` (one of [`super::kernels::NAMES`]) with `args`. A driver that
+    /// refuses an early start gets the launch again without it, and no early starts after.
     ///
     /// # Safety
     /// `args` is the kernel's parameter list, in order and by type, and every address in it
@@ -85,8 +92,31 @@ impl Launcher {
         cfg: LaunchConfig,
         args: &mut KernelArgs<'_>,
     ) -> Result<(), CudaError> {
+        let early = self.early_start();
+        // SAFETY: the caller's contract, passed on.
+        let launched = unsafe { self.launch_with(name, cfg, args, early) };
+        match launched {
+            Err(e) if early => {
+                tracing::warn!(kernel = name, error = %e, "early-start launch refused; launching plainly from now on");
+                self.set_early_start(false);
+                // SAFETY: as above.
+                unsafe { self.launch_with(name, cfg, args, false) }
+            }
+            other => other,
+        }
+    }
+
+    /// # Safety
+    /// As [`Launcher::launch`].
+    unsafe fn launch_with(
+        &self,
+        name: &str,
+        cfg: LaunchConfig,
+        args: &mut KernelArgs<'_>,
+        early_start: bool,
+    ) -> Result<(), CudaError> {
         let function = self.kernels.get(name).cu_function();
-        let mut attributes = launch_attributes(self.early_start);
+        let mut attributes = launch_attributes(early_start);
         let config = CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,

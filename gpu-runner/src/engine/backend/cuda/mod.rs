@@ -99,10 +99,9 @@ pub struct CudaBackend {
     config: ModelConfig,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    /// Launches our kernels (with early starts where the device has them, [`launch`]).
+    /// Launches our kernels (with early starts where the device has them, [`launch`]);
+    /// `gemm` holds a clone.
     launcher: Launcher,
-    /// Compute capability's major number (whether early starts can be turned back on).
-    cc_major: i32,
     gemm: Gemm,
     weights: DeviceWeights,
     /// `[layer, block, slot, kv_dim]` bf16, `num_blocks + 1` blocks per layer (the last is
@@ -153,10 +152,10 @@ impl CudaBackend {
         let kernels = Kernels::for_device(&ctx).map_err(CudaError::Failure)?;
         let (cc_major, _) = ctx.compute_capability().map_err(CudaError::driver)?;
         let profiler = Profiler::from_env();
-        let mut launcher = Launcher::new(kernels, Arc::clone(&stream), cc_major);
+        let launcher = Launcher::new(kernels, Arc::clone(&stream), cc_major);
         if profiler.enabled() {
             // A profile times each launch on its own: overlapping ones would blur it.
-            launcher.set_early_start(false, cc_major);
+            launcher.set_early_start(false);
         }
         let sm_count = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -213,7 +212,6 @@ impl CudaBackend {
             config,
             ctx,
             launcher,
-            cc_major,
             gemm,
             weights,
             k_cache,
@@ -261,8 +259,7 @@ impl CudaBackend {
     /// default from sm_90, where `FALLOW_CUDA_EARLY_START=0` turns them off for a process;
     /// never on before sm_90. Tests compare the two.
     pub fn set_early_start(&mut self, enabled: bool) {
-        self.launcher.set_early_start(enabled, self.cc_major);
-        self.gemm.set_launcher(self.launcher.clone());
+        self.launcher.set_early_start(enabled);
         self.graphs.clear();
     }
 
