@@ -1,7 +1,8 @@
 //! Dense matrix products: bf16 weights and activations in, f32 accumulate and f32 out (the
 //! residual stream and everything normalised after a GEMM stay f32). Decode-sized products
 //! (a few token rows) run our own GEMV kernel, which streams each weight once at close to
-//! the memory bandwidth; larger ones go through cuBLAS.
+//! the memory bandwidth (in the instantiation timed fastest for the shape at load,
+//! [`super::gemv_tune`]); larger ones go through cuBLAS.
 
 use std::sync::Arc;
 
@@ -10,14 +11,15 @@ use cudarc::cublas::{result, CudaBlas};
 use cudarc::driver::{CudaStream, LaunchConfig};
 
 use super::buffer::DeviceBuf;
+use super::gemv_tune::{GemvChoice, GEMV_VARIANTS};
 use super::launch::{KernelArgs, Launcher};
 use super::weights::{DeviceMatrix, QuantPart, Storage};
 use super::CudaError;
 
 /// Rows up to which `gemv_bf16` is used (GEMV_MAX_ROWS in kernels.cu).
 pub const GEMV_MAX_ROWS: usize = 8;
-/// Output columns per block of the GEMV kernels (GEMV_WARPS in kernels.cu).
-const GEMV_WARPS: usize = 8;
+/// Output columns per block of the quantized GEMV kernels (GEMV_WARPS in kernels.cu).
+const QUANT_GEMV_WARPS: usize = 8;
 /// Threads per block of the `dequant_*` kernels (one per group of 32 elements).
 const EXPAND_THREADS: usize = 256;
 
@@ -33,6 +35,8 @@ pub struct Gemm {
     expanded: Option<DeviceBuf<u16>>,
     launcher: Launcher,
     gemv_max_rows: usize,
+    /// Which bf16 GEMV variant each product uses ([`super::gemv_tune`]).
+    pub(super) gemv_choice: GemvChoice,
 }
 
 impl Gemm {
@@ -58,6 +62,7 @@ impl Gemm {
             expanded: None,
             launcher,
             gemv_max_rows: GEMV_MAX_ROWS,
+            gemv_choice: GemvChoice::default(),
         })
     }
 
@@ -84,34 +89,21 @@ impl Gemm {
         }
         let decode = n <= self.gemv_max_rows && w.cols.is_multiple_of(8);
         match &w.storage {
-            Storage::Bf16(buf) if decode => self.gemv(
-                "gemv_bf16",
-                buf.ptr(),
-                w.rows,
-                w.cols,
-                w.rows,
-                x,
-                n,
-                out,
-                None,
-            ),
+            Storage::Bf16(buf) if decode => {
+                let variant = self.gemv_choice.variant(w.rows, w.cols, false, n);
+                self.gemv_bf16(variant, buf.ptr(), w.rows, w.cols, x, n, out, None)
+            }
             Storage::Bf16(buf) => self.cublas(buf.ptr(), w.rows, w.cols, x, n, out),
             Storage::Quantized(parts) if decode => {
                 let mut first_row = 0;
                 for part in parts {
                     let out = out + (first_row * std::mem::size_of::<f32>()) as u64;
                     let weights = part.buf.ptr();
-                    self.gemv(
-                        part.kernels.gemv,
-                        weights,
-                        part.rows,
-                        w.cols,
-                        w.rows,
-                        x,
-                        n,
-                        out,
-                        None,
-                    )?;
+                    let kernel = GemvKernel {
+                        name: part.kernels.gemv,
+                        warps: QUANT_GEMV_WARPS,
+                    };
+                    kernel.launch(self, weights, part.rows, w.cols, w.rows, x, n, out, None)?;
                     first_row += part.rows;
                 }
                 Ok(())
@@ -163,57 +155,30 @@ impl Gemm {
                 "a fused down projection needs bf16 weights".into(),
             ));
         };
-        self.gemv(
-            "gemv_bf16_gated",
-            weights,
-            w.rows,
-            w.cols,
-            w.rows,
-            gate_up,
-            n,
-            out,
-            Some(act),
-        )
+        let variant = self.gemv_choice.variant(w.rows, w.cols, true, n);
+        self.gemv_bf16(variant, weights, w.rows, w.cols, gate_up, n, out, Some(act))
     }
 
-    /// `out[j·ldo + m] = x[j] · w[m]` for the `rows` rows of `weights`, read by `kernel`
-    /// (`gemv_bf16` or a block format's `gemv_*`: the same arguments; `gemv_bf16_gated`
-    /// takes [gate | up] rows as `x` and the activation as `act`).
+    /// `out[n, rows] = x · wᵀ` through bf16 GEMV variant `variant` ([`GEMV_VARIANTS`]): plain
+    /// with `act = None`, else the gated down projection of [gate | up] rows `x`.
     #[allow(clippy::too_many_arguments)]
-    fn gemv(
+    pub(super) fn gemv_bf16(
         &self,
-        kernel: &'static str,
+        variant: usize,
         weights: u64,
         rows: usize,
         cols: usize,
-        ldo: usize,
         x: u64,
         n: usize,
         out: u64,
         act: Option<i32>,
     ) -> Result<(), CudaError> {
-        let (m, k, n_rows, ldo) = (rows as i32, cols as i32, n as i32, ldo as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(GEMV_WARPS) as u32, 1, 1),
-            block_dim: ((GEMV_WARPS * 32) as u32, 1, 1),
-            shared_mem_bytes: 0,
+        let v = &GEMV_VARIANTS[variant];
+        let kernel = GemvKernel {
+            name: if act.is_some() { v.gated } else { v.plain },
+            warps: v.warps,
         };
-        let mut b = KernelArgs::new();
-        b.arg(&weights)
-            .arg(&x)
-            .arg(&out)
-            .arg(&m)
-            .arg(&k)
-            .arg(&n_rows)
-            .arg(&ldo);
-        if let Some(act) = &act {
-            b.arg(act);
-        }
-        // SAFETY: `weights` holds `rows` rows of `cols` in the kernel's format (bf16 with
-        // cols % 8 == 0, or whole blocks, checked when the file was opened); the caller sized
-        // `x` (n·cols bf16, or n·2·cols f32 for the gated kernel) and `out` (n rows `ldo`
-        // floats apart, `rows` of them from here).
-        unsafe { self.launcher.launch(kernel, cfg, &mut b) }
+        kernel.launch(self, weights, rows, cols, rows, x, n, out, act)
     }
 
     /// Expands one part to bf16 rows at `dst`.
@@ -272,5 +237,53 @@ impl Gemm {
             )
         }
         .map_err(|e| CudaError::Failure(format!("cuBLAS GEMM {m}×{k}, {n} rows: {e}")))
+    }
+}
+
+/// One GEMV kernel and its output columns per block.
+struct GemvKernel {
+    name: &'static str,
+    warps: usize,
+}
+
+impl GemvKernel {
+    /// `out[j·ldo + m] = x[j] · w[m]` for the `rows` rows of `weights` (a bf16 GEMV variant
+    /// or a block format's `gemv_*`: the same arguments; the gated bf16 kernels take
+    /// [gate | up] rows as `x` and the activation as `act`).
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        gemm: &Gemm,
+        weights: u64,
+        rows: usize,
+        cols: usize,
+        ldo: usize,
+        x: u64,
+        n: usize,
+        out: u64,
+        act: Option<i32>,
+    ) -> Result<(), CudaError> {
+        let (m, k, n_rows, ldo) = (rows as i32, cols as i32, n as i32, ldo as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(self.warps) as u32, 1, 1),
+            block_dim: ((self.warps * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = KernelArgs::new();
+        b.arg(&weights)
+            .arg(&x)
+            .arg(&out)
+            .arg(&m)
+            .arg(&k)
+            .arg(&n_rows)
+            .arg(&ldo);
+        if let Some(act) = &act {
+            b.arg(act);
+        }
+        // SAFETY: `weights` holds `rows` rows of `cols` in the kernel's format (bf16 with
+        // cols % 8 == 0, or whole blocks, checked when the file was opened); the caller sized
+        // `x` (n·cols bf16, or n·2·cols f32 for the gated kernel) and `out` (n rows `ldo`
+        // floats apart, `rows` of them from here).
+        unsafe { gemm.launcher.launch(self.name, cfg, &mut b) }
     }
 }

@@ -199,47 +199,50 @@ extern "C" __global__ void softcap(float* x, long long n, float cap) {
 }
 
 #define GEMV_MAX_ROWS 8
-#define GEMV_WARPS 8
-#define GEMV_UNROLL 4
-// K elements of x staged in shared memory per pass: 32 lanes × GEMV_UNROLL chunks of 8.
-#define GEMV_TILE (32 * GEMV_UNROLL * 8)
+#define GEMV_WARPS 8  // columns per block of the quantized GEMVs (quant.cu)
 
 // out[j·ldo + m] = sum_k x[j, k] * w[m, k] for j < n <= GEMV_MAX_ROWS: the decode-sized matrix
-// product, bound by reading W once. One warp per output column m, GEMV_WARPS per block; x is
+// product, bound by reading W once. One warp per output column m, WARPS per block; x is
 // staged tile by tile in shared memory (read from L2 once per block, not once per warp and
-// row), and each lane keeps GEMV_UNROLL independent 16-byte loads of W in flight. Each lane
-// adds its chunks of K in ascending order whatever the tiling. K % 8 == 0.
+// row), and each lane keeps UNROLL independent 16-byte loads of W in flight: a tile is
+// 32 lanes × UNROLL chunks of 8 elements. Lane l adds chunks l, l + 32, l + 64, … of K in
+// ascending order whatever WARPS and UNROLL are, so every instantiation gives the same
+// bits; which is fastest depends on the GPU and the shape (gemv_tune.rs times them at load).
+// K % 8 == 0.
 //
 // GATED: x is not bf16 rows but the fused [gate | up] f32 rows of the feed-forward (2·K wide),
 // and each staged element is gated_act's bf16(act(gate)·up), computed here: the down
 // projection of a decode step without the activation's own launch (same values, same sums).
-// This lane's GEMV_UNROLL chunks (of `chunks`) of one tile of a weight row.
+
+// This lane's UNROLL chunks (of `chunks`) of one tile of a weight row.
+template <int UNROLL>
 __device__ __forceinline__ void gemv_load_w(uint4* wv, const uint4* tile, int lane, int chunks) {
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; u++) {
+    for (int u = 0; u < UNROLL; u++) {
         int c = lane + 32 * u;
         if (c < chunks) wv[u] = __ldg(tile + c);
     }
 }
 
-template <bool GATED>
+template <bool GATED, int WARPS, int UNROLL>
 __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__ xin,
                             float* __restrict__ out, int M, int K, int n, int ldo, int act) {
-    __shared__ uint4 xs[GEMV_MAX_ROWS][GEMV_TILE / 8];
+    const int TILE = 32 * UNROLL * 8;
+    __shared__ uint4 xs[GEMV_MAX_ROWS][TILE / 8];
     const bf16* x = (const bf16*)xin;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int m = blockIdx.x * GEMV_WARPS + warp;
+    int m = blockIdx.x * WARPS + warp;
     const uint4* wrow = (const uint4*)(w + (size_t)min(m, M - 1) * K);
     float acc[GEMV_MAX_ROWS];
 #pragma unroll
     for (int j = 0; j < GEMV_MAX_ROWS; j++) acc[j] = 0.0f;
     // The first tile of W is requested before waiting for the kernel that writes x: with an
     // early start its latency hides behind the previous kernel's last blocks.
-    uint4 wv[GEMV_UNROLL];
-    gemv_load_w(wv, wrow, lane, min(GEMV_TILE, K) / 8);
+    uint4 wv[UNROLL];
+    gemv_load_w<UNROLL>(wv, wrow, lane, min(TILE, K) / 8);
     grid_dependency_sync();
-    for (int k0 = 0; k0 < K; k0 += GEMV_TILE) {
-        int chunks = min(GEMV_TILE, K - k0) / 8;
+    for (int k0 = 0; k0 < K; k0 += TILE) {
+        int chunks = min(TILE, K - k0) / 8;
         for (int i = threadIdx.x; i < n * chunks; i += blockDim.x) {
             int j = i / chunks, c = i - j * chunks;
             if (GATED) {
@@ -255,9 +258,9 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
             }
         }
         __syncthreads();
-        if (k0 > 0) gemv_load_w(wv, wrow + k0 / 8, lane, chunks);
+        if (k0 > 0) gemv_load_w<UNROLL>(wv, wrow + k0 / 8, lane, chunks);
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++) {
+        for (int u = 0; u < UNROLL; u++) {
             int c = lane + 32 * u;
             if (c < chunks) {
                 float wf[8];
@@ -295,16 +298,25 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
     }
 }
 
-extern "C" __global__ void gemv_bf16(const bf16* __restrict__ w, const bf16* __restrict__ x,
-                                     float* __restrict__ out, int M, int K, int n, int ldo) {
-    gemv_bf16_t<false>(w, x, out, M, K, n, ldo, 0);
-}
+// gemv_bf16_w<WARPS>u<UNROLL>, and the down projection of [gate | up] rows
+// gemv_bf16_gated_w<WARPS>u<UNROLL> (act 0 = SiLU, 1 = GELU); see gemv_bf16_t. The variants
+// are listed in gemm.rs (GEMV_VARIANTS).
+#define GEMV_BF16(W, U)                                                                        \
+    extern "C" __global__ void gemv_bf16_w##W##u##U(const bf16* __restrict__ w,               \
+                                                    const bf16* __restrict__ x,               \
+                                                    float* __restrict__ out, int M, int K,    \
+                                                    int n, int ldo) {                         \
+        gemv_bf16_t<false, W, U>(w, x, out, M, K, n, ldo, 0);                                 \
+    }                                                                                         \
+    extern "C" __global__ void gemv_bf16_gated_w##W##u##U(                                    \
+        const bf16* __restrict__ w, const float* __restrict__ gate_up, float* __restrict__ out, \
+        int M, int K, int n, int ldo, int act) {                                              \
+        gemv_bf16_t<true, W, U>(w, gate_up, out, M, K, n, ldo, act);                          \
+    }
 
-// The down projection of [gate | up] rows (act 0 = SiLU, 1 = GELU), see gemv_bf16_t.
-extern "C" __global__ void gemv_bf16_gated(const bf16* __restrict__ w,
-                                           const float* __restrict__ gate_up,
-                                           float* __restrict__ out, int M, int K, int n, int ldo,
-                                           int act) {
-    gemv_bf16_t<true>(w, gate_up, out, M, K, n, ldo, act);
-}
-
+GEMV_BF16(4, 4)
+GEMV_BF16(4, 8)
+GEMV_BF16(8, 4)
+GEMV_BF16(8, 8)
+GEMV_BF16(16, 4)
+GEMV_BF16(16, 8)

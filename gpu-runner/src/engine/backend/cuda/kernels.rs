@@ -18,7 +18,7 @@ pub const SOURCE: &str = concat!(
 );
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 34] = [
+pub const NAMES: [&str; 44] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -34,8 +34,18 @@ pub const NAMES: [&str; 34] = [
     "attention_merge",
     "gated_act",
     "softcap",
-    "gemv_bf16",
-    "gemv_bf16_gated",
+    "gemv_bf16_w4u4",
+    "gemv_bf16_gated_w4u4",
+    "gemv_bf16_w4u8",
+    "gemv_bf16_gated_w4u8",
+    "gemv_bf16_w8u4",
+    "gemv_bf16_gated_w8u4",
+    "gemv_bf16_w8u8",
+    "gemv_bf16_gated_w8u8",
+    "gemv_bf16_w16u4",
+    "gemv_bf16_gated_w16u4",
+    "gemv_bf16_w16u8",
+    "gemv_bf16_gated_w16u8",
     "pick_rows",
     "gemv_q4_0",
     "gemv_q4_1",

@@ -16,6 +16,7 @@ pub mod device;
 mod emulator;
 mod forward;
 mod gemm;
+mod gemv_tune;
 mod graphs;
 #[cfg(test)]
 mod kernel_tests;
@@ -35,6 +36,7 @@ pub use weights::{device_block_format, CudaWeights};
 
 use self::buffer::DeviceBuf;
 use self::gemm::Gemm;
+use self::gemv_tune::{variant_named, GemvChoice};
 use self::graphs::{DecodeGraphs, GraphKey, Replay};
 use self::kernels::Kernels;
 use self::launch::Launcher;
@@ -162,6 +164,9 @@ impl CudaBackend {
             .map_err(CudaError::driver)?
             .max(1) as usize;
         let mut gemm = Gemm::new(&stream, launcher.clone())?;
+        gemm.gemv_choice =
+            GemvChoice::from_setting(std::env::var("FALLOW_CUDA_GEMV").ok().as_deref())
+                .map_err(CudaError::Failure)?;
         let weights = DeviceWeights::upload(&stream, &config, &artifacts.weights, weight_storage)?;
         gemm.reserve_expansion(&stream, weights.largest_quantized())?;
         let num_blocks = match pool {
@@ -206,7 +211,7 @@ impl CudaBackend {
             RopeScaling::None,
             None,
         );
-        Ok(CudaBackend {
+        let mut backend = CudaBackend {
             inv_freq_global: DeviceBuf::from_host(&stream, &global)?,
             inv_freq_local: DeviceBuf::from_host(&stream, &local)?,
             config,
@@ -229,7 +234,9 @@ impl CudaBackend {
             ),
             profiler,
             stream,
-        })
+        };
+        backend.tune_gemv()?;
+        Ok(backend)
     }
 
     /// The device this backend runs on.
@@ -253,6 +260,16 @@ impl CudaBackend {
     /// turns them off for a process).
     pub fn set_cuda_graphs(&mut self, enabled: bool) {
         self.graphs.set_enabled(enabled);
+    }
+
+    /// Uses bf16 GEMV variant `name` (`w8u4`, …; see [`gemv_tune`]) for every decode-sized
+    /// product instead of the ones timed at load (tests compare them).
+    pub fn set_gemv_variant(&mut self, name: &str) -> Result<(), CudaError> {
+        let variant = variant_named(name)
+            .ok_or_else(|| CudaError::Failure(format!("no GEMV variant {name}")))?;
+        self.gemm.gemv_choice = GemvChoice::forced(variant);
+        self.graphs.clear();
+        Ok(())
     }
 
     /// Turns early starts (programmatic dependent launch, [`launch`]) on or off: on by

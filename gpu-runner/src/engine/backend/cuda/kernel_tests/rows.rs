@@ -3,6 +3,7 @@
 
 use super::{assert_close, from_bf16, Values};
 use crate::engine::backend::cuda::emulator::{Arg, Emulator};
+use crate::engine::backend::cuda::gemv_tune::GEMV_VARIANTS;
 
 #[test]
 fn gemv_matches_a_plain_matrix_product_for_every_row_count() {
@@ -13,21 +14,8 @@ fn gemv_matches_a_plain_matrix_product_for_every_row_count() {
     let mut w = values.bf16s(m * k);
     for n in [1usize, 3, 8] {
         let mut x = values.bf16s(n * k);
-        let mut out = vec![0f32; n * m];
-        emu.launch(
-            "gemv_bf16",
-            (m.div_ceil(8) as u32, 1, 1),
-            256,
-            &[
-                Arg::buf(&mut w),
-                Arg::buf(&mut x),
-                Arg::buf(&mut out),
-                Arg::I32(m as i32),
-                Arg::I32(k as i32),
-                Arg::I32(n as i32),
-                Arg::I32(m as i32),
-            ],
-        );
+        let shape = GemvShape { m, k, n, warps: 8 };
+        let out = shape.run(emu, "gemv_bf16_w8u4", &mut w, Arg::buf(&mut x), None);
         let want: Vec<f32> = (0..n)
             .flat_map(|j| (0..m).map(move |r| (j, r)))
             .map(|(j, r)| {
@@ -231,29 +219,85 @@ fn the_fused_down_projection_equals_the_activation_then_the_gemv() {
                 Arg::I32(act),
             ],
         );
-        let gemv = |name: &str, x: Arg, extra: &[Arg], w: &mut Vec<u16>| -> Vec<f32> {
-            let mut out = vec![0f32; n * m];
-            let mut args = vec![
-                Arg::buf(w),
-                x,
-                Arg::buf(&mut out),
-                Arg::I32(m as i32),
-                Arg::I32(k as i32),
-                Arg::I32(n as i32),
-                Arg::I32(m as i32),
-            ];
-            args.extend_from_slice(extra);
-            emu.launch(name, (m.div_ceil(8) as u32, 1, 1), 256, &args);
-            out
-        };
-        let separate = gemv("gemv_bf16", Arg::buf(&mut activated), &[], &mut w);
-        let fused = gemv(
-            "gemv_bf16_gated",
-            Arg::buf(&mut gate_up),
-            &[Arg::I32(act)],
+        let shape = GemvShape { m, k, n, warps: 8 };
+        let separate = shape.run(
+            emu,
+            "gemv_bf16_w8u4",
             &mut w,
+            Arg::buf(&mut activated),
+            None,
+        );
+        let fused = shape.run(
+            emu,
+            "gemv_bf16_gated_w8u4",
+            &mut w,
+            Arg::buf(&mut gate_up),
+            Some(act),
         );
         // The same bf16 inputs summed in the same order.
         assert_eq!(fused, separate, "act {act}, {n} rows");
+    }
+}
+
+#[test]
+fn every_gemv_variant_gives_the_same_bits() {
+    let Some(emu) = Emulator::get() else { return };
+    let mut values = Values(23);
+    // M not a multiple of any block's columns; K past one tile of every variant and not a
+    // multiple of any (tiles of 1024 and 2048 elements), and K under one tile.
+    for (m, k) in [(37usize, 2056usize), (19, 200)] {
+        let mut w = values.bf16s(m * k);
+        for n in [1usize, 4, 7] {
+            let mut x = values.bf16s(n * k);
+            let mut gate_up: Vec<f32> = values.vec(n * 2 * k);
+            let mut want: Option<(Vec<f32>, Vec<f32>)> = None;
+            for v in GEMV_VARIANTS {
+                let shape = GemvShape {
+                    m,
+                    k,
+                    n,
+                    warps: v.warps,
+                };
+                let plain = shape.run(emu, v.plain, &mut w, Arg::buf(&mut x), None);
+                let gated = shape.run(emu, v.gated, &mut w, Arg::buf(&mut gate_up), Some(1));
+                match &want {
+                    None => want = Some((plain, gated)),
+                    Some((p, g)) => {
+                        let what = format!("{} at {m}x{k}, {n} rows", v.name);
+                        assert_eq!(&plain, p, "{what}");
+                        assert_eq!(&gated, g, "{what}, gated");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A GEMV launch of `n` rows through an `m`×`k` matrix, `warps` columns per block.
+struct GemvShape {
+    m: usize,
+    k: usize,
+    n: usize,
+    warps: usize,
+}
+
+impl GemvShape {
+    /// Runs GEMV kernel `name` over `w` and the input `x` (bf16 rows, or [gate | up] f32
+    /// rows for a gated kernel, which takes `act`).
+    fn run(&self, emu: &Emulator, name: &str, w: &mut [u16], x: Arg, act: Option<i32>) -> Vec<f32> {
+        let mut out = vec![0f32; self.n * self.m];
+        let mut args = vec![
+            Arg::buf(w),
+            x,
+            Arg::buf(&mut out),
+            Arg::I32(self.m as i32),
+            Arg::I32(self.k as i32),
+            Arg::I32(self.n as i32),
+            Arg::I32(self.m as i32),
+        ];
+        args.extend(act.map(Arg::I32));
+        let blocks = self.m.div_ceil(self.warps) as u32;
+        emu.launch(name, (blocks, 1, 1), 32 * self.warps as u32, &args);
+        out
     }
 }
