@@ -90,6 +90,16 @@ def parse_fallow(text):
     return rows
 
 
+def gemv_choices(text):
+    """The GEMV tuning's choices from the backend's log line ("bf16 GEMV variants timed ...
+    choices=["qkv 6144x4096 n=1: w8u4 12.0 µs (...)", ...]"), the last such line's."""
+    found = []
+    for line in text.splitlines():
+        if "GEMV variants timed" in line and "choices=" in line:
+            found = re.findall(r'"([^"]*)"', line.split("choices=", 1)[1])
+    return found
+
+
 HF_LINE = re.compile(r"^hf batch=(\d+) (.*)$")
 
 
@@ -175,6 +185,13 @@ def summary(args):
     pct = lambda v: fmt(100 * v / roof if v is not None and roof else None)  # noqa: E731
     say(f"  fallow batch 1   {fmt(f1_dec)} tok/s = {pct(f1_dec)} % of roofline")
     say(f"  HF batch 1       {fmt(h1_dec)} tok/s = {pct(h1_dec)} % of roofline")
+
+    gemv = gemv_choices(read_text(args.fallow_log))
+    if gemv:
+        say("")
+        say("bf16 GEMV variants timed at load (fastest per shape; f.):")
+        for choice in gemv:
+            say(f"  {choice}")
 
     # Other storages of the same models, and the 8B shape launched without early starts.
     for title, base_log, other_log, base_name, other in [

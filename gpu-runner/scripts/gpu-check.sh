@@ -338,9 +338,10 @@ main() {
   local have_model=1
   if [ ! -f "$LLAMA_DIR/done.json" ]; then have_model=0; fi
   if ((have_model)); then
+    # (stderr too: the GEMV variants timed at load are logged there; the summary lists them.)
     run_step "f. fallow bench engine" 240 "$OUT/fallow-bench.log" \
-      "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda --concurrency 1,8,64 \
-      --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+      bash -c '"$0" bench engine --model "$1" --device cuda --concurrency 1,8,64 \
+        --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192 2>&1' "$FALLOW" "$LLAMA_DIR"
     run_step "g. HF transformers bench" 180 "$OUT/hf-bench.log" \
       "$PY" gpu-runner/scripts/hf_bench.py "$LLAMA_DIR" --batches 1,8,64 --prompt-tokens 32 --gen-tokens 128
     # Per launch GPU time (CUDA events, graphs off) at batch 1 and 64: which kernels keep

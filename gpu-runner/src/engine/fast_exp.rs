@@ -21,8 +21,10 @@ pub fn exp_fast(x: f32) -> f32 {
         * r
         + 5.0e-1;
     let er = p * r * r + r + 1.0;
-    let n_int = t.to_bits() as i32 - ROUND.to_bits() as i32;
-    er * f32::from_bits(((n_int + 127) << 23) as u32)
+    // Wrapping: the clamp keeps these in range, and an overflow check (debug builds, tests)
+    // would stop the loops around this from vectorising.
+    let n_int = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    er * f32::from_bits((n_int.wrapping_add(127) << 23) as u32)
 }
 
 #[cfg(test)]
