@@ -1,5 +1,6 @@
 // Attention over the paged KV cache (appended to kernels.cu at compile time, see kernels.rs):
-// the GQA-aware, optionally split-K kernel and the merge of its partial results.
+// the GQA-aware decode kernel, optionally split over the keys (its last split block merging
+// the partial results), and the tiled prefill kernel.
 
 #define ATTN_WARPS 8
 #define ATTN_HEADS 4  // query heads of one KV head per block
@@ -20,6 +21,26 @@ __device__ __forceinline__ HeadGroup head_group(int n_heads, int n_kv_heads) {
     return g;
 }
 
+// Dimension d of one (token, head)'s output from the records of its `splits` split-K
+// blocks ({max, sum, unnormalised accumulator[head_dim]} each): the accumulators rescaled to
+// the largest maximum, over the sum of the rescaled sums. Empty splits (sum 0) are skipped;
+// the first split always holds the token itself.
+__device__ bf16 merge_splits(const volatile float* rec, int splits, int head_dim, int d) {
+    int stride = head_dim + 2;
+    float m_all = NEG_INF;
+    for (int s = 0; s < splits; s++)
+        if (rec[s * stride + 1] > 0.0f) m_all = fmaxf(m_all, rec[s * stride]);
+    float l_all = 0.0f, sum = 0.0f;
+    for (int s = 0; s < splits; s++) {
+        if (rec[s * stride + 1] > 0.0f) {
+            float f = __expf(rec[s * stride] - m_all);
+            l_all += rec[s * stride + 1] * f;
+            sum += rec[s * stride + 2 + d] * f;
+        }
+    }
+    return f32_to_bf16(sum / l_all);
+}
+
 // Causal attention over the paged KV cache. Block (t, c, s) serves query token t, query heads
 // c·ATTN_HEADS.. of one KV head (GQA: each key and value row is read once for all of them),
 // and the s-th `partition` keys of the token's range (split-K: a long context of a few
@@ -27,7 +48,8 @@ __device__ __forceinline__ HeadGroup head_group(int n_heads, int n_kv_heads) {
 // them per iteration (their rows loaded together, so that a short decode is not a chain of
 // one memory latency per key), with an online softmax; then the warps merge. With one split
 // the block writes the normalised bf16 output; with several it writes (max, sum,
-// unnormalised accumulator) to `partial`, which attention_merge combines. DIMS = head_dim
+// unnormalised accumulator) to `partial`, and the last split block to finish merges them
+// (`split_counters`: one zeroed int per (decode row, head group)). DIMS = head_dim
 // rounded up to whole warps / 32 (the paged_attention_<DIMS> kernels below).
 // Serves the tokens `rows` lists (all when null): decode tokens, one per sequence; prompt
 // tokens go through paged_prefill below.
@@ -35,8 +57,8 @@ template <int DIMS>
 __device__ void paged_attention_t(
     const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,
     const int* block_tables, int max_blocks, const int* token_seq, const int* positions,
-    bf16* out, float* partial, int n_heads, int n_kv_heads, int head_dim, int block_size,
-    float scale, float softcap, int window, int partition, const int* rows) {
+    bf16* out, float* partial, int* split_counters, int n_heads, int n_kv_heads, int head_dim,
+    int block_size, float scale, float softcap, int window, int partition, const int* rows) {
     grid_dependency_sync();
     int t = rows ? rows[blockIdx.x] : (int)blockIdx.x;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -148,6 +170,28 @@ __device__ void paged_attention_t(
             }
             rec[2 + d] = sum;
         }
+    }
+    if (splits == 1) return;
+
+    // The last of the (token, head group)'s split blocks to finish merges them all: its
+    // counter counts the blocks whose records are written (each thread's made visible
+    // first), and goes back to 0 for the next launch.
+    __shared__ int merges;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* counter = split_counters + (size_t)blockIdx.x * gridDim.y + blockIdx.y;
+        merges = atomicAdd(counter, 1) == splits - 1;
+        if (merges) *counter = 0;
+    }
+    __syncthreads();
+    if (!merges) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < heads * head_dim; i += blockDim.x) {
+        int g = i / head_dim, d = i - g * head_dim, h = h0 + g;
+        // Volatile: other blocks' records, never through this SM's L1.
+        const volatile float* rec = partial + ((size_t)blockIdx.x * n_heads + h) * splits * (head_dim + 2);
+        out[((size_t)t * n_heads + h) * head_dim + d] = merge_splits(rec, splits, head_dim, d);
     }
 }
 
@@ -263,11 +307,13 @@ __device__ void paged_prefill_t(
     extern "C" __global__ void paged_attention_##DIMS(                                          \
         const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,              \
         const int* block_tables, int max_blocks, const int* token_seq, const int* positions,    \
-        bf16* out, float* partial, int n_heads, int n_kv_heads, int head_dim, int block_size,   \
-        float scale, float softcap, int window, int partition, const int* rows) {               \
+        bf16* out, float* partial, int* split_counters, int n_heads, int n_kv_heads,             \
+        int head_dim, int block_size, float scale, float softcap, int window, int partition,    \
+        const int* rows) {                                                                      \
         paged_attention_t<DIMS>(qkv, qkv_width, k_cache, v_cache, block_tables, max_blocks,     \
-                                token_seq, positions, out, partial, n_heads, n_kv_heads,        \
-                                head_dim, block_size, scale, softcap, window, partition, rows); \
+                                token_seq, positions, out, partial, split_counters, n_heads,    \
+                                n_kv_heads, head_dim, block_size, scale, softcap, window,       \
+                                partition, rows);                                               \
     }                                                                                           \
     extern "C" __global__ void paged_prefill_##DIMS(                                            \
         const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,              \
@@ -283,27 +329,3 @@ PAGED_ATTENTION(1)
 PAGED_ATTENTION(2)
 PAGED_ATTENTION(4)
 PAGED_ATTENTION(8)
-
-// Combines the split-K partial results of paged_attention: per (decode row, head), the
-// splits' accumulators rescaled to the largest maximum, over the sum of their rescaled sums.
-// Empty splits (sum 0) are skipped; the first split always holds the token itself.
-extern "C" __global__ void attention_merge(const float* partial, bf16* out, int n_heads,
-                                           int head_dim, int splits, const int* rows) {
-    grid_dependency_sync();
-    int t = rows ? rows[blockIdx.x] : (int)blockIdx.x, h = blockIdx.y;
-    int stride = head_dim + 2;
-    const float* rec = partial + ((size_t)blockIdx.x * n_heads + h) * splits * stride;
-    float m_all = NEG_INF;
-    for (int s = 0; s < splits; s++)
-        if (rec[s * stride + 1] > 0.0f) m_all = fmaxf(m_all, rec[s * stride]);
-    float l_all = 0.0f;
-    for (int s = 0; s < splits; s++)
-        if (rec[s * stride + 1] > 0.0f) l_all += rec[s * stride + 1] * __expf(rec[s * stride] - m_all);
-    bf16* o = out + ((size_t)t * n_heads + h) * head_dim;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float sum = 0.0f;
-        for (int s = 0; s < splits; s++)
-            if (rec[s * stride + 1] > 0.0f) sum += rec[s * stride + 2 + d] * __expf(rec[s * stride] - m_all);
-        o[d] = f32_to_bf16(sum / l_all);
-    }
-}

@@ -2,8 +2,8 @@
 //! (query token, group of query heads sharing a KV head); a decode step of a few sequences
 //! is then a few dozen blocks on a GPU with more than a hundred multiprocessors, each block
 //! walking the whole context alone. Split-K gives each block one `partition` of the keys
-//! instead and a merge kernel combines the partial softmaxes, so that a long context of one
-//! sequence is read by the whole GPU at once.
+//! instead, and the last of a token's blocks to finish merges their partial softmaxes, so
+//! that a long context of one sequence is read by the whole GPU at once.
 
 /// Query heads one attention block serves (`ATTN_HEADS` in attention.cu).
 pub const HEADS_PER_BLOCK: usize = 4;

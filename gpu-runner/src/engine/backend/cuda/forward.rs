@@ -1,6 +1,6 @@
 //! One step's launches: embedding, then per block attention (fused QKV GEMM, bias/norm/RoPE
 //! with the KV store, paged attention split over the keys when few tokens would leave the GPU
-//! idle, output GEMM) and feed-forward (fused gate/up GEMM, gated
+//! idle (its last split block merging), output GEMM) and feed-forward (fused gate/up GEMM, gated
 //! activation, down GEMM), with each residual add fused into the next block's RMSNorm;
 //! finally the norm and LM head over the rows that produce logits only.
 
@@ -212,7 +212,8 @@ impl CudaBackend {
         let decode = self.inputs.n_decode;
         if decode > 0 {
             let split = self.attention_split(window, decode);
-            let (partial, rows) = (addr(&s.partial), self.inputs.decode_row_list());
+            let (partial, counters) = (addr(&s.partial), addr(&s.split_counters));
+            let rows = self.inputs.decode_row_list();
             launch!(
                 self,
                 DECODE_KERNELS[kernel_variant(dims)],
@@ -231,6 +232,7 @@ impl CudaBackend {
                 positions,
                 attn,
                 partial,
+                counters,
                 n_heads,
                 n_kv,
                 hd,
@@ -241,19 +243,6 @@ impl CudaBackend {
                 split.partition as i32,
                 rows
             )?;
-            if split.splits > 1 {
-                launch!(
-                    self,
-                    "attention_merge",
-                    grid(decode, c.n_heads, HEAD_THREADS),
-                    partial,
-                    attn,
-                    n_heads,
-                    hd,
-                    split.splits as i32,
-                    rows
-                )?;
-            }
         }
         gemm!(self, "o", attn, &l.wo, n, proj)?;
 

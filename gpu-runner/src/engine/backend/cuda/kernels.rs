@@ -18,7 +18,7 @@ pub const SOURCE: &str = concat!(
 );
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 44] = [
+pub const NAMES: [&str; 43] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -31,7 +31,6 @@ pub const NAMES: [&str; 44] = [
     "paged_prefill_2",
     "paged_prefill_4",
     "paged_prefill_8",
-    "attention_merge",
     "gated_act",
     "softcap",
     "gemv_bf16_w4u4",

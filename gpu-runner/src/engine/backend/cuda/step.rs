@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
+use super::attention_split::head_blocks;
 use super::buffer::DeviceBuf;
 use super::CudaError;
 use crate::engine::backend::batch::BatchLayout;
@@ -363,6 +364,9 @@ pub struct Scratch {
     pub picked_logprobs: Option<DeviceBuf<f32>>,
     /// Split-K attention's partial results `[decode rows, n_heads, splits, 2 + head_dim]` f32.
     pub partial: Option<DeviceBuf<f32>>,
+    /// Split-K attention's count of finished split blocks per `[decode row, head group]`
+    /// (zero between launches: the last block resets its own).
+    pub split_counters: Option<DeviceBuf<i32>>,
 }
 
 /// Makes `slot` hold `len` elements; returns whether its address changed.
@@ -414,6 +418,11 @@ impl Scratch {
                 } else {
                     1
                 },
+            )?,
+            grow(
+                &mut self.split_counters,
+                stream,
+                decode_rows.max(1) * head_blocks(c.n_heads, c.n_kv_heads),
             )?,
         ];
         Ok(moved.contains(&true))
