@@ -72,8 +72,9 @@ impl TokenDraw {
     /// every sampled sequence of every step).
     ///
     /// Every pass over the vocabulary is linear and vectorisable (a 262k-token draw took
-    /// 13.7 ms with a full sort for top-p): only top-k's boundary (a selection) and top-p's
-    /// (one bucket of similar weights, [`select::keep_nucleus`]) are ordered.
+    /// 13.7 ms with a full sort for top-p): only the bucket of similar weights that top-k's
+    /// or top-p's boundary falls in is ordered ([`select::keep_top_k`],
+    /// [`select::keep_nucleus`]).
     pub fn pick_with(&self, logits: &[f32], scratch: &mut DrawScratch) -> u32 {
         if self.temperature < GREEDY_TEMPERATURE {
             return argmax(logits);
@@ -122,9 +123,7 @@ impl TokenDraw {
             }));
             let mut cut = false;
             if top_k > 0 && top_k < candidates.len() {
-                // The k-th best lands at k - 1, the better ones before it.
-                candidates.select_nth_unstable_by(top_k - 1, by_weight_desc);
-                candidates.truncate(top_k);
+                select::keep_top_k(candidates, weights, top_k, by_weight_desc);
                 cut = true;
             }
             if self.top_p < 1.0 {

@@ -522,6 +522,38 @@ fn the_nucleus_is_the_fewest_best_tokens_reaching_top_p_of_the_mass() {
 }
 
 #[test]
+fn top_k_keeps_exactly_the_k_best_tokens_with_the_worst_last() {
+    let mut rng_state = 0x2545_f491_u64;
+    let mut next = || {
+        rng_state ^= rng_state << 13;
+        rng_state ^= rng_state >> 7;
+        rng_state ^= rng_state << 17;
+        (rng_state >> 40) as f32 / (1u64 << 24) as f32
+    };
+    for n in [10usize, 1000, 50_000] {
+        // Coarse values: many ties, inside and across the boundary bucket.
+        let weights: Vec<f32> = (0..n)
+            .map(|_| (next() * 64.0).floor() / 64.0 + 0.01)
+            .collect();
+        let by = |a: &u32, b: &u32| {
+            weights[*b as usize]
+                .total_cmp(&weights[*a as usize])
+                .then(a.cmp(b))
+        };
+        let mut sorted: Vec<u32> = (0..n as u32).collect();
+        sorted.sort_unstable_by(by);
+        for k in [1, 2, 7, 40, n / 2, n - 1].into_iter().filter(|&k| k < n) {
+            let mut kept: Vec<u32> = (0..n as u32).collect();
+            select::keep_top_k(&mut kept, &weights, k, by);
+            assert_eq!(kept.len(), k, "n={n} k={k}");
+            assert_eq!(kept.last(), Some(&sorted[k - 1]), "n={n} k={k}: worst last");
+            kept.sort_unstable_by(by);
+            assert_eq!(kept, sorted[..k], "n={n} k={k}");
+        }
+    }
+}
+
+#[test]
 fn unfiltered_sampling_follows_the_softmax() {
     // 4 tokens with probabilities 0.1, 0.2, 0.3, 0.4 at temperature 1.
     let logits: Vec<f32> = [0.1f32, 0.2, 0.3, 0.4].iter().map(|p| p.ln()).collect();
