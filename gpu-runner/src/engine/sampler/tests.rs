@@ -480,13 +480,7 @@ fn time_sampling_over_a_large_vocabulary() {
 
 #[test]
 fn the_nucleus_is_the_fewest_best_tokens_reaching_top_p_of_the_mass() {
-    let mut rng_state = 0x1234_5678_u64;
-    let mut next = || {
-        rng_state ^= rng_state << 13;
-        rng_state ^= rng_state >> 7;
-        rng_state ^= rng_state << 17;
-        (rng_state >> 40) as f32 / (1u64 << 24) as f32
-    };
+    let mut next = uniform(0x1234_5678);
     for n in [10, 1000, 5000] {
         let logits: Vec<f32> = (0..n).map(|_| next() * 12.0).collect();
         let max = logits.iter().copied().fold(f32::MIN, f32::max);
@@ -523,13 +517,7 @@ fn the_nucleus_is_the_fewest_best_tokens_reaching_top_p_of_the_mass() {
 
 #[test]
 fn top_k_keeps_exactly_the_k_best_tokens_with_the_worst_last() {
-    let mut rng_state = 0x2545_f491_u64;
-    let mut next = || {
-        rng_state ^= rng_state << 13;
-        rng_state ^= rng_state >> 7;
-        rng_state ^= rng_state << 17;
-        (rng_state >> 40) as f32 / (1u64 << 24) as f32
-    };
+    let mut next = uniform(0x2545_f491);
     for n in [10usize, 1000, 50_000] {
         // Coarse values: many ties, inside and across the boundary bucket.
         let weights: Vec<f32> = (0..n)
@@ -566,5 +554,15 @@ fn unfiltered_sampling_follows_the_softmax() {
     for (t, want) in [0.1f64, 0.2, 0.3, 0.4].iter().enumerate() {
         let got = draws.iter().filter(|&&d| d == t as u32).count() as f64 / draws.len() as f64;
         assert!((got - want).abs() < 0.015, "token {t}: {got} vs {want}");
+    }
+}
+
+/// A deterministic stream of numbers in [0, 1) (xorshift).
+fn uniform(mut state: u64) -> impl FnMut() -> f32 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32
     }
 }

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use super::kernels::{NAMES, SOURCE};
+use super::kernels::{fnv1a, NAMES, SOURCE};
 
 const PRELUDE: &str = include_str!("emulator.hpp");
 
@@ -301,10 +301,4 @@ fn compile(compiler: &str, source: &str, dir: &Path, lib: &Path) -> Result<(), S
     }
     // Renamed into place so that concurrent test processes never load a half-written file.
     std::fs::rename(&tmp, lib).map_err(|e| format!("{}: {e}", lib.display()))
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x100000001b3)
-    })
 }

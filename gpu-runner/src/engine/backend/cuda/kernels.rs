@@ -1,7 +1,9 @@
 //! The backend's kernels: CUDA C source compiled at run time with NVRTC (no `nvcc` at build
-//! time), once per device per process, for that device's compute capability.
+//! time) for the device's compute capability, loaded once per device per process; the PTX
+//! is kept on disk ([`kernel_cache_dir`]) so that later processes skip NVRTC's seconds.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaFunction};
@@ -64,14 +66,97 @@ pub const NAMES: [&str; 43] = [
     "dequant_q6_k",
 ];
 
+/// NVRTC's options besides the architecture.
+const NVRTC_OPTIONS: [&str; 2] = ["--std=c++17", "-default-device"];
+
 /// Compiles [`SOURCE`] to PTX for `arch` (e.g. `compute_90`).
 pub fn compile_ptx(arch: &'static str) -> Result<Ptx, String> {
     let options = CompileOptions {
         arch: Some(arch),
-        options: vec!["--std=c++17".into(), "-default-device".into()],
+        options: NVRTC_OPTIONS.iter().map(|o| o.to_string()).collect(),
         ..CompileOptions::default()
     };
     cudarc::nvrtc::compile_ptx_with_opts(SOURCE, options).map_err(|e| format!("NVRTC: {e}"))
+}
+
+/// PTX for `arch`: from `cache` (a directory) when this source was compiled for it before
+/// with this NVRTC, else compiled and stored there. NVRTC takes seconds for these kernels,
+/// paid at every process start without the cache. A cached file that is not whole (no
+/// `.entry` for some kernel) is compiled again; a cache that cannot be written is skipped.
+pub fn ptx_for(arch: &'static str, cache: Option<&Path>) -> Result<Ptx, String> {
+    let Some(dir) = cache else {
+        return compile_ptx(arch);
+    };
+    let file = dir.join(cache_file_name(arch));
+    if let Ok(text) = std::fs::read_to_string(&file) {
+        if is_whole_ptx(&text) {
+            return Ok(Ptx::from_src(text));
+        }
+        tracing::warn!(file = %file.display(), "cached kernels incomplete; compiling them again");
+    }
+    let ptx = compile_ptx(arch)?;
+    if let Err(e) = store(&file, &ptx.to_src()) {
+        tracing::debug!(file = %file.display(), error = %e, "kernel cache not written");
+    }
+    Ok(ptx)
+}
+
+/// The cache file of this source for `arch`: keyed by the source, the options and NVRTC's
+/// version, so that an upgrade of either compiles afresh.
+fn cache_file_name(arch: &str) -> String {
+    let version = nvrtc_version().unwrap_or_default();
+    let key = [SOURCE, arch, &NVRTC_OPTIONS.join(" "), &version].join("\0");
+    format!("kernels-{:016x}-{arch}.ptx", fnv1a(key.as_bytes()))
+}
+
+/// NVRTC's version, `major.minor`.
+fn nvrtc_version() -> Option<String> {
+    use cudarc::nvrtc::sys;
+    if !nvrtc_available() {
+        return None;
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two out-parameters; the library loads (checked above).
+    let status = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
+    (status == sys::nvrtcResult::NVRTC_SUCCESS).then(|| format!("{major}.{minor}"))
+}
+
+/// Whether `text` holds every kernel (a file cut short by a crash does not).
+fn is_whole_ptx(text: &str) -> bool {
+    NAMES
+        .iter()
+        .all(|name| text.contains(&format!(".entry {name}(")))
+}
+
+/// Writes `text` to `file` through a temporary name, so that no reader sees half a file.
+fn store(file: &Path, text: &str) -> std::io::Result<()> {
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = file.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, file)
+}
+
+/// Where compiled kernels are kept: `FALLOW_KERNEL_CACHE` (`off` for nowhere), else
+/// `$XDG_CACHE_HOME/fallow/kernels`, else `~/.cache/fallow/kernels`.
+pub fn kernel_cache_dir() -> Option<PathBuf> {
+    match std::env::var_os("FALLOW_KERNEL_CACHE") {
+        Some(v) if v == "off" => None,
+        Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
+        _ => std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|base| base.join("fallow").join("kernels")),
+    }
+}
+
+/// FNV-1a: a stable 64-bit hash (file names of compiled kernels).
+pub(super) fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 /// ptxas's resource report (`Used N registers`, spills) for every kernel, compiled to
@@ -125,10 +210,17 @@ impl Kernels {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| format!("compute capability: {e}"))?;
-        let ptx = compile_ptx(arch_name(major, minor))?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| format!("loading kernels: {e}"))?;
+        let arch = arch_name(major, minor);
+        let module = match ctx.load_module(ptx_for(arch, kernel_cache_dir().as_deref())?) {
+            Ok(module) => module,
+            // A cached file the driver rejects: compiled afresh (and the driver's verdict on
+            // that one is final).
+            Err(e) => {
+                tracing::warn!(error = %e, "cached kernels did not load; compiling them again");
+                ctx.load_module(compile_ptx(arch)?)
+                    .map_err(|e| format!("loading kernels: {e}"))?
+            }
+        };
         let mut functions = HashMap::new();
         for name in NAMES {
             let f = module
@@ -214,6 +306,43 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The second compilation of the same source is read from the cache, and a cached file
+    /// cut short is compiled again.
+    #[test]
+    fn compiled_kernels_are_cached_on_disk_and_a_truncated_file_is_replaced() {
+        if !nvrtc_available() {
+            eprintln!("SKIPPED: libnvrtc.so.13 not found (see the PTX test)");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("fallow-kernel-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let first = ptx_for("compute_80", Some(&dir)).unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.join(cache_file_name("compute_80"));
+        let stored = std::fs::read_to_string(&file).expect("the PTX was stored");
+        assert_eq!(stored, first.to_src());
+        assert!(is_whole_ptx(&stored));
+
+        // A marker only the cache has: the second call returns the file, not NVRTC's output.
+        let marked = format!("// cached\n{stored}");
+        std::fs::write(&file, &marked).expect("write");
+        assert_eq!(
+            ptx_for("compute_80", Some(&dir)).expect("cached").to_src(),
+            marked
+        );
+
+        std::fs::write(&file, &stored[..stored.len() / 2]).expect("truncate");
+        let again = ptx_for("compute_80", Some(&dir)).expect("recompiled");
+        assert_eq!(again.to_src(), stored);
+        assert_eq!(std::fs::read_to_string(&file).expect("rewritten"), stored);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_cache_key_changes_with_the_architecture() {
+        assert_ne!(cache_file_name("compute_80"), cache_file_name("compute_90"));
+        assert!(cache_file_name("compute_90").ends_with("-compute_90.ptx"));
     }
 
     /// No kernel spills registers to local memory on Ampere or Hopper (ptxas, through
