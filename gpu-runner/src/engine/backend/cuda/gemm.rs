@@ -16,7 +16,7 @@ use super::launch::{KernelArgs, Launcher};
 use super::weights::{DeviceMatrix, QuantPart, Storage};
 use super::CudaError;
 
-/// Rows up to which `gemv_bf16` is used (GEMV_MAX_ROWS in kernels.cu).
+/// Rows up to which the GEMV kernels are used (GEMV_MAX_ROWS in kernels.cu).
 pub const GEMV_MAX_ROWS: usize = 8;
 /// Output columns per block of the quantized GEMV kernels (GEMV_WARPS in kernels.cu).
 const QUANT_GEMV_WARPS: usize = 8;
@@ -212,7 +212,7 @@ impl Gemm {
     ) -> Result<(), CudaError> {
         let (m, k) = (rows as i32, cols as i32);
         let (alpha, beta) = (1.0f32, 0.0f32);
-        // SAFETY: as for `gemv`; cuBLAS runs on the backend's stream.
+        // SAFETY: as for `GemvKernel::launch`; cuBLAS runs on the backend's stream.
         unsafe {
             result::gemm_ex(
                 *self.blas.handle(),
