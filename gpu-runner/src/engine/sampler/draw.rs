@@ -12,7 +12,7 @@
 //! reports them (log-softmax of the raw logits, before temperature and truncation).
 
 use super::select::{self, Kept};
-use super::{argmax, logprobs, Sampled, GREEDY_TEMPERATURE, MAX_TOP_LOGPROBS};
+use super::{argmax, logprobs, Sampled, GREEDY_TEMPERATURE};
 use crate::engine::fast_exp::exp_fast;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -54,12 +54,11 @@ impl TokenDraw {
             .iter()
             .map(|&l| if l.is_nan() { f32::NEG_INFINITY } else { l })
             .collect();
-        let norm = logprobs::log_normaliser(&clean);
-        let n = usize::from(n).min(MAX_TOP_LOGPROBS);
+        let (logprob, top) = logprobs::report(&clean, token, usize::from(n), &mut Vec::new());
         Sampled {
             token,
-            logprob: Some(logprobs::logprob_of(&clean, norm, token)),
-            top: logprobs::top_n(&clean, norm, n, &mut Vec::new()),
+            logprob: Some(logprob),
+            top,
         }
     }
 
@@ -75,7 +74,7 @@ impl TokenDraw {
     /// 13.7 ms with a full sort for top-p): only the bucket of similar weights that top-k's
     /// or top-p's boundary falls in is ordered ([`select::keep_top_k`],
     /// [`select::keep_nucleus`]).
-    pub fn pick_with(&self, logits: &[f32], scratch: &mut DrawScratch) -> u32 {
+    pub(super) fn pick_with(&self, logits: &[f32], scratch: &mut DrawScratch) -> u32 {
         if self.temperature < GREEDY_TEMPERATURE {
             return argmax(logits);
         }
@@ -158,7 +157,7 @@ const SHORT_PREFIX_FRACTION: usize = 32;
 
 /// Buffers a draw reuses: weights indexed by token id, and the kept tokens.
 #[derive(Debug, Default)]
-pub struct DrawScratch {
+pub(super) struct DrawScratch {
     candidates: Vec<u32>,
     weights: Vec<f32>,
 }

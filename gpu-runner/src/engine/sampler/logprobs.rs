@@ -1,9 +1,22 @@
 //! Log-softmax values of processed logits, without materialising the whole distribution.
 
-use super::MIN_LOGPROB;
+use super::{MAX_TOP_LOGPROBS, MIN_LOGPROB};
+
+/// The logprob of `token` and the `n` most likely tokens' (best first), as a response
+/// reports them, from logits without NaN. `scratch` is reused.
+pub(super) fn report(
+    logits: &[f32],
+    token: u32,
+    n: usize,
+    scratch: &mut Vec<u32>,
+) -> (f32, Vec<(u32, f32)>) {
+    let norm = log_normaliser(logits);
+    let top = top_n(logits, norm, n.min(MAX_TOP_LOGPROBS), scratch);
+    (logprob_of(logits, norm, token), top)
+}
 
 /// `max + ln Σ exp(l - max)`: subtracting it from a logit gives its logprob.
-pub(super) fn log_normaliser(logits: &[f32]) -> f32 {
+fn log_normaliser(logits: &[f32]) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if !max.is_finite() {
         return 0.0;
@@ -12,7 +25,7 @@ pub(super) fn log_normaliser(logits: &[f32]) -> f32 {
     max + sum.ln()
 }
 
-pub(super) fn logprob_of(logits: &[f32], normaliser: f32, token: u32) -> f32 {
+fn logprob_of(logits: &[f32], normaliser: f32, token: u32) -> f32 {
     let lp = logits
         .get(token as usize)
         .map_or(f32::NEG_INFINITY, |&l| l - normaliser);
@@ -24,12 +37,7 @@ pub(super) fn logprob_of(logits: &[f32], normaliser: f32, token: u32) -> f32 {
 }
 
 /// The `n` most likely tokens, best first (ties to the lower id). `scratch` is reused.
-pub(super) fn top_n(
-    logits: &[f32],
-    normaliser: f32,
-    n: usize,
-    scratch: &mut Vec<u32>,
-) -> Vec<(u32, f32)> {
+fn top_n(logits: &[f32], normaliser: f32, n: usize, scratch: &mut Vec<u32>) -> Vec<(u32, f32)> {
     let n = n.min(logits.len());
     if n == 0 {
         return Vec::new();

@@ -28,7 +28,8 @@
 mod logprobs;
 pub use select::argmax;
 mod draw;
-pub use draw::{DrawScratch, TokenDraw};
+use draw::DrawScratch;
+pub use draw::TokenDraw;
 mod penalties;
 mod select;
 
@@ -204,16 +205,13 @@ impl Sampler {
             mask_disallowed(&mut self.logits, words);
         }
         penalties::apply(&mut self.logits, seq);
-        let want_logprobs = seq.params.logprobs;
-        let normaliser = want_logprobs.then(|| logprobs::log_normaliser(&self.logits));
         let token = seq.next_draw().pick_with(&self.logits, &mut self.draw);
-        let (logprob, top) = match normaliser {
-            Some(norm) => {
-                let n = (seq.params.top_logprobs as usize).min(MAX_TOP_LOGPROBS);
-                let top = logprobs::top_n(&self.logits, norm, n, &mut self.candidates);
-                (Some(logprobs::logprob_of(&self.logits, norm, token)), top)
-            }
-            None => (None, Vec::new()),
+        let (logprob, top) = if seq.params.logprobs {
+            let n = seq.params.top_logprobs as usize;
+            let (logprob, top) = logprobs::report(&self.logits, token, n, &mut self.candidates);
+            (Some(logprob), top)
+        } else {
+            (None, Vec::new())
         };
         seq.record(token);
         Sampled {

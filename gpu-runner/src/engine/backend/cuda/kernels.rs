@@ -94,9 +94,17 @@ pub fn ptx_for(arch: &'static str, cache: Option<&Path>) -> Result<Ptx, String> 
         }
         tracing::warn!(file = %file.display(), "cached kernels incomplete; compiling them again");
     }
+    compile_and_store(arch, Some(dir))
+}
+
+/// Compiles [`SOURCE`] for `arch` and, with a `cache` directory, replaces its file there.
+fn compile_and_store(arch: &'static str, cache: Option<&Path>) -> Result<Ptx, String> {
     let ptx = compile_ptx(arch)?;
-    if let Err(e) = store(&file, &ptx.to_src()) {
-        tracing::debug!(file = %file.display(), error = %e, "kernel cache not written");
+    if let Some(dir) = cache {
+        let file = dir.join(cache_file_name(arch));
+        if let Err(e) = store(&file, &ptx.to_src()) {
+            tracing::debug!(file = %file.display(), error = %e, "kernel cache not written");
+        }
     }
     Ok(ptx)
 }
@@ -211,13 +219,14 @@ impl Kernels {
             .compute_capability()
             .map_err(|e| format!("compute capability: {e}"))?;
         let arch = arch_name(major, minor);
-        let module = match ctx.load_module(ptx_for(arch, kernel_cache_dir().as_deref())?) {
+        let disk = kernel_cache_dir();
+        let module = match ctx.load_module(ptx_for(arch, disk.as_deref())?) {
             Ok(module) => module,
-            // A cached file the driver rejects: compiled afresh (and the driver's verdict on
-            // that one is final).
+            // A cached file the driver rejects: compiled afresh, replacing it (and the
+            // driver's verdict on that one is final).
             Err(e) => {
                 tracing::warn!(error = %e, "cached kernels did not load; compiling them again");
-                ctx.load_module(compile_ptx(arch)?)
+                ctx.load_module(compile_and_store(arch, disk.as_deref())?)
                     .map_err(|e| format!("loading kernels: {e}"))?
             }
         };
