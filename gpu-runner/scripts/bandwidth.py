@@ -216,6 +216,18 @@ def summary(args):
             # Q8_0 keeps 34 bytes per 32 weights against bf16's 64.
             say(f"  Q8_0 batch 1 = {pct(alt[1][1] * 34 / 64)} % of its own roofline")
 
+    # Prefill attention kernels on a long prompt: prefill tokens/s and time to first token.
+    tensor, f32 = (parse_fallow(read_text(log)) for log in (args.prefill_mma_log, args.prefill_f32_log))
+    if tensor or f32:
+        say("")
+        say("8B shape, one 4096-token prompt: prefill attention on tensor cores vs f32 (f6.)")
+        say(f"{'kernel':>8} {'prefill tok/s':>14} {'TTFT ms':>9}")
+        for name, rows in (("mma", tensor), ("f32", f32)):
+            row = rows.get(1)
+            say(f"{name:>8} {fmt(row[0] if row else None):>14} {fmt(row[3] if row else None):>9}")
+        if 1 in tensor and 1 in f32:
+            say(f"  mma / f32 prefill tok/s = {fmt(ratio(tensor[1][0], f32[1][0]), '.2f')}")
+
     text = "\n".join(out) + "\n"
     sys.stdout.write(text)
     if args.out:
@@ -238,6 +250,8 @@ def main():
     s.add_argument("--smol-bf16-log", help="c2.: SmolLM2's bench with bf16 weights")
     s.add_argument("--smol-quant-log", help="c2.: SmolLM2's bench with its own blocks")
     s.add_argument("--plain-log", help="f5.: the 8B shape's bench without early starts")
+    s.add_argument("--prefill-mma-log", help="f6.: a long prompt, tensor-core prefill attention")
+    s.add_argument("--prefill-f32-log", help="f6.: the same prompt, f32 prefill attention")
     s.add_argument("--out", help="also write the summary here")
     args = ap.parse_args()
     if args.cmd == "summary":

@@ -8,8 +8,9 @@
 #   d. a random-weight Llama-3.1-8B shaped bf16 checkpoint (make_random_llama.py)
 #   e. the GPU's memory read bandwidth (bandwidth.py)
 #   f. `fallow bench engine` on that checkpoint (f3: per-kernel GPU time, FALLOW_CUDA_PROFILE;
-#      f5: batch 1 without early starts, FALLOW_CUDA_EARLY_START=0; f4: its matrices
-#      quantized to Q8_0 at load; f2: without CUDA graphs)
+#      f5: batch 1 without early starts, FALLOW_CUDA_EARLY_START=0; f6: a 4096-token
+#      prompt's prefill, attention on tensor cores vs f32; f4: its matrices quantized to Q8_0
+#      at load; f2: without CUDA graphs)
 #   g. transformers generate() on it (hf_bench.py)
 #   h. a summary: Fallow vs transformers, and batch 1 against the bandwidth roofline
 #
@@ -356,6 +357,12 @@ main() {
     run_step "f5. fallow bench engine, plain launches" 90 "$WORK/fallow-bench-plain.log" \
       env FALLOW_CUDA_EARLY_START=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
       --concurrency 1 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+    # One long prompt, prefill attention on the tensor cores (the default) and on the f32
+    # kernel: attention grows with the square of the prompt, so it dominates long prefills.
+    run_step "f6. long-prompt prefill, tensor cores vs f32" 120 - \
+      bash -c 'for k in mma f32; do FALLOW_CUDA_PREFILL=$k "$0" bench engine --model "$1" \
+        --device cuda --concurrency 1 --prompt-tokens 4096 --gen-tokens 4 --kv-cache-mib 8192 \
+        > "$2/prefill-$k.log" || exit; done' "$FALLOW" "$LLAMA_DIR" "$WORK"
     # The same model's matrices quantized to Q8_0 at load (about half the bytes per step):
     # against f., does the dequantizing GEMV turn fewer bytes into more tokens/s?
     run_step "f4. fallow bench engine, Q8_0 weights" 150 "$WORK/fallow-bench-q8_0.log" \
@@ -378,7 +385,8 @@ main() {
     --bytes-per-step "$LLAMA_DIR/bytes_per_step.txt" ${bw:+--bandwidth-gbs "$bw"} \
     --steps "$OUT/steps.tsv" --q8-log "$WORK/fallow-bench-q8_0.log" \
     --smol-bf16-log "$WORK/smol-bench-bf16.log" --smol-quant-log "$WORK/smol-bench-quantized.log" \
-    --plain-log "$WORK/fallow-bench-plain.log" --out "$OUT/summary.txt" ||
+    --plain-log "$WORK/fallow-bench-plain.log" --prefill-mma-log "$WORK/prefill-mma.log" \
+    --prefill-f32-log "$WORK/prefill-f32.log" --out "$OUT/summary.txt" ||
     echo "summary: FAILED rc=$?" | tee "$OUT/summary.txt"
   echo
   echo "gpu-check: done in $((SECONDS - START_S))s; files in $OUT: $(cd "$OUT" && echo *)"

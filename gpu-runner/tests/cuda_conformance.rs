@@ -16,7 +16,8 @@
 //!   near tie;
 //! - the device argmax equals the host argmax of the same logits; the GEMV kernel (decode)
 //!   equals cuBLAS; graph replays, split-K attention and early-started launches (sm_90)
-//!   compute what eager, unsplit, plainly launched steps do.
+//!   compute what eager, unsplit, plainly launched steps do; the tensor-core prefill
+//!   attention agrees with the f32 kernel over a long prompt.
 //!
 //! Without a usable GPU every test prints SKIPPED and passes: CI has none. The GPU machine
 //! runs this binary through `gpu-runner/scripts/gpu-check.sh`.
@@ -24,7 +25,7 @@
 use std::path::PathBuf;
 
 use fallow_runner::engine::backend::cpu::{CpuBackend, KvDtype};
-use fallow_runner::engine::backend::cuda::{device, CudaBackend, CudaWeights};
+use fallow_runner::engine::backend::cuda::{device, CudaBackend, CudaWeights, PrefillKernel};
 use fallow_runner::engine::backend::{Backend, LogitsMode, SeqSlice};
 use fallow_runner::engine::footprint::KvPoolSize;
 use fallow_runner::engine::llm::EngineRequest;
@@ -91,6 +92,18 @@ fn cuda_with(artifacts: &ModelArtifacts, storage: CudaWeights) -> CudaBackend {
         KvPoolSize::Blocks(NUM_BLOCKS),
         BLOCK_SIZE,
         storage,
+    )
+    .expect("cuda backend")
+}
+
+/// A CUDA backend over `artifacts` (bf16) with a pool of `blocks` blocks (long contexts).
+fn cuda_with_pool(artifacts: &ModelArtifacts, blocks: usize) -> CudaBackend {
+    CudaBackend::new(
+        artifacts,
+        0,
+        KvPoolSize::Blocks(blocks),
+        BLOCK_SIZE,
+        CudaWeights::Bf16,
     )
     .expect("cuda backend")
 }
@@ -278,6 +291,20 @@ fn a_mixed_batch_gives_each_sequence_its_own_logits() {
     );
 }
 
+/// The default model's artifacts, when there is a GPU to run them on and the file is here.
+fn default_model_on_gpu() -> Option<ModelArtifacts> {
+    if !gpu() {
+        return None;
+    }
+    let path = default_model()?;
+    Some(model::open(&path).expect("default model"))
+}
+
+/// `len` token ids spread over the vocabulary (distinct enough to be no repeated phrase).
+fn spread_prompt(len: u32, vocab: u32) -> Vec<u32> {
+    (0..len).map(|i| (i * 7919 + 13) % vocab).collect()
+}
+
 fn default_model() -> Option<PathBuf> {
     let dir = std::env::var("FALLOW_MODELS_DIR")
         .map(PathBuf::from)
@@ -452,11 +479,9 @@ fn teacher_forced_decodes(
 
 #[test]
 fn decode_steps_from_quantized_blocks_match_decode_from_bf16_weights() {
-    if !gpu() {
+    let Some(artifacts) = default_model_on_gpu() else {
         return;
-    }
-    let Some(path) = default_model() else { return };
-    let artifacts = model::open(&path).expect("default model");
+    };
     let vocab = artifacts.config.vocab_size;
     // Three sequences: the GEMV path.
     let run = |storage| teacher_forced_decodes(&artifacts, storage, 3, 16);
@@ -708,13 +733,11 @@ fn the_gemv_kernel_and_cublas_give_the_same_decode_logits() {
 
 #[test]
 fn every_gemv_variant_gives_the_same_decode_logits() {
-    if !gpu() {
+    let Some(artifacts) = default_model_on_gpu() else {
         return;
-    }
-    let Some(path) = default_model() else { return };
-    let artifacts = model::open(&path).expect("default model");
+    };
     let vocab = artifacts.config.vocab_size as u32;
-    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let prompt = spread_prompt(40, vocab);
     let tables: Vec<Vec<u32>> = (0..3u32).map(|s| table(s * 16, 60)).collect();
     let run = |variant: &str| -> Vec<f32> {
         let mut cuda = cuda_with(&artifacts, CudaWeights::Bf16);
@@ -796,27 +819,16 @@ fn decode_steps_replayed_from_cuda_graphs_equal_eager_ones() {
 
 #[test]
 fn long_context_decodes_split_over_the_keys_equal_unsplit_ones() {
-    if !gpu() {
+    let Some(artifacts) = default_model_on_gpu() else {
         return;
-    }
-    let Some(path) = default_model() else { return };
-    let artifacts = model::open(&path).expect("default model");
+    };
     let vocab = artifacts.config.vocab_size;
     // 2000 cached tokens: one decoding sequence is 3 attention blocks per token on SmolLM2
     // (9 query heads, 3 KV heads), so the plan splits its keys over many more.
-    let prompt: Vec<u32> = (0..2000u32)
-        .map(|i| (i * 7919 + 13) % vocab as u32)
-        .collect();
+    let prompt = spread_prompt(2000, vocab as u32);
     let blocks = table(0, prompt.len() + 8);
     let run = |split: bool| -> Vec<f32> {
-        let mut cuda = CudaBackend::new(
-            &artifacts,
-            0,
-            KvPoolSize::Blocks(blocks.len()),
-            BLOCK_SIZE,
-            CudaWeights::Bf16,
-        )
-        .expect("cuda");
+        let mut cuda = cuda_with_pool(&artifacts, blocks.len());
         cuda.set_split_attention(split);
         cuda.forward(&[SeqSlice {
             tokens: &prompt,
@@ -845,6 +857,56 @@ fn long_context_decodes_split_over_the_keys_equal_unsplit_ones() {
     eprintln!("split-K vs whole attention, 2000-token context: max relative |Δ logit| {diff:.6}");
     // The same sums in another order, rounded to bf16 once more at the merge.
     assert!(diff <= 1e-2, "split and unsplit attention differ by {diff}");
+}
+
+#[test]
+fn tensor_core_prefill_attention_matches_the_f32_kernel_over_a_long_prompt() {
+    let Some(artifacts) = default_model_on_gpu() else {
+        return;
+    };
+    let vocab = artifacts.config.vocab_size as u32;
+    // 1500 tokens in two chunks (the second attends to a cached prefix of 1000), then
+    // teacher-forced decodes that read what every layer's prefill attention produced.
+    let prompt = spread_prompt(1500, vocab);
+    let blocks = table(0, prompt.len() + 8);
+    let run = |kernel: PrefillKernel| -> Vec<f32> {
+        let mut cuda = cuda_with_pool(&artifacts, blocks.len());
+        cuda.set_prefill_kernel(kernel)
+            .expect("SmolLM2's heads fit both");
+        let mut all = Vec::new();
+        for (start, end, logits) in [(0, 1000, LogitsMode::None), (1000, 1500, LogitsMode::All)] {
+            all.extend(
+                cuda.forward(&[SeqSlice {
+                    tokens: &prompt[start..end],
+                    start_pos: start,
+                    block_table: &blocks,
+                    logits,
+                }])
+                .expect("prefill chunk"),
+            );
+        }
+        for step in 0..4u32 {
+            let token = [(step * 31 + 2) % vocab];
+            all.extend(
+                cuda.forward(&[SeqSlice {
+                    tokens: &token,
+                    start_pos: prompt.len() + step as usize,
+                    block_table: &blocks,
+                    logits: LogitsMode::Last,
+                }])
+                .expect("decode"),
+            );
+        }
+        all
+    };
+    let tensor = run(PrefillKernel::TensorCores);
+    let f32_kernel = run(PrefillKernel::F32);
+    let diff = relative_diff(&tensor, &f32_kernel, vocab as usize);
+    eprintln!(
+        "tensor-core vs f32 prefill attention, 1500 tokens: max relative |Δ logit| {diff:.6}"
+    );
+    // Q is multiplied to ~16 bits either way; P rounded to bf16 and another summation order.
+    assert!(diff <= 1e-2, "the prefill kernels differ by {diff}");
 }
 
 #[test]
@@ -882,13 +944,11 @@ fn decode_steps_padded_to_a_graph_bucket_equal_unpadded_eager_ones() {
 
 #[test]
 fn early_started_launches_compute_exactly_what_plain_launches_do() {
-    if !gpu() {
+    let Some(artifacts) = default_model_on_gpu() else {
         return;
-    }
-    let Some(path) = default_model() else { return };
-    let artifacts = model::open(&path).expect("default model");
+    };
     let vocab = artifacts.config.vocab_size as u32;
-    let prompt_a: Vec<u32> = (0..200u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let prompt_a = spread_prompt(200, vocab);
     let prompt_b: Vec<u32> = (0..50u32).map(|i| (i * 104_729 + 5) % vocab).collect();
     let (table_a, table_b) = (table(0, 240), table(64, 90));
     let run = |early: bool| -> Option<Vec<f32>> {

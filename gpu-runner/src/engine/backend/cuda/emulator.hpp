@@ -117,6 +117,8 @@ inline std::vector<Fiber>* fibers = nullptr;
 inline Barrier block_barrier;
 inline std::vector<Barrier> warp_barriers;
 inline std::vector<uint64_t> lanes;
+// Each thread's mma operands (A's 4 registers, then B's 2), for mma_bf16_16816.
+inline std::vector<uint32_t> mma_operands;
 // Which threads of the running block have called grid_dependency_sync (see kernels.cu).
 inline std::vector<uint8_t> synced;
 inline std::function<void()> kernel_body;
@@ -191,6 +193,42 @@ T exchange(T v, Src src) {
     return r;
 }
 
+inline float bf16_half(uint32_t word, unsigned high) {
+    uint32_t bits = (high ? word >> 16 : word & 0xffffu) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// One warp's m16n8k16 product, D += A·B, from every lane's fragments as the PTX ISA lays
+// them out (see mma_bf16_16816 in prefill_mma.cu): A[r][c] is in lane 4·(r % 8) + (c % 8) / 2,
+// register (r >= 8) + 2·(c >= 8), half c % 2; B[k][n] in lane 4·n + (k % 8) / 2, register
+// k >= 8, half k % 2; this lane's d[i] is D[g + 8·(i >= 2)][2q + i % 2] (lane 4g + q).
+inline void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2]) {
+    unsigned warp = linear / 32, lane = linear % 32;
+    uint32_t* mine = &mma_operands[linear * 6];
+    for (int i = 0; i < 4; i++) mine[i] = a[i];
+    mine[4] = b[0];
+    mine[5] = b[1];
+    wait(warp_barriers[warp]);
+    const uint32_t* all = &mma_operands[warp * 32 * 6];
+    unsigned g = lane / 4, q = lane % 4;
+    float out[4];
+    for (int i = 0; i < 4; i++) {
+        unsigned row = g + (i >= 2 ? 8 : 0), col = 2 * q + (i % 2);
+        float sum = d[i];
+        for (unsigned k = 0; k < 16; k++) {
+            float x = bf16_half(all[(4 * (row % 8) + (k % 8) / 2) * 6 + (row >= 8) + 2 * (k >= 8)],
+                                k % 2);
+            float y = bf16_half(all[(4 * col + (k % 8) / 2) * 6 + 4 + (k >= 8)], k % 2);
+            sum += x * y;  // exact product; the hardware's summation order is its own
+        }
+        out[i] = sum;
+    }
+    wait(warp_barriers[warp]);
+    for (int i = 0; i < 4; i++) d[i] = out[i];
+}
+
 inline int run(dim3 grid, dim3 block, std::function<void()> body) {
     static std::mutex one_launch;
     std::lock_guard<std::mutex> guard(one_launch);
@@ -204,6 +242,7 @@ inline int run(dim3 grid, dim3 block, std::function<void()> body) {
     fibers = &pool;
     kernel_body = std::move(body);
     lanes.assign(threads, 0);
+    mma_operands.assign(threads * 6, 0);
     block_dim = block;
     grid_dim = grid;
     for (unsigned z = 0; z < grid.z; z++)
@@ -277,6 +316,9 @@ inline void __threadfence() {}
 // Launches run one after another here: only whether every thread calls it is checked.
 inline void grid_dependency_sync() { emu::synced[emu::linear] = 1; }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::syncwarp(); }
+inline void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2]) {
+    emu::mma_bf16_16816(d, a, b);
+}
 
 template <class T>
 T __shfl_xor_sync(unsigned, T v, int mask) {

@@ -19,7 +19,7 @@ use crate::engine::sampler::Sampled;
 const ROW_THREADS: u32 = 1024;
 /// Threads per block of elementwise kernels.
 const ELEMENT_THREADS: u32 = 256;
-/// Threads per block of the attention kernel (ATTN_WARPS in attention.cu).
+/// Threads per block of the decode attention kernel (ATTN_WARPS in attention.cu).
 const ATTN_THREADS: u32 = 256;
 /// The attention kernels by head_dim / 32 rounded up to 1, 2, 4 or 8 ([`kernel_variant`]).
 const DECODE_KERNELS: [&str; 4] = [
@@ -27,12 +27,6 @@ const DECODE_KERNELS: [&str; 4] = [
     "paged_attention_2",
     "paged_attention_4",
     "paged_attention_8",
-];
-const PREFILL_KERNELS: [&str; 4] = [
-    "paged_prefill_1",
-    "paged_prefill_2",
-    "paged_prefill_4",
-    "paged_prefill_8",
 ];
 
 /// Which instantiation serves `dims` = head_dim / 32 rounded up (at most 8).
@@ -188,8 +182,12 @@ impl CudaBackend {
         if self.inputs.n_tiles > 0 {
             launch!(
                 self,
-                PREFILL_KERNELS[kernel_variant(dims)],
-                grid(self.inputs.n_tiles, head_blocks as usize, ATTN_THREADS),
+                self.prefill.kernel(c.head_dim),
+                grid(
+                    self.inputs.n_tiles,
+                    head_blocks as usize,
+                    self.prefill.threads()
+                ),
                 qkv,
                 qkv_width,
                 k_cache,

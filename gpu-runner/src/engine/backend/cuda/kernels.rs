@@ -15,12 +15,13 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 pub const SOURCE: &str = concat!(
     include_str!("kernels.cu"),
     include_str!("attention.cu"),
+    include_str!("prefill_mma.cu"),
     include_str!("pick.cu"),
     include_str!("quant.cu")
 );
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 43] = [
+pub const NAMES: [&str; 46] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -33,6 +34,9 @@ pub const NAMES: [&str; 43] = [
     "paged_prefill_2",
     "paged_prefill_4",
     "paged_prefill_8",
+    "paged_prefill_mma_1",
+    "paged_prefill_mma_2",
+    "paged_prefill_mma_4",
     "gated_act",
     "softcap",
     "gemv_bf16_w4u4",

@@ -22,6 +22,7 @@ mod graphs;
 mod kernel_tests;
 pub mod kernels;
 mod launch;
+mod prefill;
 mod profile;
 mod step;
 mod weights;
@@ -40,6 +41,7 @@ use self::gemv_tune::{variant_named, GemvChoice};
 use self::graphs::{DecodeGraphs, GraphKey, Replay};
 use self::kernels::Kernels;
 use self::launch::Launcher;
+pub use self::prefill::PrefillKernel;
 use self::profile::Profiler;
 use self::step::{Padding, Scratch, StepInputs};
 use self::weights::DeviceWeights;
@@ -118,6 +120,7 @@ pub struct CudaBackend {
     /// Multiprocessors of the device (how far attention is split over the keys).
     sm_count: usize,
     split_attention: bool,
+    prefill: PrefillKernel,
     layout: BatchLayout,
     inputs: StepInputs,
     scratch: Scratch,
@@ -167,6 +170,11 @@ impl CudaBackend {
         gemm.gemv_choice =
             GemvChoice::from_setting(std::env::var("FALLOW_CUDA_GEMV").ok().as_deref())
                 .map_err(CudaError::Failure)?;
+        let prefill = PrefillKernel::choose(
+            config.head_dim,
+            std::env::var("FALLOW_CUDA_PREFILL").ok().as_deref(),
+        )
+        .map_err(CudaError::Failure)?;
         let weights = DeviceWeights::upload(&stream, &config, &artifacts.weights, weight_storage)?;
         gemm.reserve_expansion(&stream, weights.largest_quantized())?;
         let num_blocks = match pool {
@@ -225,6 +233,7 @@ impl CudaBackend {
             num_blocks,
             sm_count,
             split_attention: true,
+            prefill,
             layout: BatchLayout::default(),
             inputs: StepInputs::default(),
             scratch: Scratch::default(),
@@ -291,6 +300,21 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
+    /// Serves prompt-run attention with `kernel` (by default the tensor cores where the
+    /// head size fits them; `FALLOW_CUDA_PREFILL=auto|mma|f32` for a process). Tests compare
+    /// the two.
+    pub fn set_prefill_kernel(&mut self, kernel: PrefillKernel) -> Result<(), CudaError> {
+        self.prefill = kernel
+            .check(self.config.head_dim)
+            .map_err(CudaError::Failure)?;
+        Ok(())
+    }
+
+    /// The kernel prompt-run attention uses ([`CudaBackend::set_prefill_kernel`]).
+    pub fn prefill_kernel(&self) -> PrefillKernel {
+        self.prefill
+    }
+
     fn run(&mut self, batch: &[SeqSlice<'_>]) -> Result<StepOutput, CudaError> {
         self.ctx.bind_to_thread().map_err(CudaError::driver)?;
         let key = self.graphs.key_for(batch, self.block_size);
@@ -299,8 +323,13 @@ impl CudaBackend {
             table_width: k.table_width,
             pad_block: self.num_blocks,
         });
-        self.inputs
-            .pack(&self.layout, batch, self.block_size, padding);
+        self.inputs.pack(
+            &self.layout,
+            batch,
+            self.block_size,
+            padding,
+            self.prefill.tile_tokens(),
+        );
         let moved_inputs = self.inputs.upload(&self.stream)?;
         let n = self.inputs.tokens;
         let head_rows = self.inputs.full_rows + self.inputs.picked_rows;

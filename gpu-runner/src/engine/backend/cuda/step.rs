@@ -33,7 +33,8 @@ pub struct StepInputs {
     /// sequence has one token it is all of them and the kernel takes no list.
     pub decode_rows: usize,
     pub n_decode: usize,
-    /// `(first row, count)` pairs: the prompt runs' tiles of at most [`PREFILL_TILE`] rows.
+    /// `(first row, count)` pairs: the prompt runs' tiles, of at most the prefill kernel's
+    /// [`PrefillKernel::tile_tokens`](super::prefill::PrefillKernel::tile_tokens) rows.
     pub tiles: usize,
     pub n_tiles: usize,
     /// Token rows the kernels run over: the step's tokens, then any padding.
@@ -42,10 +43,6 @@ pub struct StepInputs {
     pub full_rows: usize,
     pub picked_rows: usize,
 }
-
-/// Consecutive prompt tokens one prefill attention block serves (PREFILL_TOKENS in
-/// attention.cu).
-pub const PREFILL_TILE: usize = 8;
 
 /// Values per picked row of `pick_rows` (PICK_PARAMS in pick.cu): temperature, top-k,
 /// top-p, min-p, u, top logprobs (−1: no logprobs).
@@ -81,13 +78,15 @@ pub struct Padding {
 impl StepInputs {
     /// Packs the step's indices on the host. With `padding`, dummy tokens (id 0 at position
     /// 0, of one dummy sequence whose table holds only the pad block) fill the step up to
-    /// the graph's rows and produce outputs of the step's kind that are never read.
+    /// the graph's rows and produce outputs of the step's kind that are never read. Prompt
+    /// runs go to the prefill kernel in tiles of up to `prefill_tile` tokens.
     pub fn pack(
         &mut self,
         layout: &BatchLayout,
         batch: &[SeqSlice<'_>],
         block_size: usize,
         padding: Option<Padding>,
+        prefill_tile: usize,
     ) {
         let real = layout.n_tokens();
         let n = padding.map_or(real, |p| p.tokens.max(real));
@@ -170,9 +169,9 @@ impl StepInputs {
         self.tiles = h.len();
         for win in layout.offsets.windows(2) {
             if win[1] - win[0] > 1 {
-                for first in (win[0]..win[1]).step_by(PREFILL_TILE) {
+                for first in (win[0]..win[1]).step_by(prefill_tile) {
                     h.push(first as i32);
-                    h.push((win[1] - first).min(PREFILL_TILE) as i32);
+                    h.push((win[1] - first).min(prefill_tile) as i32);
                 }
             }
         }
@@ -231,10 +230,18 @@ mod tests {
     }
 
     fn packed(batch: &[SeqSlice<'_>], padding: Option<Padding>) -> StepInputs {
+        packed_in_tiles(batch, padding, 8)
+    }
+
+    fn packed_in_tiles(
+        batch: &[SeqSlice<'_>],
+        padding: Option<Padding>,
+        prefill_tile: usize,
+    ) -> StepInputs {
         let mut layout = BatchLayout::default();
         layout.build(batch, &config(), 4, 100).expect("valid batch");
         let mut inputs = StepInputs::default();
-        inputs.pack(&layout, batch, 4, padding);
+        inputs.pack(&layout, batch, 4, padding, prefill_tile);
         inputs
     }
 
@@ -334,6 +341,9 @@ mod tests {
         let p = packed(&batch, None);
         assert_eq!(p.host(p.decode_rows, p.n_decode), &[0]);
         assert_eq!(p.host(p.tiles, 2 * p.n_tiles), &[1, 8, 9, 8, 17, 3]);
+        // The tensor-core kernel's tiles are twice as long.
+        let p = packed_in_tiles(&batch, None, 16);
+        assert_eq!(p.host(p.tiles, 2 * p.n_tiles), &[1, 16, 17, 3]);
     }
 }
 

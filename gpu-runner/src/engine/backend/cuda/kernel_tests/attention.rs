@@ -6,7 +6,7 @@ use crate::engine::backend::cpu::rope::{inv_freqs, RopeTable};
 use crate::engine::backend::cuda::attention_split::{head_blocks, AttentionSplit};
 use crate::engine::backend::cuda::emulator::{Arg, Emulator};
 use crate::engine::backend::cuda::forward::kernel_variant;
-use crate::engine::backend::cuda::step::PREFILL_TILE;
+use crate::engine::backend::cuda::PrefillKernel;
 use crate::engine::model::{RopeScaling, RopeStyle};
 
 /// The shape of one attention case.
@@ -40,7 +40,12 @@ struct PagedStep {
 }
 
 impl PagedStep {
-    fn new(seqs: &[(usize, usize)], block_size: usize, num_blocks: usize) -> PagedStep {
+    fn new(
+        seqs: &[(usize, usize)],
+        block_size: usize,
+        num_blocks: usize,
+        prefill_tile: usize,
+    ) -> PagedStep {
         let max_blocks = seqs
             .iter()
             .map(|&(cached, new)| (cached + new).div_ceil(block_size))
@@ -64,12 +69,12 @@ impl PagedStep {
                 step.decode_rows.push(first as i32);
             }
             for tile in (first..first + new)
-                .step_by(PREFILL_TILE)
+                .step_by(prefill_tile)
                 .filter(|_| new > 1)
             {
                 step.tiles.push(tile as i32);
                 step.tiles
-                    .push((first + new - tile).min(PREFILL_TILE) as i32);
+                    .push((first + new - tile).min(prefill_tile) as i32);
             }
             let used = (cached + new).div_ceil(block_size);
             for b in 0..max_blocks {
@@ -150,8 +155,9 @@ fn reference_attention(
         .collect()
 }
 
-/// Runs paged_attention for one step (its last split blocks merging when split); returns
-/// `[tokens, n_heads, head_dim]`.
+/// Runs one step's attention: `prefill` over the prompt runs' tiles (which `step` was built
+/// for), paged_attention over the single tokens (its last split blocks merging when split);
+/// returns `[tokens, n_heads, head_dim]`.
 #[allow(clippy::too_many_arguments)]
 fn emulated_attention(
     emu: &Emulator,
@@ -162,6 +168,7 @@ fn emulated_attention(
     v_cache: &mut [u16],
     scale: f32,
     split: AttentionSplit,
+    prefill: PrefillKernel,
 ) -> Vec<f32> {
     let (n_heads, n_kv, hd) = (heads.n_heads, heads.n_kv, heads.head_dim);
     let n = step.tokens();
@@ -197,14 +204,9 @@ fn emulated_attention(
         args.extend(shape);
         args.push(Arg::buf(&mut step.tiles));
         emu.launch(
-            [
-                "paged_prefill_1",
-                "paged_prefill_2",
-                "paged_prefill_4",
-                "paged_prefill_8",
-            ][variant],
+            prefill.kernel(hd),
             (n_tiles as u32, head_blocks(n_heads, n_kv) as u32, 1),
-            256,
+            prefill.threads(),
             &args,
         );
     }
@@ -246,24 +248,31 @@ fn emulated_attention(
     out.into_iter().map(from_bf16).collect()
 }
 
+/// Both prefill kernels (the tensor cores' where the head size fits them) and the decode
+/// kernel, whole and split, against f64 softmax attention.
 #[test]
 fn paged_attention_matches_plain_attention_whole_and_split_over_the_keys() {
     let Some(emu) = Emulator::get() else { return };
+    // (n_heads, n_kv, head_dim, softcap, window, sharpness: the scale's multiple of 1/√d)
     let cases = [
-        (4, 2, 16, 0.0, 0),   // the tiny fixtures
-        (9, 3, 64, 0.0, 0),   // SmolLM2: groups of 3
-        (14, 2, 32, 0.0, 0),  // groups of 7: two blocks per KV head
-        (4, 1, 256, 0.0, 0),  // Gemma 3 270M: one KV head, head_dim 256
-        (4, 1, 256, 30.0, 0), // soft-capped scores
-        (8, 8, 48, 0.0, 37),  // multi-head, head_dim not a multiple of 32, sliding window
-        (8, 2, 128, 0.0, 0),  // Llama-3 8B's head_dim and groups of 4
+        (4, 2, 16, 0.0, 0, 4.0),   // the tiny fixtures
+        (9, 3, 64, 0.0, 0, 4.0),   // SmolLM2: groups of 3
+        (14, 2, 32, 0.0, 0, 4.0),  // groups of 7: two blocks per KV head
+        (4, 1, 256, 0.0, 0, 4.0),  // Gemma 3 270M: one KV head, head_dim 256
+        (4, 1, 256, 30.0, 0, 4.0), // soft-capped scores
+        (8, 8, 48, 0.0, 37, 4.0),  // multi-head, head_dim not a multiple of 32, sliding window
+        (8, 2, 128, 0.0, 0, 4.0),  // Llama-3 8B's head_dim and groups of 4
+        (4, 2, 64, 20.0, 45, 4.0), // soft caps and a window on the tensor cores
+        // Scores in the tens, as trained models have: Q in bf16 alone would be off by
+        // several per cent here (the tensor-core kernel splits it in two bf16 parts).
+        (8, 2, 128, 0.0, 0, 40.0),
     ];
     // Decodes at positions 0, 40 and 150, a prefill chunk of 5 after 20 cached tokens, one of
-    // 19 (tiles of 8, 8 and 3) after 60, and a fresh prompt of 12.
+    // 19 (tiles of 8, 8 and 3, or 16 and 3) after 60, and a fresh prompt of 12.
     let seqs = [(0, 1), (40, 1), (150, 1), (20, 5), (60, 19), (0, 12)];
     let (block_size, num_blocks) = (16, 64);
     let mut values = Values(0x9e37_79b9_7f4a_7c15);
-    for (n_heads, n_kv, head_dim, softcap, window) in cases {
+    for (n_heads, n_kv, head_dim, softcap, window, sharpness) in cases {
         let heads = Heads {
             n_heads,
             n_kv,
@@ -271,40 +280,53 @@ fn paged_attention_matches_plain_attention_whole_and_split_over_the_keys() {
             softcap,
             window,
         };
-        let mut step = PagedStep::new(&seqs, block_size, num_blocks);
-        let n = step.tokens();
+        let layout = PagedStep::new(&seqs, block_size, num_blocks, 8);
+        let n = layout.tokens();
         let kv_len = num_blocks * block_size * n_kv * head_dim;
         let (mut k_cache, mut v_cache) = (values.bf16s(kv_len), values.bf16s(kv_len));
         let mut qkv = values.vec(n * (n_heads + 2 * n_kv) * head_dim);
-        let scale = 1.0 / (head_dim as f32).sqrt() * 4.0; // sharp enough to matter
+        let scale = sharpness / (head_dim as f32).sqrt();
         let want: Vec<f32> = (0..n)
             .flat_map(|t| (0..n_heads).map(move |h| (t, h)))
             .flat_map(|(t, h)| {
-                reference_attention(&step, heads, &qkv, &k_cache, &v_cache, scale, (t, h))
+                reference_attention(&layout, heads, &qkv, &k_cache, &v_cache, scale, (t, h))
             })
             .collect();
-        let keys = step.max_blocks * block_size;
-        for partition in [usize::MAX, 32, 64] {
-            let split = if partition == usize::MAX {
-                AttentionSplit::WHOLE
-            } else {
-                AttentionSplit {
-                    splits: keys.div_ceil(partition),
-                    partition,
-                }
-            };
-            let got = emulated_attention(
-                emu,
-                &mut step,
-                heads,
-                &mut qkv,
-                &mut k_cache,
-                &mut v_cache,
-                scale,
-                split,
-            );
-            // bf16 output: 2^-8 relative to values below 1.
-            assert_close(&got, &want, 8e-3, &format!("{heads:?} {split:?}"));
+        let keys = layout.max_blocks * block_size;
+        for prefill in [PrefillKernel::F32, PrefillKernel::TensorCores] {
+            if prefill.check(head_dim).is_err() {
+                continue;
+            }
+            // The same blocks and positions, tiled for this kernel.
+            let mut step = PagedStep::new(&seqs, block_size, num_blocks, prefill.tile_tokens());
+            for partition in [usize::MAX, 32, 64] {
+                let split = if partition == usize::MAX {
+                    AttentionSplit::WHOLE
+                } else {
+                    AttentionSplit {
+                        splits: keys.div_ceil(partition),
+                        partition,
+                    }
+                };
+                let got = emulated_attention(
+                    emu,
+                    &mut step,
+                    heads,
+                    &mut qkv,
+                    &mut k_cache,
+                    &mut v_cache,
+                    scale,
+                    split,
+                    prefill,
+                );
+                // bf16 output: 2^-8 relative to values below 1.
+                assert_close(
+                    &got,
+                    &want,
+                    8e-3,
+                    &format!("{heads:?} {split:?} {prefill:?}"),
+                );
+            }
         }
     }
 }
