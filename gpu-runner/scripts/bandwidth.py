@@ -216,6 +216,15 @@ def summary(args):
             # Q8_0 keeps 34 bytes per 32 weights against bf16's 64.
             say(f"  Q8_0 batch 1 = {pct(alt[1][1] * 34 / 64)} % of its own roofline")
 
+    # Constrained decoding: the bench's own ratio lines.
+    ratios = [l.strip() for l in read_text(args.smol_json_log).splitlines()
+              if "constrained/unconstrained" in l]
+    if ratios:
+        say("")
+        say("SmolLM2 under a JSON schema, grammar masks applied on the GPU (c3.):")
+        for line in ratios:
+            say(f"  {line}")
+
     # Prefill attention kernels on a long prompt: prefill tokens/s and time to first token.
     tensor, f32 = (parse_fallow(read_text(log)) for log in (args.prefill_mma_log, args.prefill_f32_log))
     if tensor or f32:
@@ -249,6 +258,7 @@ def main():
     s.add_argument("--q8-log", help="f4.: the 8B shape's bench with Q8_0 weights")
     s.add_argument("--smol-bf16-log", help="c2.: SmolLM2's bench with bf16 weights")
     s.add_argument("--smol-quant-log", help="c2.: SmolLM2's bench with its own blocks")
+    s.add_argument("--smol-json-log", help="c3.: SmolLM2's bench with --json-schema")
     s.add_argument("--plain-log", help="f5.: the 8B shape's bench without early starts")
     s.add_argument("--prefill-mma-log", help="f6.: a long prompt, tensor-core prefill attention")
     s.add_argument("--prefill-f32-log", help="f6.: the same prompt, f32 prefill attention")

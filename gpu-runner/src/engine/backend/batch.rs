@@ -15,15 +15,27 @@ pub struct BatchLayout {
     pub token_ids: Vec<u32>,
     /// Activation rows whose logits are returned, in output order.
     pub logit_rows: Vec<usize>,
-    /// Activation rows whose token is returned (`LogitsMode::Argmax` or `Draw`), in order.
+    /// Activation rows whose token is returned (`LogitsMode::Argmax`, `Draw` or
+    /// `DrawMasked`), in order.
     pub picked_rows: Vec<usize>,
     /// How each of `picked_rows` is picked (an argmax is a greedy draw).
     pub draws: Vec<TokenDraw>,
+    /// For each of `picked_rows`, which of the step's masks applies (`DrawMasked`, in batch
+    /// order), if any.
+    pub masks: Vec<Option<usize>>,
+    /// `DrawMasked` sequences in the step.
+    pub n_masked: usize,
 }
 
 impl BatchLayout {
     pub fn n_tokens(&self) -> usize {
         self.token_ids.len()
+    }
+
+    fn pick(&mut self, row: usize, draw: TokenDraw) {
+        self.picked_rows.push(row);
+        self.draws.push(draw);
+        self.masks.push(None);
     }
 
     /// Rebuilds the layout for `batch`, checking everything the kernels index with.
@@ -40,6 +52,8 @@ impl BatchLayout {
         self.logit_rows.clear();
         self.picked_rows.clear();
         self.draws.clear();
+        self.masks.clear();
+        self.n_masked = 0;
         for (i, seq) in batch.iter().enumerate() {
             validate_seq(i, seq, config, block_size, num_blocks)?;
             let first = self.token_ids.len();
@@ -51,13 +65,12 @@ impl BatchLayout {
                 LogitsMode::None => {}
                 LogitsMode::Last => self.logit_rows.push(first + seq.tokens.len() - 1),
                 LogitsMode::All => self.logit_rows.extend(first..first + seq.tokens.len()),
-                LogitsMode::Argmax => {
-                    self.picked_rows.push(first + seq.tokens.len() - 1);
-                    self.draws.push(TokenDraw::GREEDY);
-                }
-                LogitsMode::Draw(draw) => {
-                    self.picked_rows.push(first + seq.tokens.len() - 1);
-                    self.draws.push(draw);
+                LogitsMode::Argmax => self.pick(first + seq.tokens.len() - 1, TokenDraw::GREEDY),
+                LogitsMode::Draw(draw) => self.pick(first + seq.tokens.len() - 1, draw),
+                LogitsMode::DrawMasked(draw) => {
+                    self.pick(first + seq.tokens.len() - 1, draw);
+                    *self.masks.last_mut().expect("just pushed") = Some(self.n_masked);
+                    self.n_masked += 1;
                 }
             }
         }

@@ -5,9 +5,11 @@
 mod batch;
 pub mod cpu;
 pub mod cuda;
+pub mod step_masks;
 
 use crate::engine::model::ModelConfig;
-use crate::engine::sampler::{Sampled, TokenDraw};
+use crate::engine::sampler::{mask_disallowed, Sampled, TokenDraw};
+pub use step_masks::{NoMasks, ReadyMasks, StepMasks};
 
 /// Which logits a sequence wants back from a forward pass.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -24,12 +26,19 @@ pub enum LogitsMode {
     /// A token drawn from the last position's logits where they are (a sampled sequence whose
     /// logits nothing else moves); worth it with a backend that [`Backend::draws_on_device`].
     Draw(TokenDraw),
+    /// A `Draw` among the tokens the sequence's grammar allows (a constrained sequence whose
+    /// logits nothing else moves): its mask comes from the step's [`StepMasks`], applied
+    /// where the logits are (disallowed tokens' logits are -inf, as on the host).
+    DrawMasked(TokenDraw),
 }
 
 impl LogitsMode {
     /// Whether the backend returns a token rather than logits.
     pub fn picks_token(self) -> bool {
-        matches!(self, LogitsMode::Argmax | LogitsMode::Draw(_))
+        matches!(
+            self,
+            LogitsMode::Argmax | LogitsMode::Draw(_) | LogitsMode::DrawMasked(_)
+        )
     }
 }
 
@@ -81,19 +90,50 @@ pub trait Backend: Send {
     /// allocating it afresh meant zeroing fresh pages every step). By default dropped.
     fn recycle_logits(&mut self, _logits: Vec<f32>) {}
 
-    /// Whether `forward_step` draws [`LogitsMode::Draw`] sequences where the logits are
-    /// (the engine sends them only to such a backend; the default `forward_step` draws them
-    /// on the host, by the same definition).
+    /// Whether `forward_step` draws [`LogitsMode::Draw`] and [`LogitsMode::DrawMasked`]
+    /// sequences where the logits are (the engine sends them only to such a backend; the
+    /// default `forward_step` draws them on the host, by the same definition).
     fn draws_on_device(&self) -> bool {
         false
     }
 
-    /// [`Backend::forward`] plus the tokens of `Argmax` and `Draw` sequences. By default the
-    /// logits come back to the host and the tokens are picked here; a device backend
-    /// overrides this to keep those rows on the device.
-    fn forward_step(&mut self, batch: &[SeqSlice<'_>]) -> Result<StepOutput, BackendError> {
-        forward_step_on_host(self, batch)
+    /// [`Backend::forward`] plus the tokens of `Argmax`, `Draw` and `DrawMasked` sequences,
+    /// the last under the masks `masks` yields (one per `DrawMasked` sequence, in batch
+    /// order; asked for as late as the backend can). By default the logits come back to the
+    /// host and the tokens are picked here; a device backend overrides this to keep those
+    /// rows on the device.
+    fn forward_step(
+        &mut self,
+        batch: &[SeqSlice<'_>],
+        masks: &mut dyn StepMasks,
+    ) -> Result<StepOutput, BackendError> {
+        forward_step_on_host(self, batch, masks)
     }
+}
+
+/// The masks of `batch`'s `DrawMasked` sequences from `masks`, `words` words each; an error
+/// when fewer come than the batch has such sequences.
+pub fn wait_for_masks(
+    batch: &[SeqSlice<'_>],
+    masks: &mut dyn StepMasks,
+    words: usize,
+    out: &mut Vec<u32>,
+) -> Result<usize, BackendError> {
+    let wanted = batch
+        .iter()
+        .filter(|s| matches!(s.logits, LogitsMode::DrawMasked(_)))
+        .count();
+    out.clear();
+    if wanted == 0 {
+        return Ok(0);
+    }
+    let got = masks.wait_into(words, out);
+    if got < wanted {
+        return Err(BackendError::InvalidBatch(format!(
+            "{wanted} sequences draw under a grammar mask, {got} masks came"
+        )));
+    }
+    Ok(wanted)
 }
 
 /// [`Backend::forward_step`] by way of [`Backend::forward`]: picked rows come back as
@@ -102,6 +142,7 @@ pub trait Backend: Send {
 pub fn forward_step_on_host<B: Backend + ?Sized>(
     backend: &mut B,
     batch: &[SeqSlice<'_>],
+    masks: &mut dyn StepMasks,
 ) -> Result<StepOutput, BackendError> {
     if !batch.iter().any(|s| s.logits.picks_token()) {
         return Ok(StepOutput {
@@ -122,24 +163,37 @@ pub fn forward_step_on_host<B: Backend + ?Sized>(
         .collect();
     let all = backend.forward(&as_last)?;
     let vocab = backend.config().vocab_size;
+    let words = step_masks::words_for(vocab);
+    let mut mask_rows = Vec::new();
+    wait_for_masks(batch, masks, words, &mut mask_rows)?;
+    let mut next_mask = mask_rows.chunks_exact(words.max(1));
     let mut out = StepOutput::default();
     let mut rows = all.chunks_exact(vocab);
     for seq in batch {
         let n = match seq.logits {
             LogitsMode::None => 0,
-            LogitsMode::Last | LogitsMode::Argmax | LogitsMode::Draw(_) => 1,
+            LogitsMode::Last
+            | LogitsMode::Argmax
+            | LogitsMode::Draw(_)
+            | LogitsMode::DrawMasked(_) => 1,
             LogitsMode::All => seq.tokens.len(),
         };
         for _ in 0..n {
             let row = rows.next().ok_or_else(|| {
                 BackendError::Failure("backend returned too few logits rows".into())
             })?;
-            if let LogitsMode::Draw(draw) = seq.logits {
-                out.picked.push(draw.draw(row));
-            } else if seq.logits == LogitsMode::Argmax {
-                out.picked.push(TokenDraw::GREEDY.draw(row));
-            } else {
-                out.logits.extend_from_slice(row);
+            match seq.logits {
+                LogitsMode::Draw(draw) => out.picked.push(draw.draw(row)),
+                LogitsMode::Argmax => out.picked.push(TokenDraw::GREEDY.draw(row)),
+                LogitsMode::DrawMasked(draw) => {
+                    let mask = next_mask.next().ok_or_else(|| {
+                        BackendError::Failure("a masked draw without its mask".into())
+                    })?;
+                    let mut masked = row.to_vec();
+                    mask_disallowed(&mut masked, mask);
+                    out.picked.push(draw.draw(&masked));
+                }
+                _ => out.logits.extend_from_slice(row),
             }
         }
     }

@@ -25,7 +25,7 @@ use postprocess::Row;
 mod request;
 mod sampling;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::engine::backend::{Backend, LogitsMode, SeqSlice, StepOutput};
@@ -39,6 +39,7 @@ use crate::engine::tokenizer::{IncrementalDecoder, Tokenizer};
 
 use choice::Choice;
 pub use error::EngineError;
+use masks::StepGrammar;
 pub use output::{EngineStats, SeqOutput};
 pub use request::{EngineRequest, MAX_CHOICES};
 use request::{Limits, RequestState};
@@ -272,7 +273,9 @@ impl LlmEngine {
         for (entry, mode) in step.seqs.iter().zip(modes) {
             let row = match mode {
                 LogitsMode::Last => logits_rows.next().map(Row::Logits),
-                LogitsMode::Argmax | LogitsMode::Draw(_) => picked.next().map(Row::Picked),
+                LogitsMode::Argmax | LogitsMode::Draw(_) | LogitsMode::DrawMasked(_) => {
+                    picked.next().map(Row::Picked)
+                }
                 LogitsMode::None | LogitsMode::All => continue,
             };
             let row = row.ok_or_else(|| {
@@ -292,8 +295,9 @@ impl LlmEngine {
     }
 
     /// Runs the backend over the scheduled slices and checks the output's shape. Sequences
-    /// whose sampling is a plain argmax ask the backend for their token only, and so do
-    /// sampled ones whose draw needs only the raw logits, when the backend draws itself.
+    /// whose sampling is a plain argmax ask the backend for their token only, and, when the
+    /// backend draws itself, so do sampled ones whose draw needs only the raw logits and
+    /// constrained ones whose draw needs only those and their grammar's mask.
     fn run(&mut self, step: &ScheduledStep) -> Result<(Vec<LogitsMode>, StepOutput), EngineError> {
         let draws = self.backend.draws_on_device();
         let modes: Vec<LogitsMode> = step
@@ -302,6 +306,10 @@ impl LlmEngine {
             .map(|entry| match self.choices.get_mut(&entry.seq_id) {
                 _ if !entry.wants_logits => LogitsMode::None,
                 Some(c) if c.sampler.only_needs_argmax() => LogitsMode::Argmax,
+                Some(c) if draws && c.grammar.is_some() => c
+                    .sampler
+                    .remote_draw_under_mask()
+                    .map_or(LogitsMode::Last, LogitsMode::DrawMasked),
                 Some(c) if draws => c
                     .sampler
                     .remote_draw()
@@ -322,24 +330,28 @@ impl LlmEngine {
                 logits: mode,
             });
         }
-        let mut grammars: Vec<&mut SeqGrammar> = Vec::new();
+        // The grammars whose masks the step needs, in batch order (the backend takes the
+        // `DrawMasked` ones in that order).
+        let mut grammars: Vec<StepGrammar<'_>> = Vec::new();
         if self.requests.values().any(|r| r.grammar.is_some()) {
-            let sampled: HashSet<SeqId> = step
-                .seqs
-                .iter()
-                .zip(&modes)
-                .filter(|(_, &mode)| mode == LogitsMode::Last)
-                .map(|(entry, _)| entry.seq_id)
+            let mut by_seq: HashMap<SeqId, &mut SeqGrammar> = self
+                .choices
+                .iter_mut()
+                .filter_map(|(seq, choice)| choice.grammar.as_mut().map(|g| (*seq, g)))
                 .collect();
-            grammars.extend(
-                self.choices
-                    .iter_mut()
-                    .filter(|(seq, _)| sampled.contains(seq))
-                    .filter_map(|(_, choice)| choice.grammar.as_mut()),
-            );
+            for (entry, mode) in step.seqs.iter().zip(&modes) {
+                let on_device = match mode {
+                    LogitsMode::Last => false,
+                    LogitsMode::DrawMasked(_) => true,
+                    _ => continue,
+                };
+                if let Some(grammar) = by_seq.remove(&entry.seq_id) {
+                    grammars.push(StepGrammar { grammar, on_device });
+                }
+            }
         }
         let backend = &mut self.backend;
-        let out = masks::overlapped(grammars, || backend.forward_step(&slices))?;
+        let out = masks::overlapped(grammars, |masks| backend.forward_step(&slices, masks))?;
         let rows = modes.iter().filter(|&&m| m == LogitsMode::Last).count();
         let picked = modes.iter().filter(|m| m.picks_token()).count();
         let expected = rows * self.backend.config().vocab_size;

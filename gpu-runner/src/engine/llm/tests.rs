@@ -8,7 +8,7 @@ use std::sync::Arc;
 use fallow_scheduler::job::{FinishReason, Sampling};
 
 use super::*;
-use crate::engine::backend::{forward_step_on_host, BackendError};
+use crate::engine::backend::{forward_step_on_host, BackendError, StepMasks};
 use crate::engine::model::ModelConfig;
 use crate::engine::tokenizer::GgufVocab;
 
@@ -90,15 +90,19 @@ impl Backend for FakeBackend {
     fn draws_on_device(&self) -> bool {
         self.draws.is_some()
     }
-    fn forward_step(&mut self, batch: &[SeqSlice<'_>]) -> Result<StepOutput, BackendError> {
+    fn forward_step(
+        &mut self,
+        batch: &[SeqSlice<'_>],
+        masks: &mut dyn StepMasks,
+    ) -> Result<StepOutput, BackendError> {
         if let Some(counter) = &self.draws {
             let drawn = batch
                 .iter()
-                .filter(|s| matches!(s.logits, LogitsMode::Draw(_)))
+                .filter(|s| matches!(s.logits, LogitsMode::Draw(_) | LogitsMode::DrawMasked(_)))
                 .count();
             counter.fetch_add(drawn, std::sync::atomic::Ordering::Relaxed);
         }
-        forward_step_on_host(self, batch)
+        forward_step_on_host(self, batch, masks)
     }
     fn forward(&mut self, batch: &[SeqSlice<'_>]) -> Result<Vec<f32>, BackendError> {
         let mut out = Vec::new();

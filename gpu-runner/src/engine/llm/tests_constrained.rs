@@ -1,6 +1,8 @@
 //! Constrained decoding and `stop_regex` through the whole loop, on the fake backend
 //! (letters a–z; the Successor rule wants the next letter, and EOS after `z`).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use fallow_scheduler::job::Constraint;
 
 use super::*;
@@ -138,4 +140,57 @@ fn stop_regex_ends_the_choice_and_drops_the_unstreamed_match() {
     assert_eq!(text, "bcd");
     assert_eq!(finish, Some(FinishReason::Stop));
     assert_eq!(matched, Some(serde_json::json!("[d-f]{2}")));
+}
+
+/// On a backend that draws, constrained sequences are drawn there under their grammar's
+/// mask (which the backend takes from the step while its forward pass runs), greedy and
+/// sampled alike, and produce what the host sampler produces.
+#[test]
+fn a_drawing_backend_draws_constrained_tokens_under_their_masks_as_the_host_would() {
+    let run = |drawing: bool| {
+        let drawn = Arc::new(AtomicUsize::new(0));
+        let backend = FakeBackend::new(Rule::HistorySum, 64, 4, 0.5);
+        let backend = if drawing {
+            backend.drawing(&drawn)
+        } else {
+            backend
+        };
+        let mut e = engine_with(backend, 8, 32);
+        let sampled = Sampling {
+            temperature: 1.0,
+            seed: Some(11),
+            constraint: regex("[aeiou]{3}(x|y)"),
+            ..greedy(10)
+        };
+        e.add_request(request(1, vec![0, 1, 2], sampled)).unwrap();
+        e.add_request(request(2, vec![0], constrained(10, regex("bz+"))))
+            .unwrap();
+        let outputs = run_all(&mut e);
+        (
+            choice(&outputs, 1, 0),
+            choice(&outputs, 2, 0),
+            drawn.load(Ordering::Relaxed),
+        )
+    };
+    let (host_sampled, host_greedy, _) = run(false);
+    let (sampled, greedy_choice, drawn) = run(true);
+    assert!(
+        regex::Regex::new("^[aeiou]{3}(x|y)$")
+            .unwrap()
+            .is_match(&sampled.0),
+        "{sampled:?}"
+    );
+    assert!(
+        regex::Regex::new("^bz+$")
+            .unwrap()
+            .is_match(&greedy_choice.0),
+        "{greedy_choice:?}"
+    );
+    assert_eq!(sampled, host_sampled, "the same draws as on the host");
+    assert_eq!(greedy_choice, host_greedy);
+    assert_eq!(
+        drawn,
+        sampled.1.len() + greedy_choice.1.len(),
+        "every token of both was drawn by the backend"
+    );
 }

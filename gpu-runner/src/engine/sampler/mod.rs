@@ -130,6 +130,18 @@ impl SeqSampler {
         Some(self.next_draw())
     }
 
+    /// For a constrained sequence whose draw needs nothing but its raw logits and its
+    /// grammar's mask (no bias, `min_tokens` masking or penalties): the draw a backend makes
+    /// among the allowed tokens where the logits are ([`Sampler::sample_constrained`]'s
+    /// definition; greedy ones too, as a draw at temperature 0). Recorded with
+    /// [`Sampler::take_picked`].
+    pub fn remote_draw_under_mask(&mut self) -> Option<TokenDraw> {
+        if self.params.constraint.is_none() || !penalties::change_nothing(self) {
+            return None;
+        }
+        Some(self.next_draw())
+    }
+
     /// The next token's draw: the sampling knobs and, when sampling, the next uniform
     /// number of the sequence's RNG (one per sampled token, wherever it is drawn).
     fn next_draw(&mut self) -> TokenDraw {
@@ -222,8 +234,9 @@ impl Sampler {
     }
 }
 
-/// Sets the logits of tokens not in `allowed` to −∞, a 32-token word at a time.
-fn mask_disallowed(logits: &mut [f32], allowed: &[u32]) {
+/// Sets the logits of tokens not in `allowed` (bit `t % 32` of word `t / 32`; ids past its
+/// end are not allowed) to −∞, a 32-token word at a time.
+pub fn mask_disallowed(logits: &mut [f32], allowed: &[u32]) {
     for (index, chunk) in logits.chunks_mut(32).enumerate() {
         let bits = allowed.get(index).copied().unwrap_or(0);
         if bits == u32::MAX {

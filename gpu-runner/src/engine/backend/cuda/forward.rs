@@ -7,10 +7,12 @@
 use cudarc::driver::LaunchConfig;
 
 use super::attention_split::{head_blocks, AttentionSplit};
+use super::buffer::DeviceBuf;
 use super::launch::KernelArgs;
 use super::step::{addr, LOGPROB_STRIDE};
 use super::{rope_style_code, CudaBackend, CudaError};
-use crate::engine::backend::StepOutput;
+use crate::engine::backend::step_masks::words_for;
+use crate::engine::backend::{wait_for_masks, SeqSlice, StepMasks, StepOutput};
 use crate::engine::model::Activation;
 use crate::engine::sampler::Sampled;
 
@@ -335,19 +337,23 @@ impl CudaBackend {
         )
     }
 
-    /// Every launch of a step, from the embedding to the greedy picks: what a CUDA graph
-    /// captures (no host copies in here).
-    pub(super) fn launch_step(&mut self, n: usize) -> Result<(), CudaError> {
+    /// Every launch of a step, from the embedding to the LM head, and with `picks` the picks
+    /// of the rows that return a token: what a CUDA graph captures (no host copies in here).
+    /// A step with grammar masks leaves its picks to [`CudaBackend::mask_and_pick`].
+    pub(super) fn launch_step(&mut self, n: usize, picks: bool) -> Result<(), CudaError> {
         self.embed(n)?;
         for layer in 0..self.config.n_layers {
             self.attention(layer, n)?;
             self.feed_forward(layer, n)?;
         }
-        self.head()
+        self.head()?;
+        if picks {
+            self.pick()?;
+        }
+        Ok(())
     }
 
-    /// Final norm and LM head over the rows that need it, then the picks of the rows that
-    /// return a token (greedy or drawn).
+    /// Final norm and LM head over the rows that need it (logits and picked rows).
     fn head(&mut self) -> Result<(), CudaError> {
         let c = &self.config;
         let (full, picked) = (self.inputs.full_rows, self.inputs.picked_rows);
@@ -356,12 +362,7 @@ impl CudaBackend {
             return Ok(());
         }
         let s = &self.scratch;
-        let (x, head_in, logits, ids) = (
-            addr(&s.x),
-            addr(&s.head_in),
-            addr(&s.logits),
-            addr(&s.picked),
-        );
+        let (x, head_in, logits) = (addr(&s.x), addr(&s.head_in), addr(&s.logits));
         let row_index = self.inputs.at(self.inputs.logit_rows);
         let hidden = c.hidden as i32;
         launch!(
@@ -395,21 +396,65 @@ impl CudaBackend {
                 cap
             )?;
         }
-        if picked > 0 {
-            let vocab = c.vocab_size as i32;
+        Ok(())
+    }
+
+    /// The token of each picked row (greedy or drawn), from its logits after the LM head.
+    fn pick(&mut self) -> Result<(), CudaError> {
+        let (full, picked) = (self.inputs.full_rows, self.inputs.picked_rows);
+        if picked == 0 {
+            return Ok(());
+        }
+        let s = &self.scratch;
+        let (logits, ids) = (addr(&s.logits), addr(&s.picked));
+        launch!(
+            self,
+            "pick_rows",
+            grid(picked, 1, PICK_THREADS),
+            logits,
+            full as i32,
+            self.config.vocab_size as i32,
+            self.inputs.at(self.inputs.pick_params),
+            ids,
+            addr(&self.scratch.picked_logprobs)
+        )
+    }
+
+    /// After a step launched without its picks: waits for the grammar masks of its masked
+    /// draws (computed on the host while the GPU ran the step), copies them to the device,
+    /// sets the logits they disallow to -inf, and picks.
+    pub(super) fn mask_and_pick(
+        &mut self,
+        batch: &[SeqSlice<'_>],
+        masks: &mut dyn StepMasks,
+    ) -> Result<(), CudaError> {
+        let vocab = self.config.vocab_size;
+        let words = words_for(vocab);
+        let n = wait_for_masks(batch, masks, words, &mut self.host_masks)
+            .map_err(|e| CudaError::Failure(e.to_string()))?;
+        if n > 0 {
+            let buf = match &mut self.scratch.masks {
+                Some(buf) => {
+                    buf.ensure(&self.stream, n * words)?;
+                    buf
+                }
+                slot => slot.insert(DeviceBuf::zeros(&self.stream, n * words)?),
+            };
+            buf.write(&self.stream, &self.host_masks)?;
+            let (full, picked) = (self.inputs.full_rows, self.inputs.picked_rows);
             launch!(
                 self,
-                "pick_rows",
-                grid(picked, 1, PICK_THREADS),
-                logits,
+                "mask_rows",
+                grid(picked, 1, ELEMENT_THREADS),
+                addr(&self.scratch.logits),
                 full as i32,
-                vocab,
+                vocab as i32,
                 self.inputs.at(self.inputs.pick_params),
-                ids,
-                addr(&self.scratch.picked_logprobs)
+                addr(&self.scratch.masks),
+                words as i32
             )?;
         }
-        Ok(())
+        self.pick()
     }
 
     /// Copies back the full-logit rows and the picked rows' tokens (waits for the stream).

@@ -26,6 +26,9 @@ pub struct GraphKey {
     pub tokens: usize,
     /// Rows return a picked token (greedy or drawn) rather than logits.
     pub picks: bool,
+    /// Some picks draw under a grammar mask: the graph ends with the LM head, and the masks
+    /// (which arrive while it runs) and the picks are launched after it.
+    pub masked: bool,
     /// Block-table row width, rounded up to a power of two so that growing sequences
     /// re-capture only at doublings.
     pub table_width: usize,
@@ -88,7 +91,7 @@ impl DecodeGraphs {
         // share a graph.
         let kind = |m: LogitsMode| match m {
             LogitsMode::Last => Some(false),
-            LogitsMode::Argmax | LogitsMode::Draw(_) => Some(true),
+            LogitsMode::Argmax | LogitsMode::Draw(_) | LogitsMode::DrawMasked(_) => Some(true),
             LogitsMode::None | LogitsMode::All => None,
         };
         let picks = kind(first.logits)?;
@@ -103,6 +106,9 @@ impl DecodeGraphs {
         Some(GraphKey {
             tokens: bucket(batch.len()),
             picks,
+            masked: batch
+                .iter()
+                .any(|s| matches!(s.logits, LogitsMode::DrawMasked(_))),
             table_width: longest.next_power_of_two().max(16),
         })
     }
@@ -191,6 +197,7 @@ mod tests {
             GraphKey {
                 tokens: 16,
                 picks: true,
+                masked: false,
                 table_width: 16
             }
         );
@@ -207,8 +214,17 @@ mod tests {
             ..crate::engine::sampler::TokenDraw::GREEDY
         });
         assert!(
-            graphs.key_for(&picks, 4).is_some_and(|k| k.picks),
+            graphs
+                .key_for(&picks, 4)
+                .is_some_and(|k| k.picks && !k.masked),
             "greedy and drawn rows share a graph"
+        );
+        picks[1].logits = LogitsMode::DrawMasked(crate::engine::sampler::TokenDraw::GREEDY);
+        assert!(
+            graphs
+                .key_for(&picks, 4)
+                .is_some_and(|k| k.picks && k.masked),
+            "a masked draw makes a graph of its own, which leaves the picks out"
         );
         assert!(DecodeGraphs::new(false)
             .key_for(&decode(&tables[..2], &positions[..2], LogitsMode::Last), 4)
@@ -221,6 +237,7 @@ mod tests {
         let key = GraphKey {
             tokens: 8,
             picks: false,
+            masked: false,
             table_width: 16,
         };
         assert_eq!(graphs.plan(&key), Replay::Eager);

@@ -21,7 +21,7 @@ pub const SOURCE: &str = concat!(
 );
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 46] = [
+pub const NAMES: [&str; 47] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -51,6 +51,7 @@ pub const NAMES: [&str; 46] = [
     "gemv_bf16_gated_w16u4",
     "gemv_bf16_w16u8",
     "gemv_bf16_gated_w16u8",
+    "mask_rows",
     "pick_rows",
     "gemv_q4_0",
     "gemv_q4_1",

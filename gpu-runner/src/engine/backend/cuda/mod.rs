@@ -48,7 +48,7 @@ use self::weights::DeviceWeights;
 use super::batch::BatchLayout;
 use super::cpu::kv_bytes_per_block;
 use super::cpu::rope::inv_freqs;
-use super::{Backend, BackendError, SeqSlice, StepOutput};
+use super::{Backend, BackendError, NoMasks, SeqSlice, StepMasks, StepOutput};
 use crate::engine::footprint::KvPoolSize;
 use crate::engine::model::{ModelArtifacts, ModelConfig, RopeScaling, RopeStyle};
 
@@ -124,6 +124,8 @@ pub struct CudaBackend {
     layout: BatchLayout,
     inputs: StepInputs,
     scratch: Scratch,
+    /// The step's grammar masks on their way to `scratch.masks`.
+    host_masks: Vec<u32>,
     graphs: DecodeGraphs,
     profiler: Profiler,
 }
@@ -237,6 +239,7 @@ impl CudaBackend {
             layout: BatchLayout::default(),
             inputs: StepInputs::default(),
             scratch: Scratch::default(),
+            host_masks: Vec::new(),
             // A profile times each launch: graphs would hide them.
             graphs: DecodeGraphs::new(
                 std::env::var("FALLOW_CUDA_GRAPHS").as_deref() != Ok("0") && !profiler.enabled(),
@@ -315,7 +318,11 @@ impl CudaBackend {
         self.prefill
     }
 
-    fn run(&mut self, batch: &[SeqSlice<'_>]) -> Result<StepOutput, CudaError> {
+    fn run(
+        &mut self,
+        batch: &[SeqSlice<'_>],
+        masks: &mut dyn StepMasks,
+    ) -> Result<StepOutput, CudaError> {
         self.ctx.bind_to_thread().map_err(CudaError::driver)?;
         let key = self.graphs.key_for(batch, self.block_size);
         let padding = key.map(|k| Padding {
@@ -343,6 +350,8 @@ impl CudaBackend {
             // Captured graphs hold the old addresses.
             self.graphs.clear();
         }
+        // Masked draws pick after the masks have come (they are computed while this runs).
+        let masked = self.layout.n_masked > 0;
         match key.map(|k| (k, self.graphs.plan(&k))) {
             Some((key, Replay::Launch)) => self.graphs.launch(&key)?,
             Some((key, Replay::Capture)) => {
@@ -351,10 +360,13 @@ impl CudaBackend {
                     // from now on.
                     tracing::warn!(?key, error = %e, "CUDA graph capture failed; running eagerly");
                     self.graphs.refuse(key);
-                    self.launch_step(n)?;
+                    self.launch_step(n, !masked)?;
                 }
             }
-            Some((_, Replay::Eager)) | None => self.launch_step(n)?,
+            Some((_, Replay::Eager)) | None => self.launch_step(n, !masked)?,
+        }
+        if masked {
+            self.mask_and_pick(batch, masks)?;
         }
         let out = self.read_outputs()?;
         self.profiler.end_step()?;
@@ -366,7 +378,7 @@ impl CudaBackend {
         self.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(CudaError::driver)?;
-        let launched = self.launch_step(key.tokens);
+        let launched = self.launch_step(key.tokens, !key.masked);
         // End the capture whatever happened, or the stream stays unusable.
         let graph = self.stream.end_capture(CUgraphInstantiate_flags(0));
         launched?;
@@ -392,22 +404,26 @@ impl Backend for CudaBackend {
     }
 
     fn forward(&mut self, batch: &[SeqSlice<'_>]) -> Result<Vec<f32>, BackendError> {
-        Ok(self.forward_step(batch)?.logits)
+        Ok(self.forward_step(batch, &mut NoMasks)?.logits)
     }
 
     fn draws_on_device(&self) -> bool {
         true
     }
 
-    /// Rows that pick a token (greedy or drawn) go through the LM head with the others, but
-    /// only their token comes back.
-    fn forward_step(&mut self, batch: &[SeqSlice<'_>]) -> Result<StepOutput, BackendError> {
+    /// Rows that pick a token (greedy or drawn, masked by a grammar or not) go through the
+    /// LM head with the others, but only their token comes back.
+    fn forward_step(
+        &mut self,
+        batch: &[SeqSlice<'_>],
+        masks: &mut dyn StepMasks,
+    ) -> Result<StepOutput, BackendError> {
         self.layout
             .build(batch, &self.config, self.block_size, self.num_blocks)?;
         if self.layout.n_tokens() == 0 {
             return Ok(StepOutput::default());
         }
-        Ok(self.run(batch)?)
+        Ok(self.run(batch, masks)?)
     }
 }
 

@@ -62,7 +62,7 @@ __device__ double mass_at_least(const float* row, int vocab, float max, float in
 }
 
 #define ONE_BITS 0x3f800000u
-#define PICK_PARAMS 6
+#define PICK_PARAMS 7
 #define MAX_TOP_LOGPROBS 20
 #define LOGPROB_STRIDE (1 + 2 * MAX_TOP_LOGPROBS)
 #define MIN_LOGPROB (-9999.0f)
@@ -193,9 +193,26 @@ __device__ int draw_token(const float* row, int vocab, float best, float tempera
     return result;
 }
 
+// Grammar masks, before pick_rows: params[r][6] = m >= 0 names the mask of picked row r,
+// masks[m·words ..] (bit t % 32 of word t / 32 set when token t is allowed); every other
+// token's logit in row `first + r` becomes -inf, as the host sampler masks a row. One block
+// per picked row; rows without a mask are left as they are.
+extern "C" __global__ void mask_rows(float* logits, int first, int vocab, const int* params,
+                                     const unsigned int* masks, int words) {
+    grid_dependency_sync();
+    int m = params[(size_t)blockIdx.x * PICK_PARAMS + 6];
+    if (m < 0) return;
+    float* row = logits + (size_t)(first + blockIdx.x) * vocab;
+    const unsigned int* mask = masks + (size_t)m * words;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        bool allowed = (i >> 5) < words && ((mask[i >> 5] >> (i & 31)) & 1u);
+        if (!allowed) row[i] = NEG_INF;
+    }
+}
+
 // ids[r] = the token picked from logits row `first + r`, one block per row. params[r] =
-// {temperature, top_k, top_p, min_p, u, top_logprobs} (floats as bits; top_k an int;
-// top_logprobs -1 when no logprobs are wanted). Temperature < 1e-5 (or a row without a
+// {temperature, top_k, top_p, min_p, u, top_logprobs, mask} (floats as bits; top_k an int;
+// top_logprobs -1 when no logprobs are wanted; the mask is mask_rows'). Temperature < 1e-5 (or a row without a
 // number) is greedy: the argmax, NaN never wins, ties to the lowest id. Otherwise weights
 // exp((l - max) / T) (NaN and masked tokens weigh 0), min-p, top-k and top-p keep a prefix of
 // the tokens ordered by weight (ties by id), as the host sampler defines them, and u picks

@@ -45,14 +45,15 @@ pub struct StepInputs {
 }
 
 /// Values per picked row of `pick_rows` (PICK_PARAMS in pick.cu): temperature, top-k,
-/// top-p, min-p, u, top logprobs (−1: no logprobs).
-pub const PICK_PARAMS: usize = 6;
+/// top-p, min-p, u, top logprobs (−1: no logprobs), grammar mask (−1: none; `mask_rows`).
+pub const PICK_PARAMS: usize = 7;
 
 /// Floats per picked row of `pick_rows`' logprobs (LOGPROB_STRIDE in pick.cu): the
 /// token's, then (id bits, logprob) of up to [`MAX_TOP_LOGPROBS`] alternatives.
 pub const LOGPROB_STRIDE: usize = 1 + 2 * MAX_TOP_LOGPROBS;
 
-pub(super) fn pick_params(d: &TokenDraw) -> [i32; PICK_PARAMS] {
+/// A picked row's parameters: its draw, and which of the step's masks applies (if any).
+pub(super) fn pick_params(d: &TokenDraw, mask: Option<usize>) -> [i32; PICK_PARAMS] {
     let bits = |x: f32| x.to_bits() as i32;
     [
         bits(d.temperature),
@@ -61,6 +62,7 @@ pub(super) fn pick_params(d: &TokenDraw) -> [i32; PICK_PARAMS] {
         bits(d.min_p),
         bits(d.u),
         d.logprobs.map_or(-1, i32::from),
+        mask.map_or(-1, |m| m as i32),
     ]
 }
 
@@ -131,12 +133,12 @@ impl StepInputs {
         self.full_rows = layout.logit_rows.len() + if picks { 0 } else { pads };
         self.picked_rows = layout.picked_rows.len() + if picks { pads } else { 0 };
         self.pick_params = h.len();
-        for draw in &layout.draws {
-            h.extend(pick_params(draw));
+        for (draw, &mask) in layout.draws.iter().zip(&layout.masks) {
+            h.extend(pick_params(draw, mask));
         }
         let padding_draws = self.picked_rows - layout.draws.len();
         for _ in 0..padding_draws {
-            h.extend(pick_params(&TokenDraw::GREEDY));
+            h.extend(pick_params(&TokenDraw::GREEDY, None));
         }
         self.block_tables = h.len();
         // Only the blocks that hold positions up to the step's last token are needed.
@@ -272,7 +274,7 @@ mod tests {
         assert_eq!(p.host(p.token_seq, 4), &[0, 1, 2, 3]);
         assert_eq!((p.full_rows, p.picked_rows), (0, 4));
         assert_eq!(p.host(p.logit_rows, 4), &[0, 1, 2, 3]);
-        let greedy = pick_params(&TokenDraw::GREEDY);
+        let greedy = pick_params(&TokenDraw::GREEDY, None);
         let params = p.host(p.pick_params, 4 * PICK_PARAMS);
         assert!(
             params.chunks(PICK_PARAMS).all(|row| row == greedy),
@@ -377,6 +379,9 @@ pub struct Scratch {
     /// Split-K attention's count of finished split blocks per `[decode row, head group]`
     /// (zero between launches: the last block resets its own).
     pub split_counters: Option<DeviceBuf<i32>>,
+    /// Grammar masks of the step's masked draws `[masks, vocab / 32 rounded up]`, written
+    /// after the step's launches (never read by a captured graph).
+    pub masks: Option<DeviceBuf<u32>>,
 }
 
 /// Makes `slot` hold `len` elements; returns whether its address changed.

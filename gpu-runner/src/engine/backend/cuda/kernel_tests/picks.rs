@@ -1,9 +1,11 @@
-//! pick_rows: greedy picks, draws and logprobs against the host definition (`TokenDraw`).
+//! pick_rows: greedy picks, draws and logprobs against the host definition (`TokenDraw`);
+//! mask_rows: grammar masks applied before the picks, as the host sampler applies them.
 
 use super::Values;
 use crate::engine::backend::cuda::emulator::{Arg, Emulator};
 use crate::engine::backend::cuda::step::{pick_params, LOGPROB_STRIDE};
-use crate::engine::sampler::{Sampled, TokenDraw};
+use crate::engine::backend::step_masks::{append_row, words_for};
+use crate::engine::sampler::{mask_disallowed, Sampled, TokenDraw};
 
 /// Runs pick_rows over `rows` (each `vocab` wide, after a logit row that it must not touch)
 /// with `draws`, on blocks of `threads`: the picks as the backend reports them.
@@ -13,12 +15,50 @@ fn emulated_picks(
     draws: &[TokenDraw],
     threads: u32,
 ) -> Vec<Sampled> {
+    emulated_masked_picks(emu, rows, draws, &vec![None; rows.len()], threads)
+}
+
+/// [`emulated_picks`] with a grammar mask for the rows that have one: mask_rows, then
+/// pick_rows, as the backend launches them. The rows must come out as the host masks them.
+fn emulated_masked_picks(
+    emu: &Emulator,
+    rows: &[Vec<f32>],
+    draws: &[TokenDraw],
+    masks: &[Option<&[u32]>],
+    threads: u32,
+) -> Vec<Sampled> {
     let vocab = rows[0].len();
     let first = 1;
     let mut logits = vec![7.0f32; vocab];
     logits.extend(rows.iter().flatten());
-    let before = logits.clone();
-    let mut params: Vec<i32> = draws.iter().flat_map(pick_params).collect();
+    let mut want_logits = logits.clone();
+    let words = words_for(vocab);
+    let mut mask_buf = Vec::new();
+    let mut params = Vec::new();
+    for (r, (draw, mask)) in draws.iter().zip(masks).enumerate() {
+        let index = mask.map(|m| {
+            append_row(m, words, &mut mask_buf);
+            mask_disallowed(&mut want_logits[(first + r) * vocab..][..vocab], m);
+            mask_buf.len() / words - 1
+        });
+        params.extend(pick_params(draw, index));
+    }
+    mask_buf.push(0); // never empty
+    if masks.iter().any(Option::is_some) {
+        emu.launch(
+            "mask_rows",
+            (rows.len() as u32, 1, 1),
+            256,
+            &[
+                Arg::buf(&mut logits),
+                Arg::I32(first as i32),
+                Arg::I32(vocab as i32),
+                Arg::buf(&mut params),
+                Arg::buf(&mut mask_buf),
+                Arg::I32(words as i32),
+            ],
+        );
+    }
     let mut ids = vec![-1i32; rows.len()];
     let mut logprobs = vec![f32::NAN; rows.len() * LOGPROB_STRIDE];
     emu.launch(
@@ -27,7 +67,7 @@ fn emulated_picks(
         threads,
         &[
             Arg::buf(&mut logits),
-            Arg::I32(first),
+            Arg::I32(first as i32),
             Arg::I32(vocab as i32),
             Arg::buf(&mut params),
             Arg::buf(&mut ids),
@@ -36,8 +76,8 @@ fn emulated_picks(
     );
     let same = |a: &f32, b: &f32| a.to_bits() == b.to_bits();
     assert!(
-        logits.iter().zip(&before).all(|(a, b)| same(a, b)),
-        "the rows are untouched"
+        logits.iter().zip(&want_logits).all(|(a, b)| same(a, b)),
+        "unmasked rows untouched, masked ones as the host masks them"
     );
     ids.iter()
         .zip(draws)
@@ -188,6 +228,66 @@ fn pick_rows_reports_the_logprobs_the_host_sampler_reports() {
                 g.top, want.top
             );
             assert!((glp - wlp).abs() <= 1e-4, "row {i}: {glp} vs {wlp}");
+        }
+    }
+}
+
+#[test]
+fn masked_rows_pick_among_the_allowed_tokens_as_the_host_sampler_does() {
+    let Some(emu) = Emulator::get() else { return };
+    let vocab = 1000usize;
+    let words = words_for(vocab);
+    let mut values = Values(77);
+    // A mask allowing a scattered few (not the row's best), every token, every token but
+    // the best, and a short mask (ids past its 10 words disallowed).
+    let few: Vec<u32> = (0..words as u32)
+        .map(|w| if w % 5 == 2 { 0x8001_0010 } else { 0 })
+        .collect();
+    let all = vec![u32::MAX; words];
+    let short = [u32::MAX; 10];
+    let mut rows = Vec::new();
+    let mut draws = Vec::new();
+    let mut masks: Vec<Option<&[u32]>> = Vec::new();
+    for (i, mask) in [Some(&few[..]), Some(&all[..]), None, Some(&short[..])]
+        .into_iter()
+        .enumerate()
+    {
+        for (temperature, top_p, logprobs) in
+            [(0.0, 1.0, None), (1.0, 0.9, Some(5)), (0.7, 1.0, None)]
+        {
+            let mut row: Vec<f32> = values.vec(vocab).iter().map(|v| v * 6.0).collect();
+            row[999] = 20.0; // past the short mask, and not among the few
+            row[3] = f32::NAN;
+            rows.push(row);
+            draws.push(TokenDraw {
+                temperature,
+                top_p,
+                u: 0.1 + 0.2 * i as f32,
+                logprobs,
+                ..TokenDraw::GREEDY
+            });
+            masks.push(mask);
+        }
+    }
+    let got = emulated_masked_picks(emu, &rows, &draws, &masks, 256);
+    for (i, ((row, d), mask)) in rows.iter().zip(&draws).zip(&masks).enumerate() {
+        let mut masked = row.clone();
+        if let Some(m) = mask {
+            mask_disallowed(&mut masked, m);
+        }
+        let want = d.draw(&masked);
+        assert_eq!(got[i].token, want.token, "row {i}: {d:?}");
+        if let Some(m) = mask {
+            let t = got[i].token as usize;
+            assert!(
+                m.get(t / 32).is_some_and(|w| w >> (t % 32) & 1 == 1),
+                "row {i}: {t} allowed"
+            );
+        }
+        if let (Some(g), Some(w)) = (got[i].logprob, want.logprob) {
+            assert!((g - w).abs() <= 1e-4, "row {i}: logprob {g}, want {w}");
+            let ids = |s: &Sampled| s.top.iter().map(|(t, _)| *t).collect::<Vec<_>>();
+            assert_eq!(ids(&got[i]), ids(&want), "row {i}: alternatives");
         }
     }
 }
