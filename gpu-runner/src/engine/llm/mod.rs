@@ -333,7 +333,8 @@ impl LlmEngine {
         // The grammars whose masks the step needs, in batch order (the backend takes the
         // `DrawMasked` ones in that order).
         let mut grammars: Vec<StepGrammar<'_>> = Vec::new();
-        if self.requests.values().any(|r| r.grammar.is_some()) {
+        let masked = modes.iter().any(|m| matches!(m, LogitsMode::DrawMasked(_)));
+        if masked || self.requests.values().any(|r| r.grammar.is_some()) {
             let mut by_seq: HashMap<SeqId, &mut SeqGrammar> = self
                 .choices
                 .iter_mut()
