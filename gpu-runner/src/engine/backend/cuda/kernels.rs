@@ -21,7 +21,7 @@ pub const SOURCE: &str = concat!(
 );
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 47] = [
+pub const NAMES: [&str; 48] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -37,6 +37,7 @@ pub const NAMES: [&str; 47] = [
     "paged_prefill_mma_1",
     "paged_prefill_mma_2",
     "paged_prefill_mma_4",
+    "paged_prefill_mma_8",
     "gated_act",
     "softcap",
     "gemv_bf16_w4u4",

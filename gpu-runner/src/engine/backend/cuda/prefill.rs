@@ -1,6 +1,6 @@
 //! Which kernel serves attention over runs of prompt tokens: the tensor-core one
 //! (`paged_prefill_mma_*`, prefill_mma.cu) wherever the head size fits it, else the f32 one
-//! (`paged_prefill_*`, attention.cu). Long prompts spend most of their prefill in attention
+//! (`paged_prefill_*`, attention.cu; head sizes not a multiple of 16). Long prompts spend most of their prefill in attention
 //! on the f32 kernel (its work grows with the square of the length, the matrix products'
 //! linearly); the tensor cores do the same products many times faster. The two take tiles
 //! of different sizes, which the step's inputs are packed for.
@@ -39,16 +39,16 @@ impl PrefillKernel {
     pub fn check(self, head_dim: usize) -> Result<PrefillKernel, String> {
         match self {
             PrefillKernel::TensorCores if !Self::tensor_cores_fit(head_dim) => Err(format!(
-                "the tensor-core prefill needs head_dim a multiple of 16 up to 128, not {head_dim}"
+                "the tensor-core prefill needs head_dim a multiple of 16 up to 256, not {head_dim}"
             )),
             kernel => Ok(kernel),
         }
     }
 
-    /// The tensor-core kernel multiplies 16 dimensions at a time and keeps a query row's
-    /// fragments in registers, which hold up to 128 dimensions without spilling.
+    /// The tensor-core kernel multiplies 16 dimensions at a time, up to 256 (the most the
+    /// CUDA backend serves).
     fn tensor_cores_fit(head_dim: usize) -> bool {
-        head_dim > 0 && head_dim.is_multiple_of(16) && head_dim <= 128
+        head_dim > 0 && head_dim.is_multiple_of(16) && head_dim <= 256
     }
 
     /// Consecutive prompt tokens one block serves (MMA_TOKENS in prefill_mma.cu,
@@ -77,7 +77,7 @@ impl PrefillKernel {
                 "paged_prefill_mma_1",
                 "paged_prefill_mma_2",
                 "paged_prefill_mma_4",
-                "paged_prefill_mma_4",
+                "paged_prefill_mma_8",
             ][variant],
             PrefillKernel::F32 => [
                 "paged_prefill_1",
@@ -100,8 +100,9 @@ mod tests {
             (128, PrefillKernel::TensorCores),
             (16, PrefillKernel::TensorCores),
             (48, PrefillKernel::TensorCores),
-            (256, PrefillKernel::F32),
+            (256, PrefillKernel::TensorCores),
             (40, PrefillKernel::F32),
+            (264, PrefillKernel::F32),
         ] {
             assert_eq!(
                 PrefillKernel::choose(head_dim, None),
@@ -113,9 +114,9 @@ mod tests {
             PrefillKernel::choose(128, Some("f32")),
             Ok(PrefillKernel::F32)
         );
-        assert!(PrefillKernel::choose(256, Some("mma"))
+        assert!(PrefillKernel::choose(40, Some("mma"))
             .unwrap_err()
-            .contains("not 256"));
+            .contains("not 40"));
         assert!(PrefillKernel::choose(64, Some("fast"))
             .unwrap_err()
             .contains("auto, mma or f32"));
@@ -129,6 +130,10 @@ mod tests {
         );
         assert_eq!(PrefillKernel::TensorCores.kernel(48), "paged_prefill_mma_2");
         assert_eq!(PrefillKernel::TensorCores.kernel(16), "paged_prefill_mma_1");
+        assert_eq!(
+            PrefillKernel::TensorCores.kernel(256),
+            "paged_prefill_mma_8"
+        );
         assert_eq!(PrefillKernel::F32.kernel(256), "paged_prefill_8");
     }
 }

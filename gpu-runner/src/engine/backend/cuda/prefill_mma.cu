@@ -1,5 +1,5 @@
 // Prefill attention on the tensor cores (mma.sync, sm_80+): the same causal attention over a
-// paged cache as paged_prefill (attention.cu), for head_dim a multiple of 16 up to 128, in
+// paged cache as paged_prefill (attention.cu), for head_dim a multiple of 16 up to 256, in
 // the FlashAttention-2 shape. Block (i, c) serves tiles[i] = {first row, count <=
 // MMA_TOKENS} of one sequence and query heads c·ATTN_HEADS.. of one KV head, one warp per
 // head: the warp's 16 tokens are the rows of every m16n8k16 product. Keys come in tiles of
@@ -46,7 +46,28 @@ __device__ __forceinline__ void split_pair(float x0, float x1, unsigned int& hi,
     lo = bf16_pair(x0 - bf16_to_f32((bf16)(hi & 0xffffu)), x1 - bf16_to_f32((bf16)(hi >> 16)));
 }
 
-// DIMS = head_dim / 32 rounded up (1, 2 or 4): head_dim is a multiple of 16 and at most
+// This lane's A fragment of Q's 16-dimension chunk c (rows: tokens g and g + 8 of the
+// tile, of query head `head`), split in high and low bf16 parts; rows past `count` and
+// dimensions past head_dim are zeros.
+__device__ __forceinline__ void q_fragment(const float* qkv, int qkv_width, int first_row,
+                                           int count, int head, int head_dim, int c,
+                                           unsigned int hi[4], unsigned int lo[4]) {
+    int lane = threadIdx.x & 31, g = lane >> 2, q4 = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int t = g + ((i & 1) ? 8 : 0);
+        int d = c * 16 + 2 * q4 + ((i & 2) ? 8 : 0);
+        float x0 = 0.0f, x1 = 0.0f;
+        if (t < count && d < head_dim) {
+            const float* src = qkv + (size_t)(first_row + t) * qkv_width + (size_t)head * head_dim + d;
+            x0 = src[0];
+            x1 = src[1];
+        }
+        split_pair(x0, x1, hi[i], lo[i]);
+    }
+}
+
+// DIMS = head_dim / 32 rounded up (1, 2, 4 or 8): head_dim is a multiple of 16 and at most
 // DIMS·32; Q, K and V past head_dim are zeros.
 template <int DIMS>
 __device__ void paged_prefill_mma_t(
@@ -86,23 +107,16 @@ __device__ void paged_prefill_mma_t(
         lo[r] = window > 0 ? max(0, pos[r] + 1 - window) : 0;
     }
 
-    // Q's A fragments, high and low parts.
-    unsigned int qh[CHUNKS][4], ql[CHUNKS][4];
+    // Q's A fragments, high and low parts: held for the whole key loop up to 128
+    // dimensions; at 256 the output accumulators need those registers, and each tile reads
+    // the fragments again (from L1 after the first tile).
+    constexpr bool Q_HELD = DIMS <= 4;
+    unsigned int qh[Q_HELD ? CHUNKS : 1][4], ql[Q_HELD ? CHUNKS : 1][4];
+    if constexpr (Q_HELD) {
 #pragma unroll
-    for (int c = 0; c < CHUNKS; c++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int t = g + ((i & 1) ? 8 : 0);
-            int d = c * 16 + 2 * q4 + ((i & 2) ? 8 : 0);
-            float x0 = 0.0f, x1 = 0.0f;
-            if (active && t < count && d < head_dim) {
-                const float* src =
-                    qkv + (size_t)(first_row + t) * qkv_width + (size_t)head * head_dim + d;
-                x0 = src[0];
-                x1 = src[1];
-            }
-            split_pair(x0, x1, qh[c][i], ql[c][i]);
-        }
+        for (int c = 0; c < CHUNKS; c++)
+            q_fragment(qkv, qkv_width, first_row, active ? count : 0, head, head_dim, c, qh[c],
+                       ql[c]);
     }
 
     float o[DIM_TILES][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
@@ -136,17 +150,23 @@ __device__ void paged_prefill_mma_t(
         }
         __syncthreads();
         if (active) {
-            // S = Q·Kᵀ over the tile's keys.
+            // S = Q·Kᵀ over the tile's keys, 16 dimensions at a time.
             float s[KEY_TILES][4];
 #pragma unroll
-            for (int n = 0; n < KEY_TILES; n++) {
+            for (int n = 0; n < KEY_TILES; n++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) s[n][i] = 0.0f;
 #pragma unroll
-                for (int c = 0; c < CHUNKS; c++) {
+            for (int c = 0; c < CHUNKS; c++) {
+                unsigned int* hi = qh[Q_HELD ? c : 0];
+                unsigned int* lo = ql[Q_HELD ? c : 0];
+                if constexpr (!Q_HELD)
+                    q_fragment(qkv, qkv_width, first_row, count, head, head_dim, c, hi, lo);
+#pragma unroll
+                for (int n = 0; n < KEY_TILES; n++) {
                     unsigned int b[2] = {ks[n * 8 + g][c * 8 + q4], ks[n * 8 + g][c * 8 + 4 + q4]};
-                    mma_bf16_16816(s[n], qh[c], b);
-                    mma_bf16_16816(s[n], ql[c], b);
+                    mma_bf16_16816(s[n], hi, b);
+                    mma_bf16_16816(s[n], lo, b);
                 }
             }
             // Scale, cap, mask; the tile's maximum per row (over the quad's lanes).
@@ -240,3 +260,4 @@ __device__ void paged_prefill_mma_t(
 PAGED_PREFILL_MMA(1)
 PAGED_PREFILL_MMA(2)
 PAGED_PREFILL_MMA(4)
+PAGED_PREFILL_MMA(8)
