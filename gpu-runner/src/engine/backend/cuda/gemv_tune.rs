@@ -1,6 +1,7 @@
 //! Which bf16 GEMV instantiation serves each decode-sized product. The kernel comes in
 //! several shapes ([`GEMV_VARIANTS`]: output columns per block × 16-byte loads in flight per
-//! lane) that compute the same bits; which one streams a matrix fastest depends on the GPU
+//! lane, with or without the next tile's loads issued before the current tile is summed)
+//! that compute the same bits; which one streams a matrix fastest depends on the GPU
 //! and on the matrix (how many blocks fill the SMs, how long each walks K). So at load the
 //! backend times every variant on the model's own matrices at 1, 4 and 8 token rows and keeps
 //! the fastest per shape ([`CudaBackend::tune_gemv`]); a product of `n` rows uses the
@@ -24,14 +25,15 @@ pub struct GemvVariant {
     pub warps: usize,
     /// 16-byte loads of W in flight per lane.
     pub unroll: usize,
+    /// Whether the next tile's loads go out before the current tile is summed.
+    pub prefetch: bool,
     pub plain: &'static str,
     pub gated: &'static str,
 }
 
 const fn variant(
     name: &'static str,
-    warps: usize,
-    unroll: usize,
+    (warps, unroll, prefetch): (usize, usize, bool),
     plain: &'static str,
     gated: &'static str,
 ) -> GemvVariant {
@@ -39,19 +41,87 @@ const fn variant(
         name,
         warps,
         unroll,
+        prefetch,
         plain,
         gated,
     }
 }
 
-/// Every instantiation, as kernels.cu's `GEMV_BF16` lines make them.
-pub const GEMV_VARIANTS: [GemvVariant; 6] = [
-    variant("w4u4", 4, 4, "gemv_bf16_w4u4", "gemv_bf16_gated_w4u4"),
-    variant("w4u8", 4, 8, "gemv_bf16_w4u8", "gemv_bf16_gated_w4u8"),
-    variant("w8u4", 8, 4, "gemv_bf16_w8u4", "gemv_bf16_gated_w8u4"),
-    variant("w8u8", 8, 8, "gemv_bf16_w8u8", "gemv_bf16_gated_w8u8"),
-    variant("w16u4", 16, 4, "gemv_bf16_w16u4", "gemv_bf16_gated_w16u4"),
-    variant("w16u8", 16, 8, "gemv_bf16_w16u8", "gemv_bf16_gated_w16u8"),
+/// Every instantiation, as kernels.cu's `GEMV_BF16` lines make them (each with and without
+/// prefetching, suffix `p`).
+pub const GEMV_VARIANTS: [GemvVariant; 12] = [
+    variant(
+        "w4u4",
+        (4, 4, false),
+        "gemv_bf16_w4u4",
+        "gemv_bf16_gated_w4u4",
+    ),
+    variant(
+        "w4u8",
+        (4, 8, false),
+        "gemv_bf16_w4u8",
+        "gemv_bf16_gated_w4u8",
+    ),
+    variant(
+        "w8u4",
+        (8, 4, false),
+        "gemv_bf16_w8u4",
+        "gemv_bf16_gated_w8u4",
+    ),
+    variant(
+        "w8u8",
+        (8, 8, false),
+        "gemv_bf16_w8u8",
+        "gemv_bf16_gated_w8u8",
+    ),
+    variant(
+        "w16u4",
+        (16, 4, false),
+        "gemv_bf16_w16u4",
+        "gemv_bf16_gated_w16u4",
+    ),
+    variant(
+        "w16u8",
+        (16, 8, false),
+        "gemv_bf16_w16u8",
+        "gemv_bf16_gated_w16u8",
+    ),
+    variant(
+        "w4u4p",
+        (4, 4, true),
+        "gemv_bf16_w4u4p",
+        "gemv_bf16_gated_w4u4p",
+    ),
+    variant(
+        "w4u8p",
+        (4, 8, true),
+        "gemv_bf16_w4u8p",
+        "gemv_bf16_gated_w4u8p",
+    ),
+    variant(
+        "w8u4p",
+        (8, 4, true),
+        "gemv_bf16_w8u4p",
+        "gemv_bf16_gated_w8u4p",
+    ),
+    variant(
+        "w8u8p",
+        (8, 8, true),
+        "gemv_bf16_w8u8p",
+        "gemv_bf16_gated_w8u8p",
+    ),
+    variant(
+        "w16u4p",
+        (16, 4, true),
+        "gemv_bf16_w16u4p",
+        "gemv_bf16_gated_w16u4p",
+    ),
+    variant(
+        "w16u8p",
+        (16, 8, true),
+        "gemv_bf16_w16u8p",
+        "gemv_bf16_gated_w16u8p",
+    ),
 ];
 
 /// The variant used for a shape no timing chose (8 columns per block, 4 loads per lane).
@@ -253,7 +323,11 @@ mod tests {
         for v in GEMV_VARIANTS {
             assert!(NAMES.contains(&v.plain), "{} missing from NAMES", v.plain);
             assert!(NAMES.contains(&v.gated), "{} missing from NAMES", v.gated);
-            assert_eq!(v.plain, format!("gemv_bf16_w{}u{}", v.warps, v.unroll));
+            let suffix = if v.prefetch { "p" } else { "" };
+            let name = format!("w{}u{}{suffix}", v.warps, v.unroll);
+            assert_eq!(v.name, name);
+            assert_eq!(v.plain, format!("gemv_bf16_{name}"));
+            assert_eq!(v.gated, format!("gemv_bf16_gated_{name}"));
             assert_eq!(variant_named(v.name).map(|i| GEMV_VARIANTS[i]), Some(v));
         }
         assert_eq!(GEMV_VARIANTS[DEFAULT_VARIANT].name, "w8u4");

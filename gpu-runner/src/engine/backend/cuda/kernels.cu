@@ -224,7 +224,7 @@ __device__ __forceinline__ void gemv_load_w(uint4* wv, const uint4* tile, int la
     }
 }
 
-template <bool GATED, int WARPS, int UNROLL>
+template <bool GATED, int WARPS, int UNROLL, bool PREFETCH>
 __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__ xin,
                             float* __restrict__ out, int M, int K, int n, int ldo, int act) {
     const int TILE = 32 * UNROLL * 8;
@@ -258,7 +258,15 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
             }
         }
         __syncthreads();
-        if (k0 > 0) gemv_load_w<UNROLL>(wv, wrow + k0 / 8, lane, chunks);
+        // PREFETCH: the next tile's W is requested before this one is summed, so a warp
+        // keeps loads in flight while it computes (twice the registers for W).
+        uint4 next[PREFETCH ? UNROLL : 1];
+        if constexpr (PREFETCH) {
+            int ahead = K - k0 - TILE;
+            if (ahead > 0) gemv_load_w<UNROLL>(next, wrow + (k0 + TILE) / 8, lane, min(TILE, ahead) / 8);
+        } else if (k0 > 0) {
+            gemv_load_w<UNROLL>(wv, wrow + k0 / 8, lane, chunks);
+        }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int c = lane + 32 * u;
@@ -286,6 +294,10 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
                 }
             }
         }
+        if constexpr (PREFETCH) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) wv[u] = next[u];
+        }
         __syncthreads();
     }
     if (m >= M) return;
@@ -298,21 +310,24 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
     }
 }
 
-// gemv_bf16_w<WARPS>u<UNROLL>, and the down projection of [gate | up] rows
-// gemv_bf16_gated_w<WARPS>u<UNROLL> (act 0 = SiLU, 1 = GELU); see gemv_bf16_t. The variants
-// are listed in gemm.rs (GEMV_VARIANTS).
-#define GEMV_BF16(W, U)                                                                        \
-    extern "C" __global__ void gemv_bf16_w##W##u##U(const bf16* __restrict__ w,               \
-                                                    const bf16* __restrict__ x,               \
-                                                    float* __restrict__ out, int M, int K,    \
-                                                    int n, int ldo) {                         \
-        gemv_bf16_t<false, W, U>(w, x, out, M, K, n, ldo, 0);                                 \
+// gemv_bf16_w<WARPS>u<UNROLL>[p], and the down projection of [gate | up] rows
+// gemv_bf16_gated_w<WARPS>u<UNROLL>[p] (act 0 = SiLU, 1 = GELU); `p`: the next tile's W
+// prefetched; see gemv_bf16_t. The variants are listed in gemv_tune.rs (GEMV_VARIANTS).
+#define GEMV_BF16_NAMED(W, U, P, SUFFIX)                                                       \
+    extern "C" __global__ void gemv_bf16_w##W##u##U##SUFFIX(const bf16* __restrict__ w,       \
+                                                            const bf16* __restrict__ x,       \
+                                                            float* __restrict__ out, int M,   \
+                                                            int K, int n, int ldo) {          \
+        gemv_bf16_t<false, W, U, P>(w, x, out, M, K, n, ldo, 0);                              \
     }                                                                                         \
-    extern "C" __global__ void gemv_bf16_gated_w##W##u##U(                                    \
+    extern "C" __global__ void gemv_bf16_gated_w##W##u##U##SUFFIX(                            \
         const bf16* __restrict__ w, const float* __restrict__ gate_up, float* __restrict__ out, \
         int M, int K, int n, int ldo, int act) {                                              \
-        gemv_bf16_t<true, W, U>(w, gate_up, out, M, K, n, ldo, act);                          \
+        gemv_bf16_t<true, W, U, P>(w, gate_up, out, M, K, n, ldo, act);                       \
     }
+#define GEMV_BF16(W, U)                 \
+    GEMV_BF16_NAMED(W, U, false, )      \
+    GEMV_BF16_NAMED(W, U, true, p)
 
 GEMV_BF16(4, 4)
 GEMV_BF16(4, 8)

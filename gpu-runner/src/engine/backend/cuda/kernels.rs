@@ -21,7 +21,7 @@ pub const SOURCE: &str = concat!(
 );
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 48] = [
+pub const NAMES: [&str; 60] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -52,6 +52,18 @@ pub const NAMES: [&str; 48] = [
     "gemv_bf16_gated_w16u4",
     "gemv_bf16_w16u8",
     "gemv_bf16_gated_w16u8",
+    "gemv_bf16_w4u4p",
+    "gemv_bf16_gated_w4u4p",
+    "gemv_bf16_w4u8p",
+    "gemv_bf16_gated_w4u8p",
+    "gemv_bf16_w8u4p",
+    "gemv_bf16_gated_w8u4p",
+    "gemv_bf16_w8u8p",
+    "gemv_bf16_gated_w8u8p",
+    "gemv_bf16_w16u4p",
+    "gemv_bf16_gated_w16u4p",
+    "gemv_bf16_w16u8p",
+    "gemv_bf16_gated_w16u8p",
     "mask_rows",
     "pick_rows",
     "gemv_q4_0",
