@@ -871,7 +871,7 @@ fn every_gemv_variant_gives_the_same_decode_logits() {
     let reference = run("w8u4");
     for variant in [
         "w4u4", "w4u8", "w8u8", "w16u4", "w16u8", "w4u4p", "w4u8p", "w8u4p", "w8u8p", "w16u4p",
-        "w16u8p",
+        "w16u8p", "w4u4r", "w4u8r", "w8u4r", "w8u8r", "w16u4r", "w16u8r",
     ] {
         // Each lane sums the same chunks in the same order in every variant.
         assert!(run(variant) == reference, "{variant} differs from w8u4");

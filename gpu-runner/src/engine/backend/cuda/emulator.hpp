@@ -310,6 +310,15 @@ int launch(void (*k)(A...), const unsigned* grid, const unsigned* block, void** 
 #define gridDim emu::grid_dim
 #define warpSize 32
 
+namespace emu {
+// A kernel's dynamic shared memory (`extern __shared__`): one buffer as large as a block may
+// ask for without opting in (48 KiB), shared by the running block's threads.
+inline void* dynamic_shared() {
+    alignas(16) static unsigned char buffer[48 * 1024];
+    return buffer;
+}
+}  // namespace emu
+
 inline void __syncthreads() { emu::syncthreads(); }
 // One block at a time, one OS thread: every write is already visible to the next block.
 inline void __threadfence() {}

@@ -11,7 +11,7 @@ use cudarc::cublas::{result, CudaBlas};
 use cudarc::driver::{CudaStream, LaunchConfig};
 
 use super::buffer::DeviceBuf;
-use super::gemv_tune::{GemvChoice, GEMV_VARIANTS};
+use super::gemv_tune::{GemvChoice, DEFAULT_VARIANT, GEMV_VARIANTS};
 use super::launch::{KernelArgs, Launcher};
 use super::weights::{DeviceMatrix, QuantPart, Storage};
 use super::CudaError;
@@ -102,6 +102,7 @@ impl Gemm {
                     let kernel = GemvKernel {
                         name: part.kernels.gemv,
                         warps: QUANT_GEMV_WARPS,
+                        shared_bytes: 0,
                     };
                     kernel.launch(self, weights, part.rows, w.cols, w.rows, x, n, out, None)?;
                     first_row += part.rows;
@@ -173,10 +174,19 @@ impl Gemm {
         out: u64,
         act: Option<i32>,
     ) -> Result<(), CudaError> {
-        let v = &GEMV_VARIANTS[variant];
+        let mut v = &GEMV_VARIANTS[variant];
+        if !v.fits(n, cols) {
+            // A resident variant forced on a product whose x does not fit: the same shape
+            // staging x tile by tile (same bits).
+            v = GEMV_VARIANTS
+                .iter()
+                .find(|o| o.warps == v.warps && o.unroll == v.unroll && o.fits(n, cols))
+                .unwrap_or(&GEMV_VARIANTS[DEFAULT_VARIANT]);
+        }
         let kernel = GemvKernel {
             name: if act.is_some() { v.gated } else { v.plain },
             warps: v.warps,
+            shared_bytes: v.shared_bytes(n, cols) as u32,
         };
         kernel.launch(self, weights, rows, cols, rows, x, n, out, act)
     }
@@ -240,10 +250,11 @@ impl Gemm {
     }
 }
 
-/// One GEMV kernel and its output columns per block.
+/// One GEMV kernel, its output columns per block and the dynamic shared memory it takes.
 struct GemvKernel {
     name: &'static str,
     warps: usize,
+    shared_bytes: u32,
 }
 
 impl GemvKernel {
@@ -267,7 +278,7 @@ impl GemvKernel {
         let cfg = LaunchConfig {
             grid_dim: (rows.div_ceil(self.warps) as u32, 1, 1),
             block_dim: ((self.warps * 32) as u32, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: self.shared_bytes,
         };
         let mut b = KernelArgs::new();
         b.arg(&weights)

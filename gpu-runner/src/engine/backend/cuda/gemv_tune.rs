@@ -1,7 +1,7 @@
 //! Which bf16 GEMV instantiation serves each decode-sized product. The kernel comes in
 //! several shapes ([`GEMV_VARIANTS`]: output columns per block × 16-byte loads in flight per
-//! lane, with or without the next tile's loads issued before the current tile is summed)
-//! that compute the same bits; which one streams a matrix fastest depends on the GPU
+//! lane, with or without the next tile's loads issued before the current tile is summed, x
+//! staged tile by tile or all at once) that compute the same bits; which one streams a matrix fastest depends on the GPU
 //! and on the matrix (how many blocks fill the SMs, how long each walks K). So at load the
 //! backend times every variant on the model's own matrices at 1, 4 and 8 token rows and keeps
 //! the fastest per shape ([`CudaBackend::tune_gemv`]); a product of `n` rows uses the
@@ -27,13 +27,36 @@ pub struct GemvVariant {
     pub unroll: usize,
     /// Whether the next tile's loads go out before the current tile is summed.
     pub prefetch: bool,
+    /// Whether all of x is staged at once in dynamic shared memory (no barrier per tile);
+    /// only for products whose x fits ([`GemvVariant::fits`]).
+    pub resident: bool,
     pub plain: &'static str,
     pub gated: &'static str,
 }
 
+/// Shared memory a resident variant may take (GEMV_RESIDENT_BYTES in kernels.cu: what a
+/// block gets without opting in to more).
+pub const RESIDENT_BYTES: usize = 48 * 1024;
+
+impl GemvVariant {
+    /// Dynamic shared memory for `n` rows of `cols` inputs (bf16): all of x when resident.
+    pub fn shared_bytes(&self, n: usize, cols: usize) -> usize {
+        if self.resident {
+            n * cols * 2
+        } else {
+            0
+        }
+    }
+
+    /// Whether this variant can serve `n` rows of `cols` inputs.
+    pub fn fits(&self, n: usize, cols: usize) -> bool {
+        self.shared_bytes(n, cols) <= RESIDENT_BYTES
+    }
+}
+
 const fn variant(
     name: &'static str,
-    (warps, unroll, prefetch): (usize, usize, bool),
+    (warps, unroll, prefetch, resident): (usize, usize, bool, bool),
     plain: &'static str,
     gated: &'static str,
 ) -> GemvVariant {
@@ -42,85 +65,122 @@ const fn variant(
         warps,
         unroll,
         prefetch,
+        resident,
         plain,
         gated,
     }
 }
 
-/// Every instantiation, as kernels.cu's `GEMV_BF16` lines make them (each with and without
-/// prefetching, suffix `p`).
-pub const GEMV_VARIANTS: [GemvVariant; 12] = [
+/// Every instantiation, as kernels.cu's `GEMV_BF16` lines make them: each shape plain, with
+/// prefetching (suffix `p`), and with x resident (suffix `r`).
+pub const GEMV_VARIANTS: [GemvVariant; 18] = [
     variant(
         "w4u4",
-        (4, 4, false),
+        (4, 4, false, false),
         "gemv_bf16_w4u4",
         "gemv_bf16_gated_w4u4",
     ),
     variant(
         "w4u8",
-        (4, 8, false),
+        (4, 8, false, false),
         "gemv_bf16_w4u8",
         "gemv_bf16_gated_w4u8",
     ),
     variant(
         "w8u4",
-        (8, 4, false),
+        (8, 4, false, false),
         "gemv_bf16_w8u4",
         "gemv_bf16_gated_w8u4",
     ),
     variant(
         "w8u8",
-        (8, 8, false),
+        (8, 8, false, false),
         "gemv_bf16_w8u8",
         "gemv_bf16_gated_w8u8",
     ),
     variant(
         "w16u4",
-        (16, 4, false),
+        (16, 4, false, false),
         "gemv_bf16_w16u4",
         "gemv_bf16_gated_w16u4",
     ),
     variant(
         "w16u8",
-        (16, 8, false),
+        (16, 8, false, false),
         "gemv_bf16_w16u8",
         "gemv_bf16_gated_w16u8",
     ),
     variant(
         "w4u4p",
-        (4, 4, true),
+        (4, 4, true, false),
         "gemv_bf16_w4u4p",
         "gemv_bf16_gated_w4u4p",
     ),
     variant(
         "w4u8p",
-        (4, 8, true),
+        (4, 8, true, false),
         "gemv_bf16_w4u8p",
         "gemv_bf16_gated_w4u8p",
     ),
     variant(
         "w8u4p",
-        (8, 4, true),
+        (8, 4, true, false),
         "gemv_bf16_w8u4p",
         "gemv_bf16_gated_w8u4p",
     ),
     variant(
         "w8u8p",
-        (8, 8, true),
+        (8, 8, true, false),
         "gemv_bf16_w8u8p",
         "gemv_bf16_gated_w8u8p",
     ),
     variant(
         "w16u4p",
-        (16, 4, true),
+        (16, 4, true, false),
         "gemv_bf16_w16u4p",
         "gemv_bf16_gated_w16u4p",
     ),
     variant(
         "w16u8p",
-        (16, 8, true),
+        (16, 8, true, false),
         "gemv_bf16_w16u8p",
         "gemv_bf16_gated_w16u8p",
+    ),
+    variant(
+        "w4u4r",
+        (4, 4, true, true),
+        "gemv_bf16_w4u4r",
+        "gemv_bf16_gated_w4u4r",
+    ),
+    variant(
+        "w4u8r",
+        (4, 8, true, true),
+        "gemv_bf16_w4u8r",
+        "gemv_bf16_gated_w4u8r",
+    ),
+    variant(
+        "w8u4r",
+        (8, 4, true, true),
+        "gemv_bf16_w8u4r",
+        "gemv_bf16_gated_w8u4r",
+    ),
+    variant(
+        "w8u8r",
+        (8, 8, true, true),
+        "gemv_bf16_w8u8r",
+        "gemv_bf16_gated_w8u8r",
+    ),
+    variant(
+        "w16u4r",
+        (16, 4, true, true),
+        "gemv_bf16_w16u4r",
+        "gemv_bf16_gated_w16u4r",
+    ),
+    variant(
+        "w16u8r",
+        (16, 8, true, true),
+        "gemv_bf16_w16u8r",
+        "gemv_bf16_gated_w16u8r",
     ),
 ];
 
@@ -272,7 +332,11 @@ impl CudaBackend {
             let act = gated.then_some(0);
             for batch in TUNED_ROWS {
                 let mut times = Vec::with_capacity(GEMV_VARIANTS.len());
-                for v in 0..GEMV_VARIANTS.len() {
+                for (v, variant) in GEMV_VARIANTS.iter().enumerate() {
+                    if !variant.fits(batch, cols) {
+                        times.push(f32::NAN); // never chosen
+                        continue;
+                    }
                     let launch = |i: usize| {
                         let w = matrices[i % matrices.len()].bf16_ptr().unwrap_or(0);
                         self.gemm
@@ -323,7 +387,11 @@ mod tests {
         for v in GEMV_VARIANTS {
             assert!(NAMES.contains(&v.plain), "{} missing from NAMES", v.plain);
             assert!(NAMES.contains(&v.gated), "{} missing from NAMES", v.gated);
-            let suffix = if v.prefetch { "p" } else { "" };
+            let suffix = match (v.prefetch, v.resident) {
+                (_, true) => "r",
+                (true, false) => "p",
+                (false, false) => "",
+            };
             let name = format!("w{}u{}{suffix}", v.warps, v.unroll);
             assert_eq!(v.name, name);
             assert_eq!(v.plain, format!("gemv_bf16_{name}"));
@@ -331,6 +399,20 @@ mod tests {
             assert_eq!(variant_named(v.name).map(|i| GEMV_VARIANTS[i]), Some(v));
         }
         assert_eq!(GEMV_VARIANTS[DEFAULT_VARIANT].name, "w8u4");
+    }
+
+    #[test]
+    fn a_resident_variant_serves_only_products_whose_x_fits_in_shared_memory() {
+        let resident = GEMV_VARIANTS[variant_named("w8u4r").expect("listed")];
+        let tiled = GEMV_VARIANTS[variant_named("w8u4p").expect("listed")];
+        // One row of Llama-3 8B's down projection (14336 inputs): 28 KiB.
+        assert!(resident.fits(1, 14336));
+        assert_eq!(resident.shared_bytes(1, 14336), 28_672);
+        // Four rows of it (112 KiB) do not; eight of a 4096-wide input (64 KiB) neither.
+        assert!(!resident.fits(4, 14336));
+        assert!(!resident.fits(8, 4096));
+        assert!(resident.fits(4, 4096));
+        assert!(tiled.fits(8, 14336) && tiled.shared_bytes(8, 14336) == 0);
     }
 
     #[test]

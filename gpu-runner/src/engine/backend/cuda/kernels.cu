@@ -203,16 +203,23 @@ extern "C" __global__ void softcap(float* x, long long n, float cap) {
 
 // out[j·ldo + m] = sum_k x[j, k] * w[m, k] for j < n <= GEMV_MAX_ROWS: the decode-sized matrix
 // product, bound by reading W once. One warp per output column m, WARPS per block; x is
-// staged tile by tile in shared memory (read from L2 once per block, not once per warp and
-// row), and each lane keeps UNROLL independent 16-byte loads of W in flight: a tile is
-// 32 lanes × UNROLL chunks of 8 elements. Lane l adds chunks l, l + 32, l + 64, … of K in
-// ascending order whatever WARPS and UNROLL are, so every instantiation gives the same
-// bits; which is fastest depends on the GPU and the shape (gemv_tune.rs times them at load).
-// K % 8 == 0.
+// staged in shared memory (read from L2 once per block, not once per warp and row), and
+// each lane keeps UNROLL independent 16-byte loads of W in flight: a tile is 32 lanes ×
+// UNROLL chunks of 8 elements. Lane l adds chunks l, l + 32, l + 64, … of K in ascending
+// order whatever the variant, so every instantiation gives the same bits; which is fastest
+// depends on the GPU and the shape (gemv_tune.rs times them at load). K % 8 == 0.
+//
+// PREFETCH: the next tile's W is requested before the current one is summed, so a warp
+// keeps loads in flight while it computes (twice the registers for W). RESIDENT: all of x
+// is staged once, in dynamic shared memory (n·K·2 bytes, at most GEMV_RESIDENT_BYTES),
+// instead of tile by tile: no block-wide barrier inside the loop, each warp streams its
+// rows of W at its own pace (always with PREFETCH).
 //
 // GATED: x is not bf16 rows but the fused [gate | up] f32 rows of the feed-forward (2·K wide),
 // and each staged element is gated_act's bf16(act(gate)·up), computed here: the down
 // projection of a decode step without the activation's own launch (same values, same sums).
+
+#define GEMV_RESIDENT_BYTES (48 * 1024)
 
 // This lane's UNROLL chunks (of `chunks`) of one tile of a weight row.
 template <int UNROLL>
@@ -224,12 +231,42 @@ __device__ __forceinline__ void gemv_load_w(uint4* wv, const uint4* tile, int la
     }
 }
 
-template <bool GATED, int WARPS, int UNROLL, bool PREFETCH>
+// Stages chunks [k0 / 8, k0 / 8 + chunks) of the n rows of x into xs (row j at j·stride),
+// by the whole block.
+template <bool GATED>
+__device__ __forceinline__ void gemv_stage_x(uint4* xs, int stride, const void* __restrict__ xin,
+                                             int K, int k0, int chunks, int n, int act) {
+    for (int i = threadIdx.x; i < n * chunks; i += blockDim.x) {
+        int j = i / chunks, c = i - j * chunks;
+        if (GATED) {
+            const float* g = (const float*)xin + (size_t)j * 2 * K + k0 + 8 * c;
+            unsigned int packed[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                packed[e] = gated(g[2 * e], g[K + 2 * e], act) |
+                            ((unsigned int)gated(g[2 * e + 1], g[K + 2 * e + 1], act) << 16);
+            xs[j * stride + c] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        } else {
+            xs[j * stride + c] = __ldg((const uint4*)((const bf16*)xin + (size_t)j * K + k0) + c);
+        }
+    }
+}
+
+#ifdef FALLOW_EMULATOR
+#define GEMV_DYNAMIC_X(name) uint4* name = (uint4*)emu::dynamic_shared()
+#else
+#define GEMV_DYNAMIC_X(name) extern __shared__ uint4 name[]
+#endif
+
+template <bool GATED, int WARPS, int UNROLL, bool PREFETCH, bool RESIDENT>
 __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__ xin,
                             float* __restrict__ out, int M, int K, int n, int ldo, int act) {
+    static_assert(PREFETCH || !RESIDENT, "a resident x streams W with prefetching");
     const int TILE = 32 * UNROLL * 8;
-    __shared__ uint4 xs[GEMV_MAX_ROWS][TILE / 8];
-    const bf16* x = (const bf16*)xin;
+    __shared__ uint4 x_tile[RESIDENT ? 1 : GEMV_MAX_ROWS][TILE / 8];
+    GEMV_DYNAMIC_X(x_all);
+    uint4* xs = RESIDENT ? x_all : &x_tile[0][0];
+    int stride = RESIDENT ? K / 8 : TILE / 8;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int m = blockIdx.x * WARPS + warp;
     const uint4* wrow = (const uint4*)(w + (size_t)min(m, M - 1) * K);
@@ -241,25 +278,16 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
     uint4 wv[UNROLL];
     gemv_load_w<UNROLL>(wv, wrow, lane, min(TILE, K) / 8);
     grid_dependency_sync();
+    if constexpr (RESIDENT) {
+        gemv_stage_x<GATED>(xs, stride, xin, K, 0, K / 8, n, act);
+        __syncthreads();
+    }
     for (int k0 = 0; k0 < K; k0 += TILE) {
         int chunks = min(TILE, K - k0) / 8;
-        for (int i = threadIdx.x; i < n * chunks; i += blockDim.x) {
-            int j = i / chunks, c = i - j * chunks;
-            if (GATED) {
-                const float* g = (const float*)xin + (size_t)j * 2 * K + k0 + 8 * c;
-                unsigned int packed[4];
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    packed[e] = gated(g[2 * e], g[K + 2 * e], act) |
-                                ((unsigned int)gated(g[2 * e + 1], g[K + 2 * e + 1], act) << 16);
-                xs[j][c] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-            } else {
-                xs[j][c] = __ldg((const uint4*)(x + (size_t)j * K + k0) + c);
-            }
+        if constexpr (!RESIDENT) {
+            gemv_stage_x<GATED>(xs, stride, xin, K, k0, chunks, n, act);
+            __syncthreads();
         }
-        __syncthreads();
-        // PREFETCH: the next tile's W is requested before this one is summed, so a warp
-        // keeps loads in flight while it computes (twice the registers for W).
         uint4 next[PREFETCH ? UNROLL : 1];
         if constexpr (PREFETCH) {
             int ahead = K - k0 - TILE;
@@ -267,6 +295,7 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
         } else if (k0 > 0) {
             gemv_load_w<UNROLL>(wv, wrow + k0 / 8, lane, chunks);
         }
+        const uint4* xt = RESIDENT ? xs + k0 / 8 : xs;
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int c = lane + 32 * u;
@@ -281,7 +310,7 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
 #pragma unroll
                 for (int j = 0; j < GEMV_MAX_ROWS; j++) {
                     if (j < n) {
-                        uint4 xv = xs[j][c];
+                        uint4 xv = xt[j * stride + c];
                         unsigned int xw[4] = {xv.x, xv.y, xv.z, xv.w};
                         float s = 0.0f;
 #pragma unroll
@@ -298,7 +327,7 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
 #pragma unroll
             for (int u = 0; u < UNROLL; u++) wv[u] = next[u];
         }
-        __syncthreads();
+        if constexpr (!RESIDENT) __syncthreads();
     }
     if (m >= M) return;
 #pragma unroll
@@ -310,24 +339,26 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
     }
 }
 
-// gemv_bf16_w<WARPS>u<UNROLL>[p], and the down projection of [gate | up] rows
-// gemv_bf16_gated_w<WARPS>u<UNROLL>[p] (act 0 = SiLU, 1 = GELU); `p`: the next tile's W
-// prefetched; see gemv_bf16_t. The variants are listed in gemv_tune.rs (GEMV_VARIANTS).
-#define GEMV_BF16_NAMED(W, U, P, SUFFIX)                                                       \
+// gemv_bf16_w<WARPS>u<UNROLL>[p|r], and the down projection of [gate | up] rows
+// gemv_bf16_gated_w<WARPS>u<UNROLL>[p|r] (act 0 = SiLU, 1 = GELU); `p`: PREFETCH, `r`:
+// RESIDENT (and PREFETCH); see gemv_bf16_t. The variants are listed in gemv_tune.rs
+// (GEMV_VARIANTS).
+#define GEMV_BF16_NAMED(W, U, P, R, SUFFIX)                                                    \
     extern "C" __global__ void gemv_bf16_w##W##u##U##SUFFIX(const bf16* __restrict__ w,       \
                                                             const bf16* __restrict__ x,       \
                                                             float* __restrict__ out, int M,   \
                                                             int K, int n, int ldo) {          \
-        gemv_bf16_t<false, W, U, P>(w, x, out, M, K, n, ldo, 0);                              \
+        gemv_bf16_t<false, W, U, P, R>(w, x, out, M, K, n, ldo, 0);                           \
     }                                                                                         \
     extern "C" __global__ void gemv_bf16_gated_w##W##u##U##SUFFIX(                            \
         const bf16* __restrict__ w, const float* __restrict__ gate_up, float* __restrict__ out, \
         int M, int K, int n, int ldo, int act) {                                              \
-        gemv_bf16_t<true, W, U, P>(w, gate_up, out, M, K, n, ldo, act);                       \
+        gemv_bf16_t<true, W, U, P, R>(w, gate_up, out, M, K, n, ldo, act);                    \
     }
-#define GEMV_BF16(W, U)                 \
-    GEMV_BF16_NAMED(W, U, false, )      \
-    GEMV_BF16_NAMED(W, U, true, p)
+#define GEMV_BF16(W, U)                        \
+    GEMV_BF16_NAMED(W, U, false, false, )      \
+    GEMV_BF16_NAMED(W, U, true, false, p)      \
+    GEMV_BF16_NAMED(W, U, true, true, r)
 
 GEMV_BF16(4, 4)
 GEMV_BF16(4, 8)

@@ -21,7 +21,7 @@ pub const SOURCE: &str = concat!(
 );
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 60] = [
+pub const NAMES: [&str; 72] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -64,6 +64,18 @@ pub const NAMES: [&str; 60] = [
     "gemv_bf16_gated_w16u4p",
     "gemv_bf16_w16u8p",
     "gemv_bf16_gated_w16u8p",
+    "gemv_bf16_w4u4r",
+    "gemv_bf16_gated_w4u4r",
+    "gemv_bf16_w4u8r",
+    "gemv_bf16_gated_w4u8r",
+    "gemv_bf16_w8u4r",
+    "gemv_bf16_gated_w8u4r",
+    "gemv_bf16_w8u8r",
+    "gemv_bf16_gated_w8u8r",
+    "gemv_bf16_w16u4r",
+    "gemv_bf16_gated_w16u4r",
+    "gemv_bf16_w16u8r",
+    "gemv_bf16_gated_w16u8r",
     "mask_rows",
     "pick_rows",
     "gemv_q4_0",
