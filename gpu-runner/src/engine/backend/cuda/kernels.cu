@@ -231,6 +231,19 @@ __device__ __forceinline__ void gemv_load_w(uint4* wv, const uint4* tile, int la
     }
 }
 
+// Each row's sum over the warp's lanes, written to out[j·ldo + m] (for a warp with m < M).
+__device__ __forceinline__ void gemv_write(const float* acc, float* out, int ldo, int m, int M,
+                                           int n) {
+    if (m >= M) return;
+#pragma unroll
+    for (int j = 0; j < GEMV_MAX_ROWS; j++) {
+        if (j < n) {
+            float s = warp_sum(acc[j]);
+            if ((threadIdx.x & 31) == 0) out[(size_t)j * ldo + m] = s;
+        }
+    }
+}
+
 // Stages chunks [k0 / 8, k0 / 8 + chunks) of the n rows of x into xs (row j at j·stride),
 // by the whole block.
 template <bool GATED>
@@ -329,14 +342,7 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
         }
         if constexpr (!RESIDENT) __syncthreads();
     }
-    if (m >= M) return;
-#pragma unroll
-    for (int j = 0; j < GEMV_MAX_ROWS; j++) {
-        if (j < n) {
-            float s = warp_sum(acc[j]);
-            if (lane == 0) out[(size_t)j * ldo + m] = s;
-        }
-    }
+    gemv_write(acc, out, ldo, m, M, n);
 }
 
 // gemv_bf16_w<WARPS>u<UNROLL>[p|r], and the down projection of [gate | up] rows

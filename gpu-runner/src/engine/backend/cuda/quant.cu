@@ -61,7 +61,8 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* s, float* sc, floa
     }
 }
 
-// v = the 32 elements of group g of a row.
+// v = the 32 elements of group g of a row (every format but Q8_0, which has kernels of its
+// own below).
 template <int FMT>
 __device__ __forceinline__ void dequant32(const u8* row, int g, float* v) {
     const u8* b = row + (size_t)(g / groups_per_block<FMT>()) * block_bytes<FMT>();
@@ -83,10 +84,6 @@ __device__ __forceinline__ void dequant32(const u8* row, int g, float* v) {
             v[j] = d * (float)((qs[j] & 0x0F) | (((high >> j) & 1) << 4)) + m;
             v[j + 16] = d * (float)((qs[j] >> 4) | (((high >> (j + 16)) & 1) << 4)) + m;
         }
-    } else if (FMT == FMT_Q8_0) {
-        float d = f16_at(b);
-#pragma unroll
-        for (int j = 0; j < 32; j++) v[j] = d * (float)(signed char)b[2 + j];
     } else if (FMT == FMT_Q4_K || FMT == FMT_Q5_K) {
         int sub = g % 8, c = sub / 2;
         float d = f16_at(b), dmin = f16_at(b + 2), sc, m;
@@ -154,13 +151,7 @@ __device__ void gemv_q(const u8* __restrict__ w, const bf16* __restrict__ x,
             }
         }
     }
-#pragma unroll
-    for (int j = 0; j < GEMV_MAX_ROWS; j++) {
-        if (j < n) {
-            float s = warp_sum(acc[j]);
-            if (lane == 0) out[(size_t)j * ldo + m] = s;
-        }
-    }
+    gemv_write(acc, out, ldo, m, M, n);
 }
 
 // out = the rows × K matrix as bf16, one thread per group of 32.
@@ -191,7 +182,86 @@ QUANT_KERNELS(q4_0, FMT_Q4_0)
 QUANT_KERNELS(q4_1, FMT_Q4_1)
 QUANT_KERNELS(q5_0, FMT_Q5_0)
 QUANT_KERNELS(q5_1, FMT_Q5_1)
-QUANT_KERNELS(q8_0, FMT_Q8_0)
 QUANT_KERNELS(q4_k, FMT_Q4_K)
 QUANT_KERNELS(q5_k, FMT_Q5_K)
 QUANT_KERNELS(q6_k, FMT_Q6_K)
+
+// Q8_0 as the device keeps it (weights.rs, device_layout): the int8 quants of all M rows
+// ([M][K], row-major), then their f16 scales ([M][K / 32]). Unlike the formats above, whose
+// blocks are not 16-byte aligned, a lane reads 16 quants per load; the loop is gemv_bf16_t's
+// with prefetching (x staged per tile, the next tile's quants requested before this one is
+// summed), one warp per row, GEMV_WARPS rows per block. K % 32 == 0.
+template <int UNROLL>
+__device__ void gemv_q8_0_t(const u8* __restrict__ w, const bf16* __restrict__ x,
+                            float* __restrict__ out, int M, int K, int n, int ldo) {
+    const int TILE = 32 * UNROLL * 16;  // quants per tile: 16 per lane and load
+    __shared__ uint4 xs[GEMV_MAX_ROWS][TILE / 8];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int m = blockIdx.x * GEMV_WARPS + warp;
+    int row = min(m, M - 1);
+    const uint4* qrow = (const uint4*)(w + (size_t)row * K);
+    const unsigned short* scales = (const unsigned short*)(w + (size_t)M * K) + (size_t)row * (K / 32);
+    float acc[GEMV_MAX_ROWS];
+#pragma unroll
+    for (int j = 0; j < GEMV_MAX_ROWS; j++) acc[j] = 0.0f;
+    uint4 qv[UNROLL];
+    gemv_load_w<UNROLL>(qv, qrow, lane, min(TILE, K) / 16);
+    grid_dependency_sync();
+    for (int k0 = 0; k0 < K; k0 += TILE) {
+        int chunks = min(TILE, K - k0) / 16;
+        gemv_stage_x<false>(&xs[0][0], TILE / 8, x, K, k0, 2 * chunks, n, 0);
+        __syncthreads();
+        uint4 next[UNROLL];
+        int ahead = K - k0 - TILE;
+        if (ahead > 0) gemv_load_w<UNROLL>(next, qrow + (k0 + TILE) / 16, lane, min(TILE, ahead) / 16);
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            int c = lane + 32 * u;
+            if (c < chunks) {
+                float d = f16_to_f32(scales[(k0 + 16 * c) / 32]);
+                float q[16];
+                unsigned int words[4] = {qv[u].x, qv[u].y, qv[u].z, qv[u].w};
+#pragma unroll
+                for (int e = 0; e < 16; e++) q[e] = (float)(signed char)(words[e / 4] >> (8 * (e % 4)));
+#pragma unroll
+                for (int j = 0; j < GEMV_MAX_ROWS; j++) {
+                    if (j < n) {
+                        float s = 0.0f;
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            uint4 xv = xs[j][2 * c + h];
+                            unsigned int xw[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                s += q[8 * h + 2 * e] * __uint_as_float(xw[e] << 16);
+                                s += q[8 * h + 2 * e + 1] * __uint_as_float(xw[e] & 0xffff0000u);
+                            }
+                        }
+                        acc[j] += d * s;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) qv[u] = next[u];
+        __syncthreads();
+    }
+    gemv_write(acc, out, ldo, m, M, n);
+}
+
+extern "C" __global__ void gemv_q8_0(const u8* w, const bf16* x, float* out, int M, int K, int n,
+                                     int ldo) {
+    gemv_q8_0_t<4>(w, x, out, M, K, n, ldo);
+}
+
+// The rows × K Q8_0 matrix (the device layout above) as bf16, one thread per group of 32.
+extern "C" __global__ void dequant_q8_0(const u8* w, bf16* out, int rows, int K) {
+    grid_dependency_sync();  // `out` is the expansion buffer the previous GEMM read
+    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= (long long)rows * (K / 32)) return;
+    float d = f16_to_f32(((const unsigned short*)(w + (size_t)rows * K))[g]);
+    const signed char* q = (const signed char*)w + g * 32;
+    bf16* o = out + g * 32;
+#pragma unroll
+    for (int l = 0; l < 32; l++) o[l] = f32_to_bf16(d * (float)q[l]);
+}

@@ -3,8 +3,10 @@
 //! one product, the small vectors as f32, and every matrix either as bf16 rows (GGUF
 //! quantized types dequantized once at load; bf16 safetensors copied as they are) or, with
 //! [`CudaWeights::Quantized`], in its GGUF blocks as the file has them (the embedding table
-//! stays bf16: the gather reads it row by row).
+//! stays bf16: the gather reads it row by row; Q8_0 blocks are split into quants and scales,
+//! [`device_layout`]).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
@@ -236,6 +238,25 @@ pub fn device_block_format(m: &QMatrix, mode: CudaWeights) -> Option<GgmlType> {
     }
 }
 
+/// Blocks of `dtype` as the device keeps them: ggml's layout, except Q8_0, whose 34-byte
+/// blocks (an f16 scale, then 32 int8 quants) become all the quants (`rows·cols` bytes,
+/// row-major, so the GEMV reads them 16 at a time from aligned addresses) followed by all
+/// the scales (one f16 per 32 quants, in the same order): the same bytes, rearranged.
+pub fn device_layout(dtype: GgmlType, blocks: &[u8]) -> Cow<'_, [u8]> {
+    if dtype != GgmlType::Q8_0 {
+        return Cow::Borrowed(blocks);
+    }
+    let block = GgmlType::Q8_0.block_bytes();
+    let n = blocks.len() / block;
+    let mut out = vec![0u8; n * block];
+    let (quants, scales) = out.split_at_mut(n * QK);
+    for (i, b) in blocks.chunks_exact(block).enumerate() {
+        scales[2 * i..2 * i + 2].copy_from_slice(&b[..2]);
+        quants[QK * i..QK * (i + 1)].copy_from_slice(&b[2..]);
+    }
+    Cow::Owned(out)
+}
+
 /// `m`'s rows quantized to Q8_0 (from whatever float type it has).
 fn to_q8_0(m: &QMatrix) -> Vec<u8> {
     let row_bytes = m.cols / QK * GgmlType::Q8_0.block_bytes();
@@ -277,9 +298,9 @@ fn upload_stacked(
                 continue;
             };
             let buf = if dtype == p.dtype {
-                DeviceBuf::from_host(stream, p.bytes())?
+                DeviceBuf::from_host(stream, &device_layout(dtype, p.bytes()))?
             } else {
-                DeviceBuf::from_host(stream, &to_q8_0(p))?
+                DeviceBuf::from_host(stream, &device_layout(dtype, &to_q8_0(p)))?
             };
             quantized.push(QuantPart {
                 dtype,

@@ -1,9 +1,10 @@
 //! The block-format kernels (quant.cu): expansion to bf16 and the dequantizing GEMV of every
-//! format against the host's dequantisation.
+//! format, in the layout the device keeps it (`device_layout`), against the host's
+//! dequantisation.
 
 use super::{assert_close, from_bf16, to_bf16, Values};
 use crate::engine::backend::cuda::emulator::{Arg, Emulator};
-use crate::engine::backend::cuda::weights::quant_kernels;
+use crate::engine::backend::cuda::weights::{device_layout, quant_kernels};
 use crate::engine::quant::tests::{raw_blocks, Rng};
 use crate::engine::quant::{GgmlType, QMatrix, TensorBytes};
 
@@ -28,7 +29,7 @@ fn quantized_blocks_expand_on_the_device_as_the_host_dequantizes_them() {
     for (i, t) in device_formats().enumerate() {
         let m = random_quantized(t, rows, cols, 40 + i as u64);
         let kernels = quant_kernels(t).expect("a device format");
-        let mut blocks = m.bytes().to_vec();
+        let mut blocks = device_layout(t, m.bytes()).into_owned();
         let mut out = vec![0u16; rows * cols];
         let groups = rows * cols / 32;
         emu.launch(
@@ -61,13 +62,14 @@ fn quantized_blocks_expand_on_the_device_as_the_host_dequantizes_them() {
 fn quantized_gemv_matches_a_product_with_the_host_dequantized_rows() {
     let Some(emu) = Emulator::get() else { return };
     // 19 rows (not a multiple of the 8 warps per block), written with a row stride of 27:
-    // the part sits among other rows of a stacked matrix.
-    let (rows, cols, ldo) = (19usize, 512usize, 27usize);
+    // the part sits among other rows of a stacked matrix. 2304 columns: Q8_0's tiles of 2048
+    // quants and a partial one.
+    let (rows, cols, ldo) = (19usize, 2304usize, 27usize);
     let mut values = Values(77);
     for (i, t) in device_formats().enumerate() {
         let m = random_quantized(t, rows, cols, 90 + i as u64);
         let kernels = quant_kernels(t).expect("a device format");
-        let mut blocks = m.bytes().to_vec();
+        let mut blocks = device_layout(t, m.bytes()).into_owned();
         for n in [1usize, 3, 8] {
             let mut x = values.bf16s(n * cols);
             let mut out = vec![f32::NAN; n * ldo];
@@ -106,4 +108,14 @@ fn quantized_gemv_matches_a_product_with_the_host_dequantized_rows() {
             assert!(out[..ldo].iter().skip(rows).all(|v| v.is_nan()), "{t:?}");
         }
     }
+}
+
+#[test]
+fn q8_0_blocks_split_into_quants_then_scales_on_the_device() {
+    let blocks: Vec<u8> = (0..68u8).collect(); // two blocks: scale 0,1 + 2..34; 34,35 + 36..68
+    let laid = device_layout(GgmlType::Q8_0, &blocks);
+    let mut want: Vec<u8> = (2..34).chain(36..68).collect();
+    want.extend([0, 1, 34, 35]);
+    assert_eq!(&laid[..], &want[..]);
+    assert_eq!(&device_layout(GgmlType::Q4_0, &blocks)[..], &blocks[..]);
 }
