@@ -111,31 +111,6 @@ pub trait Backend: Send {
     }
 }
 
-/// The masks of `batch`'s `DrawMasked` sequences from `masks`, `words` words each; an error
-/// when fewer come than the batch has such sequences.
-pub fn wait_for_masks(
-    batch: &[SeqSlice<'_>],
-    masks: &mut dyn StepMasks,
-    words: usize,
-    out: &mut Vec<u32>,
-) -> Result<usize, BackendError> {
-    let wanted = batch
-        .iter()
-        .filter(|s| matches!(s.logits, LogitsMode::DrawMasked(_)))
-        .count();
-    out.clear();
-    if wanted == 0 {
-        return Ok(0);
-    }
-    let got = masks.wait_into(words, out);
-    if got < wanted {
-        return Err(BackendError::InvalidBatch(format!(
-            "{wanted} sequences draw under a grammar mask, {got} masks came"
-        )));
-    }
-    Ok(wanted)
-}
-
 /// [`Backend::forward_step`] by way of [`Backend::forward`]: picked rows come back as
 /// logits and their tokens are picked here (the default for backends whose logits are on
 /// the host anyway).
@@ -165,7 +140,7 @@ pub fn forward_step_on_host<B: Backend + ?Sized>(
     let vocab = backend.config().vocab_size;
     let words = step_masks::words_for(vocab);
     let mut mask_rows = Vec::new();
-    wait_for_masks(batch, masks, words, &mut mask_rows)?;
+    step_masks::wait_for_masks(batch, masks, words, &mut mask_rows)?;
     let mut next_mask = mask_rows.chunks_exact(words.max(1));
     let mut out = StepOutput::default();
     let mut rows = all.chunks_exact(vocab);

@@ -3,6 +3,8 @@
 //! so the engine computes it while the forward pass runs; a backend that draws on the device
 //! asks for the masks only once its logits are on their way, and applies them there.
 
+use super::{BackendError, LogitsMode, SeqSlice};
+
 /// Where a step's masks come from.
 pub trait StepMasks {
     /// Waits until the masks of the step's `DrawMasked` sequences are ready and appends them
@@ -31,6 +33,31 @@ impl StepMasks for ReadyMasks<'_> {
         }
         self.0.len()
     }
+}
+
+/// The masks of `batch`'s `DrawMasked` sequences from `masks`, `words` words each; an error
+/// when fewer come than the batch has such sequences.
+pub fn wait_for_masks(
+    batch: &[SeqSlice<'_>],
+    masks: &mut dyn StepMasks,
+    words: usize,
+    out: &mut Vec<u32>,
+) -> Result<usize, BackendError> {
+    let wanted = batch
+        .iter()
+        .filter(|s| matches!(s.logits, LogitsMode::DrawMasked(_)))
+        .count();
+    out.clear();
+    if wanted == 0 {
+        return Ok(0);
+    }
+    let got = masks.wait_into(words, out);
+    if got < wanted {
+        return Err(BackendError::InvalidBatch(format!(
+            "{wanted} sequences draw under a grammar mask, {got} masks came"
+        )));
+    }
+    Ok(wanted)
 }
 
 /// Appends `mask` to `out` as a row of exactly `words` words.

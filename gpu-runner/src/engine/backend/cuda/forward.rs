@@ -7,12 +7,11 @@
 use cudarc::driver::LaunchConfig;
 
 use super::attention_split::{head_blocks, AttentionSplit};
-use super::buffer::DeviceBuf;
 use super::launch::KernelArgs;
-use super::step::{addr, LOGPROB_STRIDE};
+use super::step::{addr, grow, LOGPROB_STRIDE};
 use super::{rope_style_code, CudaBackend, CudaError};
-use crate::engine::backend::step_masks::words_for;
-use crate::engine::backend::{wait_for_masks, SeqSlice, StepMasks, StepOutput};
+use crate::engine::backend::step_masks::{wait_for_masks, words_for};
+use crate::engine::backend::{SeqSlice, StepMasks, StepOutput};
 use crate::engine::model::Activation;
 use crate::engine::sampler::Sampled;
 
@@ -433,14 +432,11 @@ impl CudaBackend {
         let n = wait_for_masks(batch, masks, words, &mut self.host_masks)
             .map_err(|e| CudaError::Failure(e.to_string()))?;
         if n > 0 {
-            let buf = match &mut self.scratch.masks {
-                Some(buf) => {
-                    buf.ensure(&self.stream, n * words)?;
-                    buf
-                }
-                slot => slot.insert(DeviceBuf::zeros(&self.stream, n * words)?),
-            };
-            buf.write(&self.stream, &self.host_masks)?;
+            // Not captured in any graph: its address may change freely.
+            grow(&mut self.scratch.masks, &self.stream, n * words)?;
+            if let Some(buf) = &mut self.scratch.masks {
+                buf.write(&self.stream, &self.host_masks)?;
+            }
             let (full, picked) = (self.inputs.full_rows, self.inputs.picked_rows);
             launch!(
                 self,

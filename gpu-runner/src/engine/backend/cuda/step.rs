@@ -385,7 +385,7 @@ pub struct Scratch {
 }
 
 /// Makes `slot` hold `len` elements; returns whether its address changed.
-fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+pub(super) fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     slot: &mut Option<DeviceBuf<T>>,
     stream: &Arc<CudaStream>,
     len: usize,
