@@ -201,6 +201,8 @@ def summary(args):
          "bf16", "quantized"),
         ("8B shape: early-start vs plain launches (f. vs f5.)", args.fallow_log, args.plain_log,
          "early", "plain"),
+        ("8B shape: fused norms and RoPE vs add_rms_norm and qkv_prepare launches (f. vs f7.)",
+         args.fallow_log, args.separate_norm_log, "fused", "separate"),
     ]:
         base, alt = parse_fallow(read_text(base_log)), parse_fallow(read_text(other_log))
         if not base and not alt:
@@ -260,6 +262,8 @@ def main():
     s.add_argument("--smol-quant-log", help="c2.: SmolLM2's bench with its own blocks")
     s.add_argument("--smol-json-log", help="c3.: SmolLM2's bench with --json-schema")
     s.add_argument("--plain-log", help="f5.: the 8B shape's bench without early starts")
+    s.add_argument("--separate-norm-log",
+                   help="f7.: the 8B shape's bench with add_rms_norm and qkv_prepare launched")
     s.add_argument("--prefill-mma-log", help="f6.: a long prompt, tensor-core prefill attention")
     s.add_argument("--prefill-f32-log", help="f6.: the same prompt, f32 prefill attention")
     s.add_argument("--out", help="also write the summary here")

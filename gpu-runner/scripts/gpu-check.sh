@@ -8,7 +8,9 @@
 #   d. a random-weight Llama-3.1-8B shaped bf16 checkpoint (make_random_llama.py)
 #   e. the GPU's memory read bandwidth (bandwidth.py)
 #   f. `fallow bench engine` on that checkpoint (f3: per-kernel GPU time, FALLOW_CUDA_PROFILE;
-#      f5: batch 1 without early starts, FALLOW_CUDA_EARLY_START=0; f6: a 4096-token
+#      f5: batch 1 without early starts, FALLOW_CUDA_EARLY_START=0; f7: batch 1 with
+#      add_rms_norm and qkv_prepare launches, FALLOW_CUDA_FUSED_NORM=0 FALLOW_CUDA_FUSED_ROPE=0;
+#      f6: a 4096-token
 #      prompt's prefill, attention on tensor cores vs f32; f4: its matrices quantized to Q8_0
 #      at load; f2: without CUDA graphs)
 #   g. transformers generate() on it (hf_bench.py)
@@ -362,6 +364,11 @@ main() {
     run_step "f5. fallow bench engine, plain launches" 90 "$WORK/fallow-bench-plain.log" \
       env FALLOW_CUDA_EARLY_START=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
       --concurrency 1 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+    # Batch 1 with add_rms_norm and qkv_prepare launched instead of done in the output and
+    # down GEMVs' last blocks and in the attention blocks: what the fusions win (same bits).
+    run_step "f7. fallow bench engine, separate norm and RoPE launches" 90 "$WORK/fallow-bench-separate-norm.log" \
+      env FALLOW_CUDA_FUSED_NORM=0 FALLOW_CUDA_FUSED_ROPE=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
+      --concurrency 1 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
     # One long prompt, prefill attention on the tensor cores (the default) and on the f32
     # kernel: attention grows with the square of the prompt, so it dominates long prefills.
     run_step "f6. long-prompt prefill, tensor cores vs f32" 120 - \
@@ -390,7 +397,8 @@ main() {
     --bytes-per-step "$LLAMA_DIR/bytes_per_step.txt" ${bw:+--bandwidth-gbs "$bw"} \
     --steps "$OUT/steps.tsv" --q8-log "$WORK/fallow-bench-q8_0.log" \
     --smol-bf16-log "$WORK/smol-bench-bf16.log" --smol-quant-log "$WORK/smol-bench-quantized.log" \
-    --smol-json-log "$WORK/smol-bench-json.log" --plain-log "$WORK/fallow-bench-plain.log" --prefill-mma-log "$WORK/prefill-mma.log" \
+    --smol-json-log "$WORK/smol-bench-json.log" --plain-log "$WORK/fallow-bench-plain.log" \
+    --separate-norm-log "$WORK/fallow-bench-separate-norm.log" --prefill-mma-log "$WORK/prefill-mma.log" \
     --prefill-f32-log "$WORK/prefill-f32.log" --out "$OUT/summary.txt" ||
     echo "summary: FAILED rc=$?" | tee "$OUT/summary.txt"
   echo

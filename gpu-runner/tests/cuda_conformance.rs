@@ -1042,15 +1042,79 @@ fn decode_steps_padded_to_a_graph_bucket_equal_unpadded_eager_ones() {
     assert!(diff <= 1e-2, "padded graph replay differs by {diff}");
 }
 
+/// A prefill (cuBLAS, tiled prefill attention), then a step mixing one sequence's decode
+/// with another's prompt, then decodes of both (GEMV, graphs captured and replayed),
+/// teacher-forced so that every configuration takes the same path: all their logits.
+fn prefill_mixed_step_and_decodes(cuda: &mut CudaBackend, vocab: u32) -> Vec<f32> {
+    let prompt_a = spread_prompt(200, vocab);
+    let prompt_b: Vec<u32> = (0..50u32).map(|i| (i * 104_729 + 5) % vocab).collect();
+    let (table_a, table_b) = (table(0, 240), table(64, 90));
+    let mut all = Vec::new();
+    all.extend(
+        cuda.forward(&[SeqSlice {
+            tokens: &prompt_a,
+            start_pos: 0,
+            block_table: &table_a,
+            logits: LogitsMode::Last,
+        }])
+        .expect("prefill"),
+    );
+    let next = [1u32];
+    all.extend(
+        cuda.forward(&[
+            SeqSlice {
+                tokens: &next,
+                start_pos: prompt_a.len(),
+                block_table: &table_a,
+                logits: LogitsMode::Last,
+            },
+            SeqSlice {
+                tokens: &prompt_b,
+                start_pos: 0,
+                block_table: &table_b,
+                logits: LogitsMode::Last,
+            },
+        ])
+        .expect("mixed step"),
+    );
+    for step in 0..8u32 {
+        let tokens = [(step * 31 + 2) % vocab, (step * 17 + 3) % vocab];
+        all.extend(
+            cuda.forward(&[
+                SeqSlice {
+                    tokens: &tokens[..1],
+                    start_pos: prompt_a.len() + 1 + step as usize,
+                    block_table: &table_a,
+                    logits: LogitsMode::Last,
+                },
+                SeqSlice {
+                    tokens: &tokens[1..],
+                    start_pos: prompt_b.len() + step as usize,
+                    block_table: &table_b,
+                    logits: LogitsMode::Last,
+                },
+            ])
+            .expect("decode step"),
+        );
+    }
+    all
+}
+
+/// Asserts two runs' logits are the same bits.
+fn assert_same_bits(a: &[f32], b: &[f32], what: &str) {
+    assert!(
+        a == b,
+        "{what} (max |Δ| {})",
+        a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+    );
+}
+
 #[test]
 fn early_started_launches_compute_exactly_what_plain_launches_do() {
     let Some(artifacts) = default_model_on_gpu() else {
         return;
     };
     let vocab = artifacts.config.vocab_size as u32;
-    let prompt_a = spread_prompt(200, vocab);
-    let prompt_b: Vec<u32> = (0..50u32).map(|i| (i * 104_729 + 5) % vocab).collect();
-    let (table_a, table_b) = (table(0, 240), table(64, 90));
     let run = |early: bool| -> Option<Vec<f32>> {
         let mut cuda = cuda_with(&artifacts, CudaWeights::Bf16);
         cuda.set_early_start(early);
@@ -1058,69 +1122,50 @@ fn early_started_launches_compute_exactly_what_plain_launches_do() {
             eprintln!("SKIPPED: this device has no programmatic dependent launch (sm_90+)");
             return None;
         }
-        let mut all = Vec::new();
-        // A prefill (cuBLAS, tiled prefill attention), then a step mixing A's decode with
-        // B's prompt, then decodes of both (GEMV, graphs captured and replayed),
-        // teacher-forced so that both runs take the same path.
-        all.extend(
-            cuda.forward(&[SeqSlice {
-                tokens: &prompt_a,
-                start_pos: 0,
-                block_table: &table_a,
-                logits: LogitsMode::Last,
-            }])
-            .expect("prefill"),
-        );
-        let next = [1u32];
-        all.extend(
-            cuda.forward(&[
-                SeqSlice {
-                    tokens: &next,
-                    start_pos: prompt_a.len(),
-                    block_table: &table_a,
-                    logits: LogitsMode::Last,
-                },
-                SeqSlice {
-                    tokens: &prompt_b,
-                    start_pos: 0,
-                    block_table: &table_b,
-                    logits: LogitsMode::Last,
-                },
-            ])
-            .expect("mixed step"),
-        );
-        for step in 0..8u32 {
-            let tokens = [(step * 31 + 2) % vocab, (step * 17 + 3) % vocab];
-            all.extend(
-                cuda.forward(&[
-                    SeqSlice {
-                        tokens: &tokens[..1],
-                        start_pos: prompt_a.len() + 1 + step as usize,
-                        block_table: &table_a,
-                        logits: LogitsMode::Last,
-                    },
-                    SeqSlice {
-                        tokens: &tokens[1..],
-                        start_pos: prompt_b.len() + step as usize,
-                        block_table: &table_b,
-                        logits: LogitsMode::Last,
-                    },
-                ])
-                .expect("decode step"),
-            );
-        }
-        Some(all)
+        Some(prefill_mixed_step_and_decodes(&mut cuda, vocab))
     };
     let Some(early) = run(true) else { return };
     let plain = run(false).expect("plain launches");
     // The same kernels doing the same sums: only when their blocks start differs.
-    assert!(
-        early == plain,
-        "early-started launches differ from plain ones (max |Δ| {})",
-        early
-            .iter()
-            .zip(&plain)
-            .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+    assert_same_bits(
+        &early,
+        &plain,
+        "early-started launches differ from plain ones",
+    );
+}
+
+/// [`prefill_mixed_step_and_decodes`] on the default model with a fusion `on` and off: the
+/// same bits either way.
+fn assert_fusion_keeps_the_bits(on: impl Fn(&mut CudaBackend, bool), what: &str) {
+    let Some(artifacts) = default_model_on_gpu() else {
+        return;
+    };
+    let vocab = artifacts.config.vocab_size as u32;
+    let run = |fused: bool| {
+        let mut cuda = cuda_with(&artifacts, CudaWeights::Bf16);
+        on(&mut cuda, fused);
+        prefill_mixed_step_and_decodes(&mut cuda, vocab)
+    };
+    assert_same_bits(&run(true), &run(false), what);
+}
+
+#[test]
+fn decode_gemvs_ending_their_sub_blocks_compute_exactly_what_add_rms_norm_launches_do() {
+    // The residual add and norm in the output and down GEMVs' last blocks (decode steps)
+    // sum in the order the 1024-thread add_rms_norm does, whatever the GEMV's block size.
+    assert_fusion_keeps_the_bits(
+        CudaBackend::set_fused_norm,
+        "GEMV-fused norms differ from add_rms_norm",
+    );
+}
+
+#[test]
+fn decode_attention_preparing_its_own_heads_computes_exactly_what_qkv_prepare_launches_do() {
+    // Decode-only steps: bias, RoPE and the KV store in the attention blocks, with
+    // qkv_prepare's arithmetic; the prefill and the mixed step launch qkv_prepare either way.
+    assert_fusion_keeps_the_bits(
+        CudaBackend::set_fused_rope,
+        "attention-prepared heads differ from qkv_prepare",
     );
 }
 

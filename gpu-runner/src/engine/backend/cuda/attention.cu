@@ -41,6 +41,82 @@ __device__ bf16 merge_splits(const volatile float* rec, int splits, int head_dim
     return f32_to_bf16(sum / l_all);
 }
 
+// What a decode step's attention block prepares itself when qkv_prepare did not run before
+// it (inv_freq given; see paged_attention_t): qkv_prepare's work for the block's query heads
+// and its KV head, one warp per head — bias, the per-head norm (same order of sums as
+// ordered_sum), RoPE — into `prepared` (shared memory: the query heads, then K, then V);
+// with `k_dst`/`v_dst` the K and V rows are also stored in the cache. The same arithmetic as
+// qkv_prepare, so the same bits.
+template <int DIMS>
+__device__ void attention_prepare(const float* row, const HeadGroup& hg, int n_heads,
+                                  int n_kv_heads, int head_dim, const float* bias,
+                                  const float* q_norm, const float* k_norm,
+                                  const double* inv_freq, int pos, int style, float eps,
+                                  float (*prepared)[DIMS * 32], bf16* k_dst, bf16* v_dst) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (warp > hg.heads + 1) return;
+    bool is_v = warp == hg.heads + 1, is_k = warp == hg.heads;
+    int h = is_v ? n_heads + n_kv_heads + hg.kvh : is_k ? n_heads + hg.kvh : hg.h0 + warp;
+    float x[DIMS];
+#pragma unroll
+    for (int r = 0; r < DIMS; r++) {
+        int d = lane + 32 * r;
+        x[r] = d < head_dim ? row[(size_t)h * head_dim + d] : 0.0f;
+        if (bias && d < head_dim) x[r] += bias[h * head_dim + d];
+    }
+    if (is_v) {
+#pragma unroll
+        for (int r = 0; r < DIMS; r++) {
+            int d = lane + 32 * r;
+            if (d < head_dim && v_dst) v_dst[d] = f32_to_bf16(x[r]);
+        }
+        return;
+    }
+    const float* norm = is_k ? k_norm : q_norm;
+    if (norm) {
+        // ordered_sum's order for a head (under SUM_SLOTS long): each 32 elements by
+        // warp_sum, then those sums by warp_sum.
+        float group = 0.0f;
+#pragma unroll
+        for (int r = 0; r < DIMS; r++) {
+            int d = lane + 32 * r;
+            float s = warp_sum(d < head_dim ? x[r] * x[r] : 0.0f);
+            if (lane == r) group = s;
+        }
+        float ss = warp_sum(lane < (head_dim + 31) / 32 ? group : 0.0f);
+        float inv = rsqrtf(ss / head_dim + eps);
+#pragma unroll
+        for (int r = 0; r < DIMS; r++) {
+            int d = lane + 32 * r;
+            if (d < head_dim) x[r] = x[r] * inv * norm[d];
+        }
+    }
+    float* hv = prepared[warp];
+#pragma unroll
+    for (int r = 0; r < DIMS; r++)
+        if (lane + 32 * r < head_dim) hv[lane + 32 * r] = x[r];
+    __syncwarp();
+    int half = head_dim / 2;
+#pragma unroll
+    for (int r = 0; r < DIMS; r++) {
+        int d = lane + 32 * r;
+        if (d >= head_dim) continue;
+        RopePair p = rope_pair(d, half, style);
+        float c, s;
+        rope_angle(pos, inv_freq[p.i], &c, &s);
+        float x0 = hv[p.a], x1 = hv[p.b];
+        x[r] = d == p.a ? rope_first(x0, x1, c, s) : rope_second(x0, x1, c, s);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < DIMS; r++) {
+        int d = lane + 32 * r;
+        if (d >= head_dim) continue;
+        hv[d] = x[r];
+        if (is_k && k_dst) k_dst[d] = f32_to_bf16(x[r]);
+    }
+}
+
 // Causal attention over the paged KV cache. Block (t, c, s) serves query token t, query heads
 // c·ATTN_HEADS.. of one KV head (GQA: each key and value row is read once for all of them),
 // and the s-th `partition` keys of the token's range (split-K: a long context of a few
@@ -52,13 +128,19 @@ __device__ bf16 merge_splits(const volatile float* rec, int splits, int head_dim
 // (`split_counters`: one zeroed int per (decode row, head group)). DIMS = head_dim
 // rounded up to whole warps / 32 (the paged_attention_<DIMS> kernels below).
 // Serves the tokens `rows` lists (all when null): decode tokens, one per sequence; prompt
-// tokens go through paged_prefill below.
+// tokens go through paged_prefill below. With `inv_freq` (a decode step with no prompt
+// tokens) qkv_prepare has not run: each block prepares its own query heads and KV head
+// (attention_prepare), and every block whose keys end at the token stores its K and V row
+// in the cache at `slots[t]` before reading keys (the blocks of one KV head store the same
+// bits) — one launch fewer per layer.
 template <int DIMS>
 __device__ void paged_attention_t(
-    const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,
-    const int* block_tables, int max_blocks, const int* token_seq, const int* positions,
-    bf16* out, float* partial, int* split_counters, int n_heads, int n_kv_heads, int head_dim,
-    int block_size, float scale, float softcap, int window, int partition, const int* rows) {
+    const float* qkv, int qkv_width, bf16* k_cache, bf16* v_cache, const int* block_tables,
+    int max_blocks, const int* token_seq, const int* positions, bf16* out, float* partial,
+    int* split_counters, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale,
+    float softcap, int window, int partition, const int* rows, const float* bias,
+    const float* q_norm, const float* k_norm, const double* inv_freq, const int* slots,
+    float eps, int style) {
     grid_dependency_sync();
     int t = rows ? rows[blockIdx.x] : (int)blockIdx.x;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -72,6 +154,19 @@ __device__ void paged_attention_t(
     int end = (int)min(first + partition, (long long)pos + 1);
     const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
     const float* q = qkv + (size_t)t * qkv_width + (size_t)h0 * head_dim;
+    int q_stride = head_dim;
+    __shared__ float prepared[ATTN_HEADS + 2][DIMS * 32];
+    if (inv_freq) {
+        bool holds_token = begin <= pos && pos < end;
+        size_t at = (size_t)slots[t] * kv_dim + (size_t)kvh * head_dim;
+        attention_prepare<DIMS>(qkv + (size_t)t * qkv_width, hg, n_heads, n_kv_heads, head_dim,
+                                bias, q_norm, k_norm, inv_freq, pos, style, eps, prepared,
+                                holds_token ? k_cache + at : nullptr,
+                                holds_token ? v_cache + at : nullptr);
+        __syncthreads();  // the prepared heads, and the token's K and V row in the cache
+        q = &prepared[0][0];
+        q_stride = DIMS * 32;
+    }
 
     float qr[ATTN_HEADS][DIMS], acc[ATTN_HEADS][DIMS];
     float m[ATTN_HEADS], l[ATTN_HEADS];
@@ -82,7 +177,7 @@ __device__ void paged_attention_t(
 #pragma unroll
         for (int r = 0; r < DIMS; r++) {
             int d = lane + 32 * r;
-            qr[g][r] = g < heads && d < head_dim ? q[g * head_dim + d] * scale : 0.0f;
+            qr[g][r] = g < heads && d < head_dim ? q[g * q_stride + d] * scale : 0.0f;
             acc[g][r] = 0.0f;
         }
     }
@@ -305,15 +400,17 @@ __device__ void paged_prefill_t(
 
 #define PAGED_ATTENTION(DIMS)                                                                   \
     extern "C" __global__ void paged_attention_##DIMS(                                          \
-        const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,              \
-        const int* block_tables, int max_blocks, const int* token_seq, const int* positions,    \
-        bf16* out, float* partial, int* split_counters, int n_heads, int n_kv_heads,             \
-        int head_dim, int block_size, float scale, float softcap, int window, int partition,    \
-        const int* rows) {                                                                      \
+        const float* qkv, int qkv_width, bf16* k_cache, bf16* v_cache, const int* block_tables, \
+        int max_blocks, const int* token_seq, const int* positions, bf16* out, float* partial,  \
+        int* split_counters, int n_heads, int n_kv_heads, int head_dim, int block_size,         \
+        float scale, float softcap, int window, int partition, const int* rows,                 \
+        const float* bias, const float* q_norm, const float* k_norm, const double* inv_freq,    \
+        const int* slots, float eps, int style) {                                               \
         paged_attention_t<DIMS>(qkv, qkv_width, k_cache, v_cache, block_tables, max_blocks,     \
                                 token_seq, positions, out, partial, split_counters, n_heads,    \
                                 n_kv_heads, head_dim, block_size, scale, softcap, window,       \
-                                partition, rows);                                               \
+                                partition, rows, bias, q_norm, k_norm, inv_freq, slots, eps,    \
+                                style);                                                         \
     }                                                                                           \
     extern "C" __global__ void paged_prefill_##DIMS(                                            \
         const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,              \

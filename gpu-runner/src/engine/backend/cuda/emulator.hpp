@@ -121,6 +121,9 @@ inline std::vector<uint64_t> lanes;
 inline std::vector<uint32_t> mma_operands;
 // Which threads of the running block have called grid_dependency_sync (see kernels.cu).
 inline std::vector<uint8_t> synced;
+// Set when a warp-wide operation (a full-mask shuffle, __syncwarp, mma.sync) ran after some
+// lanes of its warp had exited: on a GPU it reads lanes that are gone (undefined), or hangs.
+inline bool partial_warp = false;
 inline std::function<void()> kernel_body;
 #if defined(__x86_64__)
 inline void* scheduler_sp = nullptr;
@@ -173,8 +176,18 @@ inline void start(Fiber& f) {
 inline void resume(Fiber& f) { swapcontext(&scheduler_ctx, &f.ctx); }
 #endif
 
+// Every lane of this thread's warp is still running (the warp-wide operations' contract).
+inline void whole_warp() {
+    unsigned warp = linear / 32, threads = (unsigned)lanes.size();
+    unsigned width = threads - warp * 32 < 32 ? threads - warp * 32 : 32;
+    if (warp_barriers[warp].expected != width) partial_warp = true;
+}
+
 inline void syncthreads() { wait(block_barrier); }
-inline void syncwarp() { wait(warp_barriers[linear / 32]); }
+inline void syncwarp() {
+    whole_warp();
+    wait(warp_barriers[linear / 32]);
+}
 
 // Value of lane `src(lane)` of this thread's warp.
 template <class T, class Src>
@@ -183,6 +196,7 @@ T exchange(T v, Src src) {
     uint64_t bits = 0;
     std::memcpy(&bits, &v, sizeof(T));
     unsigned warp = linear / 32, lane = linear % 32;
+    whole_warp();
     lanes[linear] = bits;
     wait(warp_barriers[warp]);
     unsigned from = src(lane);
@@ -206,6 +220,7 @@ inline float bf16_half(uint32_t word, unsigned high) {
 // k >= 8, half k % 2; this lane's d[i] is D[g + 8·(i >= 2)][2q + i % 2] (lane 4g + q).
 inline void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2]) {
     unsigned warp = linear / 32, lane = linear % 32;
+    whole_warp();
     uint32_t* mine = &mma_operands[linear * 6];
     for (int i = 0; i < 4; i++) mine[i] = a[i];
     mine[4] = b[0];
@@ -258,9 +273,16 @@ inline int run(dim3 grid, dim3 block, std::function<void()> body) {
                     start(f);
                 }
                 synced.assign(threads, 0);
+                partial_warp = false;
                 unsigned live = threads;
+                // Between two barriers the fibers run one after another, so a read of shared
+                // memory another thread writes without a barrier between sees the write only
+                // when the writer ran first: every other block runs its threads in reverse
+                // order, so that such a race shows as a wrong result in one order or the other.
+                bool reverse = (x + y + z) % 2 == 1;
                 while (live > 0) {
-                    for (unsigned t = 0; t < threads; t++) {
+                    for (unsigned i = 0; i < threads; i++) {
+                        unsigned t = reverse ? threads - 1 - i : i;
                         if (pool[t].done) continue;
                         linear = t;
                         thread_idx = pool[t].tid;
@@ -273,6 +295,10 @@ inline int run(dim3 grid, dim3 block, std::function<void()> body) {
                         fibers = nullptr;
                         return 2;  // a thread that could race an early-started launch
                     }
+                if (partial_warp) {
+                    fibers = nullptr;
+                    return 3;
+                }
             }
     fibers = nullptr;
     return 0;
@@ -371,6 +397,11 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+// Rounded arithmetic the compiler may not contract into an FMA (on the GPU; the emulator's
+// build contracts nothing), and the explicit FMA.
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }

@@ -207,6 +207,11 @@ impl Emulator {
             "kernel {name}: a thread did not call grid_dependency_sync(), so with an early \
              start it could read or write before the previous kernel finished"
         );
+        assert_ne!(
+            rc, 3,
+            "kernel {name}: a warp-wide operation (full-mask shuffle, __syncwarp, mma) ran \
+             after lanes of its warp had returned; on a GPU that is undefined"
+        );
         assert_eq!(
             rc, 0,
             "kernel {name}: bad launch shape {grid:?} x {threads}"

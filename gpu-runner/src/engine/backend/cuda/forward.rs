@@ -1,12 +1,15 @@
 //! One step's launches: embedding, then per block attention (fused QKV GEMM, bias/norm/RoPE
-//! with the KV store, paged attention split over the keys when few tokens would leave the GPU
+//! with the KV store — in a step of decode tokens only, done by the attention blocks for their
+//! own heads —, paged attention split over the keys when few tokens would leave the GPU
 //! idle (its last split block merging), output GEMM) and feed-forward (fused gate/up GEMM, gated
-//! activation, down GEMM), with each residual add fused into the next block's RMSNorm;
-//! finally the norm and LM head over the rows that produce logits only.
+//! activation, down GEMM), with each residual add fused into the next block's RMSNorm — at
+//! decode sizes the last block of the output and down GEMVs does both, with no launch of its
+//! own; finally the norm and LM head over the rows that produce logits only.
 
 use cudarc::driver::LaunchConfig;
 
 use super::attention_split::{head_blocks, AttentionSplit};
+use super::gemm::NormAfter;
 use super::launch::KernelArgs;
 use super::step::{addr, grow, LOGPROB_STRIDE};
 use super::{rope_style_code, CudaBackend, CudaError};
@@ -17,11 +20,11 @@ use crate::engine::sampler::Sampled;
 
 /// Threads per block of the row-wise kernels: one block per token row, so a decode step of
 /// one sequence is one block; the widest block keeps its per-thread loop short.
-const ROW_THREADS: u32 = 1024;
+pub(super) const ROW_THREADS: u32 = 1024;
 /// Threads per block of elementwise kernels.
-const ELEMENT_THREADS: u32 = 256;
+pub(super) const ELEMENT_THREADS: u32 = 256;
 /// Threads per block of the decode attention kernel (ATTN_WARPS in attention.cu).
-const ATTN_THREADS: u32 = 256;
+pub(super) const ATTN_THREADS: u32 = 256;
 /// The attention kernels by head_dim / 32 rounded up to 1, 2, 4 or 8 ([`kernel_variant`]).
 const DECODE_KERNELS: [&str; 4] = [
     "paged_attention_1",
@@ -36,7 +39,7 @@ pub(super) fn kernel_variant(dims: usize) -> usize {
 }
 
 /// Threads per (token, head) block of `qkv_prepare`.
-const HEAD_THREADS: u32 = 64;
+pub(super) const HEAD_THREADS: u32 = 64;
 /// Threads per row of `pick_rows`.
 pub(super) const PICK_THREADS: u32 = 1024;
 
@@ -136,7 +139,7 @@ impl CudaBackend {
         let c = &self.config;
         let l = &self.weights.layers[layer];
         let s = &self.scratch;
-        let (qkv, xn, attn, proj) = (addr(&s.qkv), addr(&s.xn), addr(&s.attn), addr(&s.proj));
+        let (qkv, xn, attn) = (addr(&s.qkv), addr(&s.xn), addr(&s.attn));
         gemm!(self, "qkv", xn, &l.wqkv, n, qkv)?;
 
         let inv_freq = if c.uses_local_rope(layer) {
@@ -149,25 +152,36 @@ impl CudaBackend {
         let kv_dim = c.kv_dim();
         let layer_offset = layer * (self.num_blocks + 1) * self.block_size * kv_dim;
         let (k_cache, v_cache) = (self.k_cache.at(layer_offset), self.v_cache.at(layer_offset));
-        launch!(
-            self,
-            "qkv_prepare",
-            grid(n, c.n_heads + 2 * c.n_kv_heads, HEAD_THREADS),
-            qkv,
-            addr(&l.bqkv),
-            addr(&l.q_norm),
-            addr(&l.k_norm),
-            inv_freq,
-            positions,
+        let (bias, q_norm, k_norm) = (addr(&l.bqkv), addr(&l.q_norm), addr(&l.k_norm));
+        let (slots, eps, style) = (
             self.inputs.at(self.inputs.slots),
-            k_cache,
-            v_cache,
-            n_heads,
-            n_kv,
-            hd,
             c.rms_eps,
-            rope_style_code(c.rope_style)
-        )?;
+            rope_style_code(c.rope_style),
+        );
+        // A step of decode tokens only: the attention blocks prepare their own heads.
+        let prepare_in_attention =
+            self.fused_rope && self.inputs.n_tiles == 0 && self.inputs.n_decode == n;
+        if !prepare_in_attention {
+            launch!(
+                self,
+                "qkv_prepare",
+                grid(n, c.n_heads + 2 * c.n_kv_heads, HEAD_THREADS),
+                qkv,
+                bias,
+                q_norm,
+                k_norm,
+                inv_freq,
+                positions,
+                slots,
+                k_cache,
+                v_cache,
+                n_heads,
+                n_kv,
+                hd,
+                eps,
+                style
+            )?;
+        }
 
         let qkv_width = (c.q_dim() + 2 * kv_dim) as i32;
         let window = c.layer_window(layer);
@@ -240,23 +254,101 @@ impl CudaBackend {
                 softcap,
                 window_arg,
                 split.partition as i32,
-                rows
+                rows,
+                bias,
+                q_norm,
+                k_norm,
+                if prepare_in_attention { inv_freq } else { 0u64 },
+                slots,
+                eps,
+                style
             )?;
         }
-        gemm!(self, "o", attn, &l.wo, n, proj)?;
+        let (post, next) = (addr(&l.post_attn_norm), l.ffn_norm.ptr());
+        self.product_then_norm(layer, Product::Output, attn, n, (post, next))
+    }
 
-        let (x, hidden) = (addr(&s.x), c.hidden as i32);
+    /// The last product of a sub-block (`what` of `layer`, from `input`) into `proj`, then
+    /// the sub-block's end: `proj` added to the residual stream (through the `post` norm
+    /// where the model has one) and normalised by `next` into `xn` for the next sub-block
+    /// (none after the model's last block). A decode step's bf16 GEMV does the end in its
+    /// last block ([`NormAfter`]) and the down projection's takes the [gate | up] rows
+    /// directly; otherwise `gated_act` and `add_rms_norm` launch around the product.
+    fn product_then_norm(
+        &mut self,
+        layer: usize,
+        what: Product,
+        input: u64,
+        n: usize,
+        (post, next): (u64, u64),
+    ) -> Result<(), CudaError> {
+        let c = &self.config;
+        let l = &self.weights.layers[layer];
+        let s = &self.scratch;
+        let (x, xn, proj) = (addr(&s.x), addr(&s.xn), addr(&s.proj));
+        let (w, act) = match what {
+            Product::Output => (&l.wo, None),
+            Product::Down(act) => (&l.w_down, Some(act)),
+        };
+        let fused = self.gemm.fuses_into_gemv(w, n);
+        let mut input = input;
+        if let (false, Some(kind)) = (fused, act) {
+            let activated = addr(&s.act);
+            let ffn = c.ffn as i32;
+            let ffn_blocks = c.ffn.div_ceil(ELEMENT_THREADS as usize);
+            launch!(
+                self,
+                "gated_act",
+                grid(n, ffn_blocks, ELEMENT_THREADS),
+                input,
+                activated,
+                ffn,
+                kind
+            )?;
+            input = activated;
+        }
+        let norm = (fused && self.fused_norm).then(|| NormAfter {
+            x,
+            post_w: post,
+            next_w: next,
+            out: xn,
+            done: addr(&s.norm_done),
+            eps: c.rms_eps,
+        });
+        let started = self.profiler.start(&self.ctx, &self.stream)?;
+        if fused {
+            self.gemm
+                .matmul_fused(input, act, w, n, proj, norm.as_ref())?;
+        } else {
+            self.gemm.matmul(input, w, n, proj)?;
+        }
+        let label = || {
+            let act = if fused && act.is_some() { "+act" } else { "" };
+            let norm = if norm.is_some() { "+norm" } else { "" };
+            format!(
+                "gemm {}{act}{norm} {}x{} n={n}",
+                what.name(),
+                w.rows,
+                w.cols
+            )
+        };
+        self.profiler
+            .stop(started, &self.stream, label, w.bytes() as u64)?;
+        if norm.is_some() {
+            return Ok(());
+        }
+        let (hidden, eps) = (self.config.hidden as i32, self.config.rms_eps);
         launch!(
             self,
             "add_rms_norm",
             grid(n, 1, ROW_THREADS),
             x,
             proj,
-            addr(&l.post_attn_norm),
-            l.ffn_norm.ptr(),
+            post,
+            next,
             xn,
             hidden,
-            c.rms_eps
+            eps
         )
     }
 
@@ -275,45 +367,12 @@ impl CudaBackend {
     pub(super) fn feed_forward(&mut self, layer: usize, n: usize) -> Result<(), CudaError> {
         let c = &self.config;
         let l = &self.weights.layers[layer];
-        let s = &self.scratch;
-        let (xn, gate_up, act, proj, x) = (
-            addr(&s.xn),
-            addr(&s.gate_up),
-            addr(&s.act),
-            addr(&s.proj),
-            addr(&s.x),
-        );
+        let (xn, gate_up) = (addr(&self.scratch.xn), addr(&self.scratch.gate_up));
         gemm!(self, "gate_up", xn, &l.w_gate_up, n, gate_up)?;
-        let kind = match c.activation {
+        let act = match c.activation {
             Activation::Silu => 0i32,
             Activation::GeluTanh => 1,
         };
-        if self.gemm.can_fuse_activation(&l.w_down, n) {
-            // A decode step: the down projection computes the activation as it reads it.
-            let w = &l.w_down;
-            let started = self.profiler.start(&self.ctx, &self.stream)?;
-            self.gemm.matmul_gated(gate_up, kind, w, n, proj)?;
-            self.profiler.stop(
-                started,
-                &self.stream,
-                || format!("gemm down+act {}x{} n={n}", w.rows, w.cols),
-                w.bytes() as u64,
-            )?;
-        } else {
-            let ffn = c.ffn as i32;
-            let ffn_blocks = c.ffn.div_ceil(ELEMENT_THREADS as usize);
-            launch!(
-                self,
-                "gated_act",
-                grid(n, ffn_blocks, ELEMENT_THREADS),
-                gate_up,
-                act,
-                ffn,
-                kind
-            )?;
-            gemm!(self, "down", act, &l.w_down, n, proj)?;
-        }
-
         let post = addr(&l.post_ffn_norm);
         // The last block only adds its residual: the final norm runs over logit rows alone.
         let next = self
@@ -321,19 +380,7 @@ impl CudaBackend {
             .layers
             .get(layer + 1)
             .map_or(0u64, |next| next.attn_norm.ptr());
-        let hidden = c.hidden as i32;
-        launch!(
-            self,
-            "add_rms_norm",
-            grid(n, 1, ROW_THREADS),
-            x,
-            proj,
-            post,
-            next,
-            xn,
-            hidden,
-            c.rms_eps
-        )
+        self.product_then_norm(layer, Product::Down(act), gate_up, n, (post, next))
     }
 
     /// Every launch of a step, from the embedding to the LM head, and with `picks` the picks
@@ -486,6 +533,25 @@ impl CudaBackend {
             };
         }
         Ok(out)
+    }
+}
+
+/// The product that ends a sub-block ([`CudaBackend::product_then_norm`]).
+#[derive(Clone, Copy)]
+enum Product {
+    /// Attention's output projection.
+    Output,
+    /// The feed-forward's down projection, of [gate | up] rows activated by 0 = SiLU or
+    /// 1 = GELU.
+    Down(i32),
+}
+
+impl Product {
+    fn name(self) -> &'static str {
+        match self {
+            Product::Output => "o",
+            Product::Down(_) => "down",
+        }
     }
 }
 

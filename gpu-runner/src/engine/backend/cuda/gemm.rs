@@ -11,7 +11,7 @@ use cudarc::cublas::{result, CudaBlas};
 use cudarc::driver::{CudaStream, LaunchConfig};
 
 use super::buffer::DeviceBuf;
-use super::gemv_tune::{GemvChoice, DEFAULT_VARIANT, GEMV_VARIANTS};
+use super::gemv_tune::{GemvChoice, GemvVariant, DEFAULT_VARIANT, GEMV_VARIANTS};
 use super::launch::{KernelArgs, Launcher};
 use super::weights::{DeviceMatrix, QuantPart, Storage};
 use super::CudaError;
@@ -19,9 +19,9 @@ use super::CudaError;
 /// Rows up to which the GEMV kernels are used (GEMV_MAX_ROWS in kernels.cu).
 pub const GEMV_MAX_ROWS: usize = 8;
 /// Output columns per block of the quantized GEMV kernels (GEMV_WARPS in kernels.cu).
-const QUANT_GEMV_WARPS: usize = 8;
+pub(super) const QUANT_GEMV_WARPS: usize = 8;
 /// Threads per block of the `dequant_*` kernels (one per group of 32 elements).
-const EXPAND_THREADS: usize = 256;
+pub(super) const EXPAND_THREADS: usize = 256;
 
 /// cuBLAS's workspace, ours so that no GEMM allocates while a CUDA graph is captured (the
 /// size PyTorch gives it on Hopper).
@@ -91,7 +91,7 @@ impl Gemm {
         match &w.storage {
             Storage::Bf16(buf) if decode => {
                 let variant = self.gemv_choice.variant(w.rows, w.cols, false, n);
-                self.gemv_bf16(variant, buf.ptr(), w.rows, w.cols, x, n, out, None)
+                self.gemv_bf16(variant, buf.ptr(), w.rows, w.cols, x, n, out, None, None)
             }
             Storage::Bf16(buf) => self.cublas(buf.ptr(), w.rows, w.cols, x, n, out),
             Storage::Quantized(parts) if decode => {
@@ -103,8 +103,10 @@ impl Gemm {
                         name: part.kernels.gemv,
                         warps: QUANT_GEMV_WARPS,
                         shared_bytes: 0,
+                        bf16: false,
                     };
-                    kernel.launch(self, weights, part.rows, w.cols, w.rows, x, n, out, None)?;
+                    let (rows, cols) = (part.rows, w.cols);
+                    kernel.launch(self, weights, (rows, cols, w.rows), x, n, out, None, None)?;
                     first_row += part.rows;
                 }
                 Ok(())
@@ -130,34 +132,43 @@ impl Gemm {
         }
     }
 
-    /// Whether the down projection of `n` rows through `w` can take the feed-forward's
-    /// [gate | up] rows directly ([`Gemm::matmul_gated`]): a decode-sized product of bf16
-    /// weights.
-    pub fn can_fuse_activation(&self, w: &DeviceMatrix, n: usize) -> bool {
+    /// Whether the product of `n` rows through `w` is one of our bf16 GEMVs (a decode-sized
+    /// product of bf16 weights), which can take the feed-forward's [gate | up] rows directly
+    /// ([`Gemm::matmul_gated`]) and end the sub-block ([`NormAfter`]).
+    pub fn fuses_into_gemv(&self, w: &DeviceMatrix, n: usize) -> bool {
         n > 0
             && n <= self.gemv_max_rows
             && w.cols.is_multiple_of(8)
             && matches!(w.storage, Storage::Bf16(_))
     }
 
-    /// `out[n, w.rows] = bf16(act(gate)·up) · wᵀ` from `gate_up` (`[n, 2·w.cols]` f32), the
-    /// gated activation computed as the GEMV stages its input (act 0 = SiLU, 1 = GELU). Only
-    /// where [`Gemm::can_fuse_activation`].
-    pub fn matmul_gated(
+    /// `out[n, w.rows] = x · wᵀ` through a bf16 GEMV, with `act` `x` being [gate | up] rows
+    /// (`[n, 2·w.cols]` f32) whose gated activation is computed as the GEMV stages them (0 =
+    /// SiLU, 1 = GELU), and with `norm` the GEMV's last block ending the sub-block. Only
+    /// where [`Gemm::fuses_into_gemv`].
+    pub fn matmul_fused(
         &self,
-        gate_up: u64,
-        act: i32,
+        x: u64,
+        act: Option<i32>,
         w: &DeviceMatrix,
         n: usize,
         out: u64,
+        norm: Option<&NormAfter>,
     ) -> Result<(), CudaError> {
-        let Some(weights) = w.bf16_ptr() else {
-            return Err(CudaError::Failure(
-                "a fused down projection needs bf16 weights".into(),
-            ));
+        let Some(weights) = w.bf16_ptr().filter(|_| self.fuses_into_gemv(w, n)) else {
+            return Err(CudaError::Failure(format!(
+                "a fused product needs a decode-sized bf16 GEMV, not {} rows of {}×{}",
+                n, w.rows, w.cols
+            )));
         };
-        let variant = self.gemv_choice.variant(w.rows, w.cols, true, n);
-        self.gemv_bf16(variant, weights, w.rows, w.cols, gate_up, n, out, Some(act))
+        let variant = self.gemv_choice.variant(w.rows, w.cols, act.is_some(), n);
+        self.gemv_bf16(variant, weights, w.rows, w.cols, x, n, out, act, norm)
+    }
+
+    /// Whether variant `v` can serve `n` rows of `cols` inputs here: its x fits, and the
+    /// driver's compile of its kernel (plain or `gated`) launches blocks of its size.
+    pub(super) fn gemv_usable(&self, v: &GemvVariant, n: usize, cols: usize, gated: bool) -> bool {
+        v.fits(n, cols) && self.launcher.fits(v.kernel(gated), (v.warps * 32) as u32)
     }
 
     /// `out[n, rows] = x · wᵀ` through bf16 GEMV variant `variant` ([`GEMV_VARIANTS`]): plain
@@ -173,22 +184,29 @@ impl Gemm {
         n: usize,
         out: u64,
         act: Option<i32>,
+        norm: Option<&NormAfter>,
     ) -> Result<(), CudaError> {
+        let gated = act.is_some();
         let mut v = &GEMV_VARIANTS[variant];
-        if !v.fits(n, cols) {
-            // A resident variant forced on a product whose x does not fit: the same shape
-            // staging x tile by tile (same bits).
+        if !self.gemv_usable(v, n, cols, gated) {
+            // A resident variant forced on a product whose x does not fit, or a variant this
+            // GPU's compile cannot launch: the same shape in another form (same bits).
             v = GEMV_VARIANTS
                 .iter()
-                .find(|o| o.warps == v.warps && o.unroll == v.unroll && o.fits(n, cols))
+                .find(|o| {
+                    o.warps == v.warps
+                        && o.unroll == v.unroll
+                        && self.gemv_usable(o, n, cols, gated)
+                })
                 .unwrap_or(&GEMV_VARIANTS[DEFAULT_VARIANT]);
         }
         let kernel = GemvKernel {
-            name: if act.is_some() { v.gated } else { v.plain },
+            name: v.kernel(gated),
             warps: v.warps,
             shared_bytes: v.shared_bytes(n, cols) as u32,
+            bf16: true,
         };
-        kernel.launch(self, weights, rows, cols, rows, x, n, out, act)
+        kernel.launch(self, weights, (rows, cols, rows), x, n, out, act, norm)
     }
 
     /// Expands one part to bf16 rows at `dst`.
@@ -250,29 +268,46 @@ impl Gemm {
     }
 }
 
-/// One GEMV kernel, its output columns per block and the dynamic shared memory it takes.
+/// The end of a sub-block that a bf16 GEMV's last block performs after the product (kernels.cu's
+/// `GemvNorm`): the output rows added to the residual stream `x` (through the `post_w` norm
+/// where the model has one), then normalised by `next_w` into `out`, the next sub-block's
+/// input (no norm without `next_w`: the model's last block) — what `add_rms_norm` does, to
+/// the same bits. `done` is a counter at 0, which the last block sets back. Addresses are
+/// device addresses, 0 for none.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NormAfter {
+    pub x: u64,
+    pub post_w: u64,
+    pub next_w: u64,
+    pub out: u64,
+    pub done: u64,
+    pub eps: f32,
+}
+
+/// One GEMV kernel, its output columns per block and the dynamic shared memory it takes;
+/// `bf16`: one of the bf16 variants, which take a [`NormAfter`] (its fields) last.
 struct GemvKernel {
     name: &'static str,
     warps: usize,
     shared_bytes: u32,
+    bf16: bool,
 }
 
 impl GemvKernel {
     /// `out[j·ldo + m] = x[j] · w[m]` for the `rows` rows of `weights` (a bf16 GEMV variant
     /// or a block format's `gemv_*`: the same arguments; the gated bf16 kernels take
-    /// [gate | up] rows as `x` and the activation as `act`).
+    /// [gate | up] rows as `x` and the activation as `act`; the bf16 ones end with `norm`).
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
         gemm: &Gemm,
         weights: u64,
-        rows: usize,
-        cols: usize,
-        ldo: usize,
+        (rows, cols, ldo): (usize, usize, usize),
         x: u64,
         n: usize,
         out: u64,
         act: Option<i32>,
+        norm: Option<&NormAfter>,
     ) -> Result<(), CudaError> {
         let (m, k, n_rows, ldo) = (rows as i32, cols as i32, n as i32, ldo as i32);
         let cfg = LaunchConfig {
@@ -290,6 +325,16 @@ impl GemvKernel {
             .arg(&ldo);
         if let Some(act) = &act {
             b.arg(act);
+        }
+        let none = NormAfter::default();
+        let norm = norm.unwrap_or(&none);
+        if self.bf16 {
+            b.arg(&norm.x)
+                .arg(&norm.post_w)
+                .arg(&norm.next_w)
+                .arg(&norm.out)
+                .arg(&norm.done)
+                .arg(&norm.eps);
         }
         // SAFETY: `weights` holds `rows` rows of `cols` in the kernel's format (bf16 with
         // cols % 8 == 0, or whole blocks, checked when the file was opened); the caller sized

@@ -34,9 +34,9 @@ pub struct GemvVariant {
     pub gated: &'static str,
 }
 
-/// Shared memory a resident variant may take (GEMV_RESIDENT_BYTES in kernels.cu: what a
-/// block gets without opting in to more).
-pub const RESIDENT_BYTES: usize = 48 * 1024;
+/// Shared memory a resident variant may take (GEMV_RESIDENT_BYTES in kernels.cu: of the 48 KiB
+/// a block gets without opting in to more, what the kernel's static shared memory leaves).
+pub const RESIDENT_BYTES: usize = 40 * 1024;
 
 impl GemvVariant {
     /// Dynamic shared memory for `n` rows of `cols` inputs (bf16): all of x when resident.
@@ -48,9 +48,18 @@ impl GemvVariant {
         }
     }
 
-    /// Whether this variant can serve `n` rows of `cols` inputs.
+    /// Whether this variant's shared memory can serve `n` rows of `cols` inputs.
     pub fn fits(&self, n: usize, cols: usize) -> bool {
         self.shared_bytes(n, cols) <= RESIDENT_BYTES
+    }
+
+    /// The kernel: the plain product, or the down projection with the activation fused.
+    pub fn kernel(&self, gated: bool) -> &'static str {
+        if gated {
+            self.gated
+        } else {
+            self.plain
+        }
     }
 }
 
@@ -333,14 +342,14 @@ impl CudaBackend {
             for batch in TUNED_ROWS {
                 let mut times = Vec::with_capacity(GEMV_VARIANTS.len());
                 for (v, variant) in GEMV_VARIANTS.iter().enumerate() {
-                    if !variant.fits(batch, cols) {
+                    if !self.gemm.gemv_usable(variant, batch, cols, *gated) {
                         times.push(f32::NAN); // never chosen
                         continue;
                     }
                     let launch = |i: usize| {
                         let w = matrices[i % matrices.len()].bf16_ptr().unwrap_or(0);
                         self.gemm
-                            .gemv_bf16(v, w, rows, cols, input, batch, out.ptr(), act)
+                            .gemv_bf16(v, w, rows, cols, input, batch, out.ptr(), act, None)
                     };
                     launch(TIMED_LAUNCHES)?;
                     start.record(&self.stream).map_err(CudaError::driver)?;

@@ -49,21 +49,59 @@ __device__ __forceinline__ void grid_dependency_sync() {
 }
 #endif
 
-// Sum over the whole block (blockDim.x a multiple of 32, at most 1024).
-__device__ float block_sum(float v) {
-    __shared__ float partial[32];
-    __shared__ float total;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
-    if (lane == 0) partial[warp] = v;
+#define SUM_SLOTS 1024
+
+// Sum over the block of f(i) for i < len, in an order set by len alone, whatever the block's
+// size (a multiple of 32): slot s < SUM_SLOTS adds f(s), f(s + SUM_SLOTS), … in turn; each
+// 32 slots are added by warp_sum, and those sums by warp_sum again. So a GEMV's last block
+// (of any variant's size) normalises a row to the same bits as the 1024-thread row kernels,
+// in which slot s is thread s. Slots and groups past len would only add zeros: left out.
+// (Adds are __fadd_rn: never contracted with f's product into an FMA, which the compiler
+// might do in one kernel and not in another.)
+// (The shared memory is declared outside the template, so that a kernel holds one copy of it
+// however many sums it takes.)
+struct SumScratch {
+    float slot_sum[SUM_SLOTS];
+    float group_sum[32];
+    float total;
+};
+
+__device__ __forceinline__ SumScratch& sum_scratch() {
+    __shared__ SumScratch scratch;
+    return scratch;
+}
+
+__device__ __forceinline__ float ordered_sum_of_slots(int groups);
+
+template <class F>
+__device__ float ordered_sum(int len, F f) {
+    int groups = (min(len, SUM_SLOTS) + 31) / 32;
+    float* slot_sum = sum_scratch().slot_sum;
+    for (int s = threadIdx.x; s < groups * 32; s += blockDim.x) {
+        float acc = 0.0f;
+        for (int i = s; i < len; i += SUM_SLOTS) acc = __fadd_rn(acc, f(i));
+        slot_sum[s] = acc;
+    }
+    return ordered_sum_of_slots(groups);
+}
+
+// The second half of ordered_sum: the first `groups` × 32 slots, summed.
+__device__ __forceinline__ float ordered_sum_of_slots(int groups) {
+    SumScratch& sc = sum_scratch();
+    float *slot_sum = sc.slot_sum, *group_sum = sc.group_sum;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     __syncthreads();
-    if (warp == 0) {
-        float s = lane < (int)(blockDim.x >> 5) ? partial[lane] : 0.0f;
-        s = warp_sum(s);
-        if (lane == 0) total = s;
+    for (int g = warp; g < groups; g += warps) {
+        float v = warp_sum(slot_sum[g * 32 + lane]);
+        if (lane == 0) group_sum[g] = v;
     }
     __syncthreads();
-    float r = total;
+    if (warp == 0) {
+        float v = warp_sum(lane < groups ? group_sum[lane] : 0.0f);
+        if (lane == 0) sc.total = v;
+    }
+    __syncthreads();
+    float r = sc.total;
     __syncthreads();
     return r;
 }
@@ -84,39 +122,75 @@ extern "C" __global__ void rms_norm_bf16(const float* x, const int* rows, const 
     grid_dependency_sync();
     int src = rows ? rows[blockIdx.x] : (int)blockIdx.x;
     const float* xr = x + (size_t)src * hidden;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) ss += xr[i] * xr[i];
-    float inv = rsqrtf(block_sum(ss) / hidden + eps);
+    float inv = rsqrtf(ordered_sum(hidden, [&](int i) { return xr[i] * xr[i]; }) / hidden + eps);
     bf16* o = out + (size_t)blockIdx.x * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = f32_to_bf16(xr[i] * inv * w[i]);
 }
 
-// The end of a sub-block and the start of the next, one pass per row:
+// The end of a sub-block and the start of the next, for one row (any block size):
 // x += post_w ? rmsnorm(delta) * post_w : delta;  then, unless next_w is null (the last
-// block), out = bf16(rmsnorm(x) * next_w).
+// block), out = bf16(rmsnorm(x) * next_w). `delta` is read past L1: in a GEMV's last block
+// it holds the other blocks' outputs.
+__device__ void add_rms_norm_row(float* __restrict__ x, const volatile float* delta,
+                                 const float* post_w, const float* next_w, bf16* __restrict__ out,
+                                 int hidden, float eps) {
+    float post_inv = 1.0f;
+    if (post_w) {
+        float ss = ordered_sum(hidden, [&](int i) { return delta[i] * delta[i]; });
+        post_inv = rsqrtf(ss / hidden + eps);
+    }
+    // (__fadd_rn: the same rounding in the add_rms_norm kernel and in a GEMV's last block.)
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+        x[i] = __fadd_rn(x[i], post_w ? delta[i] * post_inv * post_w[i] : delta[i]);
+    if (!next_w) return;
+    __syncthreads();  // (the sum's slots need not be the threads that wrote)
+    float inv = rsqrtf(ordered_sum(hidden, [&](int i) { return x[i] * x[i]; }) / hidden + eps);
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = f32_to_bf16(x[i] * inv * next_w[i]);
+}
+
+// add_rms_norm_row for each row (one block per row), after a product that was not a GEMV
+// with the norm fused (see gemv_bf16_t's `done`).
 extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ delta,
                                         const float* post_w, const float* next_w,
                                         bf16* __restrict__ out, int hidden, float eps) {
     grid_dependency_sync();
-    float* xr = x + (size_t)blockIdx.x * hidden;
-    const float* dr = delta + (size_t)blockIdx.x * hidden;
-    float post_inv = 1.0f;
-    if (post_w) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < hidden; i += blockDim.x) ss += dr[i] * dr[i];
-        post_inv = rsqrtf(block_sum(ss) / hidden + eps);
-    }
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-        float d = post_w ? dr[i] * post_inv * post_w[i] : dr[i];
-        float v = xr[i] + d;
-        xr[i] = v;
-        ss += v * v;
-    }
-    if (!next_w) return;
-    float inv = rsqrtf(block_sum(ss) / hidden + eps);
-    bf16* o = out + (size_t)blockIdx.x * hidden;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = f32_to_bf16(xr[i] * inv * next_w[i]);
+    size_t row = (size_t)blockIdx.x * hidden;
+    add_rms_norm_row(x + row, delta + row, post_w, next_w, out + row, hidden, eps);
+}
+
+// RoPE: pair i of a head is elements (a, b) = (2i, 2i + 1) (style 0, interleaved) or
+// (i, i + half) (style 1, NEOX), rotated by pos · inv_freq[i]. qkv_prepare and the decode
+// attention's own preparation (attention.cu) share these, so both give the same bits.
+struct RopePair {
+    int i, a, b;
+};
+
+// The pair element d of a head belongs to.
+__device__ __forceinline__ RopePair rope_pair(int d, int half, int style) {
+    RopePair p;
+    p.i = style == 0 ? d >> 1 : (d < half ? d : d - half);
+    p.a = style == 0 ? 2 * p.i : p.i;
+    p.b = style == 0 ? 2 * p.i + 1 : p.i + half;
+    return p;
+}
+
+// cos and sin of the angle, computed in double (positions in the hundreds of thousands
+// times frequencies near 1 lose the angle's low bits in f32).
+__device__ __forceinline__ void rope_angle(int pos, double inv_freq, float* c, float* s) {
+    double sd, cd;
+    sincos((double)pos * inv_freq, &sd, &cd);
+    *c = (float)cd;
+    *s = (float)sd;
+}
+
+// The rotation, with its FMA written out: the compiler's own contraction of `x0·c - x1·s`
+// could differ between the two kernels that compute it.
+__device__ __forceinline__ float rope_first(float x0, float x1, float c, float s) {
+    return __fmaf_rn(x0, c, -__fmul_rn(x1, s));
+}
+
+__device__ __forceinline__ float rope_second(float x0, float x1, float c, float s) {
+    return __fmaf_rn(x0, s, __fmul_rn(x1, c));
 }
 
 // Per (token, head) of the fused QKV rows: bias, per-head RMSNorm (Q and K heads) and RoPE
@@ -145,23 +219,19 @@ extern "C" __global__ void qkv_prepare(float* qkv, const float* bias, const floa
     }
     const float* norm = h < n_heads ? q_norm : k_norm;
     if (norm) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) ss += v[i] * v[i];
-        float inv = rsqrtf(block_sum(ss) / head_dim + eps);
+        float ss = ordered_sum(head_dim, [&](int i) { return v[i] * v[i]; });
+        float inv = rsqrtf(ss / head_dim + eps);
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) v[i] = v[i] * inv * norm[i];
         __syncthreads();
     }
     int half = head_dim / 2;
-    double pos = (double)positions[t];
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double s, c;
-        sincos(pos * inv_freq[i], &s, &c);
-        float cf = (float)c, sf = (float)s;
-        int a = style == 0 ? 2 * i : i;
-        int b = style == 0 ? 2 * i + 1 : i + half;
-        float x0 = v[a], x1 = v[b];
-        v[a] = x0 * cf - x1 * sf;
-        v[b] = x0 * sf + x1 * cf;
+        RopePair p = rope_pair(style == 0 ? 2 * i : i, half, style);  // (p.i == i)
+        float c, s;
+        rope_angle(positions[t], inv_freq[p.i], &c, &s);
+        float x0 = v[p.a], x1 = v[p.b];
+        v[p.a] = rope_first(x0, x1, c, s);
+        v[p.b] = rope_second(x0, x1, c, s);
     }
     if (h < n_heads) return;
     __syncthreads();  // RoPE moved values between threads' elements
@@ -211,15 +281,45 @@ extern "C" __global__ void softcap(float* x, long long n, float cap) {
 //
 // PREFETCH: the next tile's W is requested before the current one is summed, so a warp
 // keeps loads in flight while it computes (twice the registers for W). RESIDENT: all of x
-// is staged once, in dynamic shared memory (n·K·2 bytes, at most GEMV_RESIDENT_BYTES),
+// is staged once, in dynamic shared memory (n·K·2 bytes, at most GEMV_RESIDENT_BYTES: the
+// 48 KiB a block gets without opting in to more, less the fused norm's static ~4 KiB),
 // instead of tile by tile: no block-wide barrier inside the loop, each warp streams its
 // rows of W at its own pace (always with PREFETCH).
 //
 // GATED: x is not bf16 rows but the fused [gate | up] f32 rows of the feed-forward (2·K wide),
 // and each staged element is gated_act's bf16(act(gate)·up), computed here: the down
 // projection of a decode step without the activation's own launch (same values, same sums).
+//
+// With `norm.done` (a counter at 0), the product ends its sub-block: the last block to
+// finish adds the output rows to the residual stream and normalises them for the next
+// sub-block (add_rms_norm_row, same bits as the add_rms_norm launch it replaces), and sets
+// the counter back to 0. One launch fewer, and the next product's early start overlaps this
+// one's tail instead of waiting behind a one-block kernel.
+struct GemvNorm {
+    float* x;             // the residual stream, n rows of M
+    const float* post_w;  // Gemma's norm of the sub-block's output, or null
+    const float* next_w;  // the next sub-block's norm, or null (the model's last block)
+    bf16* out;            // the next sub-block's input, n rows of M
+    int* done;            // null: no norm here
+    float eps;
+};
 
-#define GEMV_RESIDENT_BYTES (48 * 1024)
+// The last block of the grid, when every other block's writes are visible (one counter per
+// launch, back at 0 for the next): the threadfence pattern of the split attention's merge.
+__device__ __forceinline__ bool last_block(int* done) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(done, 1) == (int)(gridDim.x * gridDim.y * gridDim.z) - 1;
+        if (last) *done = 0;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+#define GEMV_RESIDENT_BYTES (40 * 1024)
 
 // This lane's UNROLL chunks (of `chunks`) of one tile of a weight row.
 template <int UNROLL>
@@ -234,10 +334,9 @@ __device__ __forceinline__ void gemv_load_w(uint4* wv, const uint4* tile, int la
 // Each row's sum over the warp's lanes, written to out[j·ldo + m] (for a warp with m < M).
 __device__ __forceinline__ void gemv_write(const float* acc, float* out, int ldo, int m, int M,
                                            int n) {
-    if (m >= M) return;
 #pragma unroll
     for (int j = 0; j < GEMV_MAX_ROWS; j++) {
-        if (j < n) {
+        if (j < n && m < M) {
             float s = warp_sum(acc[j]);
             if ((threadIdx.x & 31) == 0) out[(size_t)j * ldo + m] = s;
         }
@@ -273,7 +372,8 @@ __device__ __forceinline__ void gemv_stage_x(uint4* xs, int stride, const void* 
 
 template <bool GATED, int WARPS, int UNROLL, bool PREFETCH, bool RESIDENT>
 __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__ xin,
-                            float* __restrict__ out, int M, int K, int n, int ldo, int act) {
+                            float* __restrict__ out, int M, int K, int n, int ldo, int act,
+                            GemvNorm norm) {
     static_assert(PREFETCH || !RESIDENT, "a resident x streams W with prefetching");
     const int TILE = 32 * UNROLL * 8;
     __shared__ uint4 x_tile[RESIDENT ? 1 : GEMV_MAX_ROWS][TILE / 8];
@@ -309,6 +409,12 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
             gemv_load_w<UNROLL>(wv, wrow + k0 / 8, lane, chunks);
         }
         const uint4* xt = RESIDENT ? xs + k0 / 8 : xs;
+        // Each row's start, once per tile: with a resident x (row stride K / 8, not a
+        // constant) ptxas otherwise keeps an address per (row, load) live across the loop,
+        // ~50 registers more, and a 16-warp block no longer fits the register file.
+        const uint4* xrow[GEMV_MAX_ROWS];
+#pragma unroll
+        for (int j = 0; j < GEMV_MAX_ROWS; j++) xrow[j] = xt + j * stride;
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int c = lane + 32 * u;
@@ -323,7 +429,7 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
 #pragma unroll
                 for (int j = 0; j < GEMV_MAX_ROWS; j++) {
                     if (j < n) {
-                        uint4 xv = xt[j * stride + c];
+                        uint4 xv = xrow[j][c];
                         unsigned int xw[4] = {xv.x, xv.y, xv.z, xv.w};
                         float s = 0.0f;
 #pragma unroll
@@ -343,7 +449,18 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
         if constexpr (!RESIDENT) __syncthreads();
     }
     gemv_write(acc, out, ldo, m, M, n);
+    if (norm.done && last_block(norm.done)) {
+        for (int j = 0; j < n; j++)
+            add_rms_norm_row(norm.x + (size_t)j * M, out + (size_t)j * ldo, norm.post_w,
+                             norm.next_w, norm.out + (size_t)j * M, M, norm.eps);
+    }
 }
+
+// The kernels take GemvNorm's fields one by one (plain parameters, as every launch passes).
+#define GEMV_NORM_PARAMS                                                                   \
+    float *norm_x, const float *norm_post_w, const float *norm_next_w, bf16 *norm_out,      \
+        int *norm_done, float norm_eps
+#define GEMV_NORM GemvNorm{norm_x, norm_post_w, norm_next_w, norm_out, norm_done, norm_eps}
 
 // gemv_bf16_w<WARPS>u<UNROLL>[p|r], and the down projection of [gate | up] rows
 // gemv_bf16_gated_w<WARPS>u<UNROLL>[p|r] (act 0 = SiLU, 1 = GELU); `p`: PREFETCH, `r`:
@@ -353,13 +470,14 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
     extern "C" __global__ void gemv_bf16_w##W##u##U##SUFFIX(const bf16* __restrict__ w,       \
                                                             const bf16* __restrict__ x,       \
                                                             float* __restrict__ out, int M,   \
-                                                            int K, int n, int ldo) {          \
-        gemv_bf16_t<false, W, U, P, R>(w, x, out, M, K, n, ldo, 0);                           \
+                                                            int K, int n, int ldo,            \
+                                                            GEMV_NORM_PARAMS) {               \
+        gemv_bf16_t<false, W, U, P, R>(w, x, out, M, K, n, ldo, 0, GEMV_NORM);                \
     }                                                                                         \
     extern "C" __global__ void gemv_bf16_gated_w##W##u##U##SUFFIX(                            \
         const bf16* __restrict__ w, const float* __restrict__ gate_up, float* __restrict__ out, \
-        int M, int K, int n, int ldo, int act) {                                              \
-        gemv_bf16_t<true, W, U, P, R>(w, gate_up, out, M, K, n, ldo, act);                    \
+        int M, int K, int n, int ldo, int act, GEMV_NORM_PARAMS) {                            \
+        gemv_bf16_t<true, W, U, P, R>(w, gate_up, out, M, K, n, ldo, act, GEMV_NORM);         \
     }
 #define GEMV_BF16(W, U)                        \
     GEMV_BF16_NAMED(W, U, false, false, )      \

@@ -232,6 +232,9 @@ pub fn nvrtc_available() -> bool {
 /// The loaded kernels of one device.
 pub struct Kernels {
     functions: HashMap<&'static str, CudaFunction>,
+    /// Each kernel's most threads per block as the driver compiled it for this GPU (its
+    /// registers: a block needs threads × registers of the 64k an SM has).
+    max_threads: HashMap<&'static str, u32>,
 }
 
 impl Kernels {
@@ -261,13 +264,21 @@ impl Kernels {
             }
         };
         let mut functions = HashMap::new();
+        let mut max_threads = HashMap::new();
         for name in NAMES {
             let f = module
                 .load_function(name)
                 .map_err(|e| format!("kernel {name}: {e}"))?;
+            let limit = f
+                .max_threads_per_block()
+                .map_err(|e| format!("kernel {name}: {e}"))?;
+            max_threads.insert(name, u32::try_from(limit).unwrap_or(0));
             functions.insert(name, f);
         }
-        let kernels = Arc::new(Kernels { functions });
+        let kernels = Arc::new(Kernels {
+            functions,
+            max_threads,
+        });
         cache.insert(ctx.ordinal(), Arc::clone(&kernels));
         Ok(kernels)
     }
@@ -276,6 +287,11 @@ impl Kernels {
         // Every name in NAMES was loaded in `for_device`; a typo here is a programming error
         // caught by the first forward pass in any test.
         &self.functions[name]
+    }
+
+    /// The most threads a block of `name` may have on this device (0 for an unknown name).
+    pub fn max_threads(&self, name: &str) -> u32 {
+        self.max_threads.get(name).copied().unwrap_or(0)
     }
 }
 
@@ -384,35 +400,153 @@ mod tests {
         assert!(cache_file_name("compute_90").ends_with("-compute_90.ptx"));
     }
 
+    /// What ptxas reported for one kernel.
+    struct Resources {
+        registers: u32,
+        static_shared: u32,
+        spills: bool,
+    }
+
+    /// ptxas's report (`resource_report`) by kernel: each kernel's lines follow its
+    /// "Compiling entry function 'name'" line.
+    fn resources_by_kernel(report: &str) -> HashMap<String, Resources> {
+        let number_before = |line: &str, unit: &str| -> Option<u32> {
+            let head = line.split(unit).next()?;
+            head.rsplit(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        };
+        let mut kernels = HashMap::new();
+        let mut current: Option<String> = None;
+        for line in report.lines() {
+            if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+                let name = rest.split('\'').next().unwrap_or("?").to_string();
+                kernels.insert(
+                    name.clone(),
+                    Resources {
+                        registers: 0,
+                        static_shared: 0,
+                        spills: false,
+                    },
+                );
+                current = Some(name);
+                continue;
+            }
+            let Some(r) = current.as_ref().and_then(|name| kernels.get_mut(name)) else {
+                continue;
+            };
+            if line.contains("spill stores") {
+                r.spills |= !(line.contains(" 0 bytes spill stores")
+                    && line.contains(" 0 bytes spill loads"));
+            }
+            if line.contains(" registers") {
+                r.registers = number_before(line, " registers").unwrap_or(0);
+                if line.contains(" bytes smem") {
+                    r.static_shared = number_before(line, " bytes smem").unwrap_or(0);
+                }
+            }
+        }
+        kernels
+    }
+
+    /// Threads per block the backend launches `name` with, and the most dynamic shared
+    /// memory it gives it (the numbers the launch code itself uses).
+    fn launch_shape(name: &str) -> (u32, u32) {
+        use super::super::forward::{
+            ATTN_THREADS, ELEMENT_THREADS, HEAD_THREADS, PICK_THREADS, ROW_THREADS,
+        };
+        use super::super::gemm::{EXPAND_THREADS, QUANT_GEMV_WARPS};
+        use super::super::gemv_tune::{GEMV_VARIANTS, RESIDENT_BYTES};
+        use super::super::prefill::PrefillKernel;
+        if let Some(v) = GEMV_VARIANTS
+            .iter()
+            .find(|v| v.plain == name || v.gated == name)
+        {
+            let dynamic = if v.resident { RESIDENT_BYTES } else { 0 };
+            return ((v.warps * 32) as u32, dynamic as u32);
+        }
+        let threads = match name {
+            "embed" | "rms_norm_bf16" | "add_rms_norm" => ROW_THREADS,
+            "qkv_prepare" => HEAD_THREADS,
+            "gated_act" | "softcap" | "mask_rows" => ELEMENT_THREADS,
+            "pick_rows" => PICK_THREADS,
+            _ if name.starts_with("paged_attention_") => ATTN_THREADS,
+            _ if name.starts_with("paged_prefill_mma_") => PrefillKernel::TensorCores.threads(),
+            _ if name.starts_with("paged_prefill_") => PrefillKernel::F32.threads(),
+            _ if name.starts_with("gemv_q") => (QUANT_GEMV_WARPS * 32) as u32,
+            _ if name.starts_with("dequant_") => EXPAND_THREADS as u32,
+            _ => panic!("no launch shape known for kernel {name}: add it here"),
+        };
+        (threads, 0)
+    }
+
+    /// One architecture's ptxas report, by kernel.
+    type ArchReport = (&'static str, HashMap<String, Resources>);
+
+    /// ptxas's report for sm_80 and sm_90 by kernel, compiled once for the tests that read
+    /// it; `None` without NVRTC.
+    fn ptxas_reports() -> Option<&'static [ArchReport]> {
+        static REPORTS: OnceLock<Option<Vec<ArchReport>>> = OnceLock::new();
+        REPORTS
+            .get_or_init(|| {
+                nvrtc_available().then(|| {
+                    ["sm_80", "sm_90"]
+                        .into_iter()
+                        .map(|arch| {
+                            let report = resource_report(arch).unwrap_or_else(|e| panic!("{e}"));
+                            (arch, resources_by_kernel(&report))
+                        })
+                        .collect()
+                })
+            })
+            .as_deref()
+    }
+
+    /// `check(arch, kernel, what ptxas reported)` for every kernel on sm_80 and sm_90.
+    fn for_every_kernel(check: impl Fn(&str, &str, &Resources)) {
+        let Some(reports) = ptxas_reports() else {
+            eprintln!("SKIPPED: libnvrtc.so.13 not found (see the PTX test)");
+            return;
+        };
+        for (arch, kernels) in reports {
+            for name in NAMES {
+                let r = kernels
+                    .get(name)
+                    .unwrap_or_else(|| panic!("{arch}: ptxas did not report {name}"));
+                check(arch, name, r);
+            }
+        }
+    }
+
+    /// Every kernel can launch with the block the backend gives it, on Ampere and Hopper:
+    /// its registers (allocated 8 per thread at a time) for every thread of the block fit
+    /// the 64k an SM has, and its shared memory (static and dynamic) fits the 48 KiB a block
+    /// gets without opting in. A kernel over either limit fails every launch on the GPU.
+    #[test]
+    fn every_kernel_fits_the_block_it_is_launched_with_on_sm_80_and_sm_90() {
+        for_every_kernel(|arch, name, r| {
+            let (threads, dynamic) = launch_shape(name);
+            assert!(r.registers > 0, "{arch}: no register count for {name}");
+            let registers = r.registers.div_ceil(8) * 8 * threads;
+            assert!(
+                threads <= 1024 && registers <= 65536,
+                "{arch}: {name} uses {} registers per thread: {threads} threads need \
+                 {registers} of 65536",
+                r.registers
+            );
+            assert!(
+                r.static_shared + dynamic <= 48 * 1024,
+                "{arch}: {name} takes {} bytes of shared memory and {dynamic} dynamic",
+                r.static_shared
+            );
+        });
+    }
+
     /// No kernel spills registers to local memory on Ampere or Hopper (ptxas, through
     /// NVRTC, reports it without a GPU): a spill in a hot loop costs more than any tuning.
     #[test]
     fn no_kernel_spills_registers_on_sm_80_or_sm_90() {
-        if !nvrtc_available() {
-            eprintln!("SKIPPED: libnvrtc.so.13 not found (see the PTX test)");
-            return;
-        }
-        for arch in ["sm_80", "sm_90"] {
-            let report = resource_report(arch).unwrap_or_else(|e| panic!("{e}"));
-            let mut kernel = "?";
-            let mut seen = 0;
-            for line in report.lines() {
-                if let Some(rest) = line.split("Compiling entry function '").nth(1) {
-                    kernel = rest.split('\'').next().unwrap_or("?");
-                    seen += 1;
-                }
-                if line.contains("spill stores") {
-                    assert!(
-                        line.contains(" 0 bytes spill stores")
-                            && line.contains(" 0 bytes spill loads"),
-                        "{arch}: {kernel} spills registers: {line}"
-                    );
-                }
-            }
-            assert!(
-                seen >= NAMES.len(),
-                "{arch}: ptxas reported {seen} kernels:\n{report}"
-            );
-        }
+        for_every_kernel(|arch, name, r| assert!(!r.spills, "{arch}: {name} spills registers"));
     }
 }

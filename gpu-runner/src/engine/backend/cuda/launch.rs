@@ -80,6 +80,12 @@ impl Launcher {
         self.early_start.store(on, Ordering::Relaxed);
     }
 
+    /// Whether a block of `threads` threads of kernel `name` can launch on this device (the
+    /// driver's compile of it leaves registers for that many).
+    pub fn fits(&self, name: &str, threads: u32) -> bool {
+        threads <= self.kernels.max_threads(name)
+    }
+
     /// Launches kernel `name` (one of [`super::kernels::NAMES`]) with `args`. A driver that
     /// refuses an early start gets the launch again without it, and no early starts after.
     ///
@@ -92,6 +98,14 @@ impl Launcher {
         cfg: LaunchConfig,
         args: &mut KernelArgs<'_>,
     ) -> Result<(), CudaError> {
+        let threads = cfg.block_dim.0 * cfg.block_dim.1 * cfg.block_dim.2;
+        if !self.fits(name, threads) {
+            return Err(CudaError::Failure(format!(
+                "kernel {name}: blocks of {threads} threads, but this GPU's compile of it \
+                 allows at most {} (registers per thread × threads exceed the SM's)",
+                self.kernels.max_threads(name)
+            )));
+        }
         let early = self.early_start();
         // SAFETY: the caller's contract, passed on.
         let launched = unsafe { self.launch_with(name, cfg, args, early) };

@@ -120,6 +120,12 @@ pub struct CudaBackend {
     /// Multiprocessors of the device (how far attention is split over the keys).
     sm_count: usize,
     split_attention: bool,
+    /// Whether decode-sized products end their sub-block in their last block (residual add
+    /// and the next norm, [`gemm::NormAfter`]) instead of an `add_rms_norm` launch.
+    fused_norm: bool,
+    /// Whether a step of decode tokens only leaves qkv_prepare's work to its attention
+    /// blocks (each prepares its own heads) instead of launching it.
+    fused_rope: bool,
     prefill: PrefillKernel,
     layout: BatchLayout,
     inputs: StepInputs,
@@ -235,6 +241,8 @@ impl CudaBackend {
             num_blocks,
             sm_count,
             split_attention: true,
+            fused_norm: std::env::var("FALLOW_CUDA_FUSED_NORM").as_deref() != Ok("0"),
+            fused_rope: std::env::var("FALLOW_CUDA_FUSED_ROPE").as_deref() != Ok("0"),
             prefill,
             layout: BatchLayout::default(),
             inputs: StepInputs::default(),
@@ -300,6 +308,22 @@ impl CudaBackend {
     /// Turns split-K attention on or off (on by default; tests compare the two).
     pub fn set_split_attention(&mut self, enabled: bool) {
         self.split_attention = enabled;
+        self.graphs.clear();
+    }
+
+    /// Ends decode steps' sub-blocks in their products' last blocks, or (off) with
+    /// `add_rms_norm` launches: the same bits either way (on by default;
+    /// `FALLOW_CUDA_FUSED_NORM=0` for a process; tests compare the two).
+    pub fn set_fused_norm(&mut self, enabled: bool) {
+        self.fused_norm = enabled;
+        self.graphs.clear();
+    }
+
+    /// Prepares decode-only steps' heads (bias, q/k norm, RoPE, the KV store) in their
+    /// attention blocks, or (off) with `qkv_prepare` launches: the same bits either way (on
+    /// by default; `FALLOW_CUDA_FUSED_ROPE=0` for a process; tests compare the two).
+    pub fn set_fused_rope(&mut self, enabled: bool) {
+        self.fused_rope = enabled;
         self.graphs.clear();
     }
 

@@ -379,6 +379,9 @@ pub struct Scratch {
     /// Split-K attention's count of finished split blocks per `[decode row, head group]`
     /// (zero between launches: the last block resets its own).
     pub split_counters: Option<DeviceBuf<i32>>,
+    /// The counter of a GEMV whose last block adds and normalises ([`super::gemm::NormAfter`];
+    /// zero between launches: that block resets it).
+    pub norm_done: Option<DeviceBuf<i32>>,
     /// Grammar masks of the step's masked draws `[masks, vocab / 32 rounded up]`, written
     /// after the step's launches (never read by a captured graph).
     pub masks: Option<DeviceBuf<u32>>,
@@ -439,6 +442,7 @@ impl Scratch {
                 stream,
                 decode_rows.max(1) * head_blocks(c.n_heads, c.n_kv_heads),
             )?,
+            grow(&mut self.norm_done, stream, 1)?,
         ];
         Ok(moved.contains(&true))
     }

@@ -103,6 +103,71 @@ impl PagedStep {
     }
 }
 
+/// What qkv_prepare takes besides the rows and the caches: the model's bias and norms (each
+/// optional), RoPE frequencies and style, each token's KV slot.
+struct Prepare {
+    bias: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    inv_freq: Vec<f64>,
+    slots: Vec<i32>,
+    eps: f32,
+    style: RopeStyle,
+}
+
+impl Prepare {
+    /// The decode attention kernel's last parameters, preparing its own heads.
+    fn args(&mut self) -> [Arg; 7] {
+        let optional = |v: &mut Option<Vec<f32>>| v.as_deref_mut().map_or(Arg::Ptr(0), Arg::buf);
+        [
+            optional(&mut self.bias),
+            optional(&mut self.q_norm),
+            optional(&mut self.k_norm),
+            Arg::buf(&mut self.inv_freq),
+            Arg::buf(&mut self.slots),
+            Arg::F32(self.eps),
+            Arg::I32(crate::engine::backend::cuda::rope_style_code(self.style)),
+        ]
+    }
+
+    /// qkv_prepare over every token of `qkv` (`heads` per token), storing K and V.
+    fn launch_qkv_prepare(
+        &mut self,
+        emu: &Emulator,
+        heads: Heads,
+        step: &mut PagedStep,
+        qkv: &mut [f32],
+        caches: (&mut [u16], &mut [u16]),
+    ) {
+        let optional = |v: &mut Option<Vec<f32>>| v.as_deref_mut().map_or(Arg::Ptr(0), Arg::buf);
+        emu.launch(
+            "qkv_prepare",
+            (
+                step.tokens() as u32,
+                (heads.n_heads + 2 * heads.n_kv) as u32,
+                1,
+            ),
+            64,
+            &[
+                Arg::buf(qkv),
+                optional(&mut self.bias),
+                optional(&mut self.q_norm),
+                optional(&mut self.k_norm),
+                Arg::buf(&mut self.inv_freq),
+                Arg::buf(&mut step.positions),
+                Arg::buf(&mut self.slots),
+                Arg::buf(caches.0),
+                Arg::buf(caches.1),
+                Arg::I32(heads.n_heads as i32),
+                Arg::I32(heads.n_kv as i32),
+                Arg::I32(heads.head_dim as i32),
+                Arg::F32(self.eps),
+                Arg::I32(crate::engine::backend::cuda::rope_style_code(self.style)),
+            ],
+        );
+    }
+}
+
 /// Softmax attention of token `t`'s query head `h` over its key range, in f64.
 fn reference_attention(
     step: &PagedStep,
@@ -169,6 +234,7 @@ fn emulated_attention(
     scale: f32,
     split: AttentionSplit,
     prefill: PrefillKernel,
+    prepare: Option<&mut Prepare>,
 ) -> Vec<f32> {
     let (n_heads, n_kv, hd) = (heads.n_heads, heads.n_kv, heads.head_dim);
     let n = step.tokens();
@@ -225,6 +291,15 @@ fn emulated_attention(
         args.extend(shape);
         args.push(Arg::I32(split.partition as i32));
         args.push(rows);
+        match prepare {
+            Some(p) => args.extend(p.args()),
+            // qkv_prepare ran (inv_freq null): no preparation in the attention blocks.
+            None => args.extend(
+                [Arg::Ptr(0); 5]
+                    .into_iter()
+                    .chain([Arg::F32(0.0), Arg::I32(0)]),
+            ),
+        }
         emu.launch(
             [
                 "paged_attention_1",
@@ -318,6 +393,7 @@ fn paged_attention_matches_plain_attention_whole_and_split_over_the_keys() {
                     scale,
                     split,
                     prefill,
+                    None,
                 );
                 // bf16 output: 2^-8 relative to values below 1.
                 assert_close(
@@ -327,6 +403,94 @@ fn paged_attention_matches_plain_attention_whole_and_split_over_the_keys() {
                     &format!("{heads:?} {split:?} {prefill:?}"),
                 );
             }
+        }
+    }
+}
+
+/// A decode step's attention blocks preparing their own heads (bias, q/k norms, RoPE of
+/// either style, the K and V store) leave the bits that qkv_prepare then the attention
+/// leave: the output, and the cache, whole and split over the keys.
+#[test]
+fn decode_attention_preparing_its_own_heads_matches_qkv_prepare_then_attention() {
+    let Some(emu) = Emulator::get() else { return };
+    // (n_heads, n_kv, head_dim, RoPE style, q/k norms, bias)
+    let cases = [
+        (8, 2, 128, RopeStyle::Neox, false, false), // Llama-3 8B's heads
+        (9, 3, 64, RopeStyle::Neox, false, true),   // groups of 3, a bias (Qwen2-like)
+        (14, 2, 32, RopeStyle::Interleaved, true, true), // two blocks per KV head
+        (4, 1, 256, RopeStyle::Neox, true, false),  // Gemma 3: q/k norms, head_dim 256
+        (8, 8, 48, RopeStyle::Neox, true, true),    // pairs across lanes (half = 24)
+    ];
+    let seqs = [(0, 1), (40, 1), (150, 1)];
+    let (block_size, num_blocks) = (16, 64);
+    let mut values = Values(0x51_7cc1_b727_220a);
+    for (n_heads, n_kv, head_dim, style, norms, bias) in cases {
+        let heads = Heads {
+            n_heads,
+            n_kv,
+            head_dim,
+            softcap: 0.0,
+            window: 0,
+        };
+        let kv_len = num_blocks * block_size * n_kv * head_dim;
+        let (k_cache, v_cache) = (values.bf16s(kv_len), values.bf16s(kv_len));
+        let width = heads.qkv_width();
+        let qkv = values.vec(seqs.len() * width);
+        let norm = |values: &mut Values| {
+            norms.then(|| values.vec(head_dim).iter().map(|v| 1.0 + v / 2.0).collect())
+        };
+        let mut step = PagedStep::new(&seqs, block_size, num_blocks, 8);
+        let mut prepare = Prepare {
+            bias: bias.then(|| values.vec(width)),
+            q_norm: norm(&mut values),
+            k_norm: norm(&mut values),
+            inv_freq: inv_freqs(head_dim, 10000.0, RopeScaling::None, None),
+            slots: (0..seqs.len())
+                .map(|t| step.slot(t, step.positions[t] as usize) as i32)
+                .collect(),
+            eps: 1e-6,
+            style,
+        };
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let keys = step.max_blocks * block_size;
+        for split in [
+            AttentionSplit::WHOLE,
+            AttentionSplit {
+                splits: keys.div_ceil(32),
+                partition: 32,
+            },
+        ] {
+            let what = format!("{heads:?} {style:?} norms {norms} bias {bias} {split:?}");
+            let (mut qkv_a, mut k_a, mut v_a) = (qkv.clone(), k_cache.clone(), v_cache.clone());
+            prepare.launch_qkv_prepare(emu, heads, &mut step, &mut qkv_a, (&mut k_a, &mut v_a));
+            let separate = emulated_attention(
+                emu,
+                &mut step,
+                heads,
+                &mut qkv_a,
+                &mut k_a,
+                &mut v_a,
+                scale,
+                split,
+                PrefillKernel::F32,
+                None,
+            );
+            let (mut qkv_b, mut k_b, mut v_b) = (qkv.clone(), k_cache.clone(), v_cache.clone());
+            let fused = emulated_attention(
+                emu,
+                &mut step,
+                heads,
+                &mut qkv_b,
+                &mut k_b,
+                &mut v_b,
+                scale,
+                split,
+                PrefillKernel::F32,
+                Some(&mut prepare),
+            );
+            assert!(fused == separate, "{what}: the attention output");
+            assert!(k_b == k_a, "{what}: K in the cache");
+            assert!(v_b == v_a, "{what}: V in the cache");
         }
     }
 }

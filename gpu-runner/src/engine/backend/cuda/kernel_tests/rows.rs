@@ -275,6 +275,80 @@ fn every_gemv_variant_gives_the_same_bits() {
     }
 }
 
+/// Every bf16 GEMV variant, plain and gated, with the residual add and the next norm fused
+/// (its last block doing them) leaves the bits a GEMV then the `add_rms_norm` launch leave,
+/// with and without Gemma's post-norm, for the last block of a model (no next norm) too; and
+/// its counter back at 0.
+#[test]
+fn a_gemv_with_the_norm_fused_leaves_the_bits_of_the_gemv_then_add_rms_norm() {
+    let Some(emu) = Emulator::get() else { return };
+    let mut values = Values(29);
+    // hidden (M) not a multiple of any block's columns, and past the 1024 sum slots.
+    let (m, k, eps) = (1100usize, 264usize, 1e-6f32);
+    let mut w = values.bf16s(m * k);
+    let mut post = values.vec(m);
+    let mut next = values.vec(m);
+    for (n, sandwich, last) in [(1usize, false, false), (3, true, false), (8, false, true)] {
+        let mut x_in = values.bf16s(n * k);
+        let mut gate_up: Vec<f32> = values.vec(n * 2 * k);
+        let residual = values.vec(n * m);
+        for v in GEMV_VARIANTS {
+            let shape = GemvShape {
+                m,
+                k,
+                n,
+                warps: v.warps,
+            };
+            for (name, input, act) in [
+                (v.plain, Arg::buf(&mut x_in), None),
+                (v.gated, Arg::buf(&mut gate_up), Some(0)),
+            ] {
+                let what = format!("{name}, {n} rows, post-norm {sandwich}, last {last}");
+                // Separately: the product, then add_rms_norm over its rows.
+                let mut product = shape.run(emu, name, &mut w, input, act);
+                let (mut x_want, mut out_want) = (residual.clone(), vec![0u16; n * m]);
+                emu.launch(
+                    "add_rms_norm",
+                    (n as u32, 1, 1),
+                    1024,
+                    &[
+                        Arg::buf(&mut x_want),
+                        Arg::buf(&mut product),
+                        if sandwich {
+                            Arg::buf(&mut post)
+                        } else {
+                            Arg::Ptr(0)
+                        },
+                        if last {
+                            Arg::Ptr(0)
+                        } else {
+                            Arg::buf(&mut next)
+                        },
+                        Arg::buf(&mut out_want),
+                        Arg::I32(m as i32),
+                        Arg::F32(eps),
+                    ],
+                );
+                // Fused.
+                let (mut x, mut out, mut done) = (residual.clone(), vec![0u16; n * m], [0i32]);
+                let mut norm = NormArgs {
+                    x: &mut x,
+                    post_w: sandwich.then_some(&mut post[..]),
+                    next_w: (!last).then_some(&mut next[..]),
+                    out: &mut out,
+                    done: &mut done,
+                    eps,
+                };
+                let fused = shape.run_then_norm(emu, name, &mut w, input, act, Some(&mut norm));
+                assert_eq!(fused, product, "{what}: the product");
+                assert_eq!(x, x_want, "{what}: the residual stream");
+                assert_eq!(out, out_want, "{what}: the next block's input");
+                assert_eq!(done, [0], "{what}: the counter");
+            }
+        }
+    }
+}
+
 /// A GEMV launch of `n` rows through an `m`×`k` matrix, `warps` columns per block.
 struct GemvShape {
     m: usize,
@@ -283,10 +357,49 @@ struct GemvShape {
     warps: usize,
 }
 
+/// A bf16 GEMV's fused residual add and norm (kernels.cu's GemvNorm), as its last
+/// parameters: the residual rows, the optional weights, the normalised rows, the counter.
+struct NormArgs<'a> {
+    x: &'a mut [f32],
+    post_w: Option<&'a mut [f32]>,
+    next_w: Option<&'a mut [f32]>,
+    out: &'a mut [u16],
+    done: &'a mut [i32],
+    eps: f32,
+}
+
+impl NormArgs<'_> {
+    fn args(&mut self) -> [Arg; 6] {
+        let optional = |w: &mut Option<&mut [f32]>| w.as_deref_mut().map_or(Arg::Ptr(0), Arg::buf);
+        [
+            Arg::buf(self.x),
+            optional(&mut self.post_w),
+            optional(&mut self.next_w),
+            Arg::buf(self.out),
+            Arg::buf(self.done),
+            Arg::F32(self.eps),
+        ]
+    }
+}
+
 impl GemvShape {
     /// Runs GEMV kernel `name` over `w` and the input `x` (bf16 rows, or [gate | up] f32
     /// rows for a gated kernel, which takes `act`).
     fn run(&self, emu: &Emulator, name: &str, w: &mut [u16], x: Arg, act: Option<i32>) -> Vec<f32> {
+        self.run_then_norm(emu, name, w, x, act, None)
+    }
+
+    /// [`GemvShape::run`], a bf16 kernel's last block then adding the output to the residual
+    /// rows and normalising them when `norm` is given.
+    fn run_then_norm(
+        &self,
+        emu: &Emulator,
+        name: &str,
+        w: &mut [u16],
+        x: Arg,
+        act: Option<i32>,
+        norm: Option<&mut NormArgs<'_>>,
+    ) -> Vec<f32> {
         let mut out = vec![0f32; self.n * self.m];
         let mut args = vec![
             Arg::buf(w),
@@ -298,6 +411,12 @@ impl GemvShape {
             Arg::I32(self.m as i32),
         ];
         args.extend(act.map(Arg::I32));
+        if name.starts_with("gemv_bf16") {
+            match norm {
+                Some(norm) => args.extend(norm.args()),
+                None => args.extend([Arg::Ptr(0); 5].into_iter().chain([Arg::F32(0.0)])),
+            }
+        }
         let blocks = self.m.div_ceil(self.warps) as u32;
         emu.launch(name, (blocks, 1, 1), 32 * self.warps as u32, &args);
         out
