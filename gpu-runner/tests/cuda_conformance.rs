@@ -1043,8 +1043,9 @@ fn decode_steps_padded_to_a_graph_bucket_equal_unpadded_eager_ones() {
 }
 
 /// A prefill (cuBLAS, tiled prefill attention), then a step mixing one sequence's decode
-/// with another's prompt, then decodes of both (GEMV, graphs captured and replayed),
-/// teacher-forced so that every configuration takes the same path: all their logits.
+/// with another's prompt, then decodes of both (GEMV, graphs captured and replayed), then of
+/// one alone (batch 1), teacher-forced so that every configuration takes the same path: all
+/// their logits.
 fn prefill_mixed_step_and_decodes(cuda: &mut CudaBackend, vocab: u32) -> Vec<f32> {
     let prompt_a = spread_prompt(200, vocab);
     let prompt_b: Vec<u32> = (0..50u32).map(|i| (i * 104_729 + 5) % vocab).collect();
@@ -1095,6 +1096,18 @@ fn prefill_mixed_step_and_decodes(cuda: &mut CudaBackend, vocab: u32) -> Vec<f32
                 },
             ])
             .expect("decode step"),
+        );
+    }
+    for step in 0..4u32 {
+        let token = [(step * 13 + 7) % vocab];
+        all.extend(
+            cuda.forward(&[SeqSlice {
+                tokens: &token,
+                start_pos: prompt_a.len() + 9 + step as usize,
+                block_table: &table_a,
+                logits: LogitsMode::Last,
+            }])
+            .expect("single decode step"),
         );
     }
     all

@@ -53,6 +53,12 @@ __device__ void attention_prepare(const float* row, const HeadGroup& hg, int n_h
                                   const float* q_norm, const float* k_norm,
                                   const double* inv_freq, int pos, int style, float eps,
                                   float (*prepared)[DIMS * 32], bf16* k_dst, bf16* v_dst) {
+    // The token's RoPE angles once for the block (one per thread, not per element per warp).
+    __shared__ float angle_cos[DIMS * 16], angle_sin[DIMS * 16];
+    int half = head_dim / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        rope_angle(pos, inv_freq[i], &angle_cos[i], &angle_sin[i]);
+    __syncthreads();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (warp > hg.heads + 1) return;
     bool is_v = warp == hg.heads + 1, is_k = warp == hg.heads;
@@ -96,14 +102,12 @@ __device__ void attention_prepare(const float* row, const HeadGroup& hg, int n_h
     for (int r = 0; r < DIMS; r++)
         if (lane + 32 * r < head_dim) hv[lane + 32 * r] = x[r];
     __syncwarp();
-    int half = head_dim / 2;
 #pragma unroll
     for (int r = 0; r < DIMS; r++) {
         int d = lane + 32 * r;
         if (d >= head_dim) continue;
         RopePair p = rope_pair(d, half, style);
-        float c, s;
-        rope_angle(pos, inv_freq[p.i], &c, &s);
+        float c = angle_cos[p.i], s = angle_sin[p.i];
         float x0 = hv[p.a], x1 = hv[p.b];
         x[r] = d == p.a ? rope_first(x0, x1, c, s) : rope_second(x0, x1, c, s);
     }

@@ -2,9 +2,9 @@
 //! with the KV store — in a step of decode tokens only, done by the attention blocks for their
 //! own heads —, paged attention split over the keys when few tokens would leave the GPU
 //! idle (its last split block merging), output GEMM) and feed-forward (fused gate/up GEMM, gated
-//! activation, down GEMM), with each residual add fused into the next block's RMSNorm — at
-//! decode sizes the last block of the output and down GEMVs does both, with no launch of its
-//! own; finally the norm and LM head over the rows that produce logits only.
+//! activation, down GEMM), with each residual add fused into the next block's RMSNorm — for a
+//! single decode token the last block of the output and down GEMVs does both, with no launch
+//! of its own; finally the norm and LM head over the rows that produce logits only.
 
 use cudarc::driver::LaunchConfig;
 
@@ -40,6 +40,11 @@ pub(super) fn kernel_variant(dims: usize) -> usize {
 
 /// Threads per (token, head) block of `qkv_prepare`.
 pub(super) const HEAD_THREADS: u32 = 64;
+/// The most token rows whose sub-block a GEMV's last block ends ([`NormAfter`]): that one
+/// block normalises the rows one after another, where `add_rms_norm` takes a block per row
+/// in parallel; past one row the launch it saves costs less than the rows it serialises.
+const FUSED_NORM_MAX_ROWS: usize = 1;
+
 /// Threads per row of `pick_rows`.
 pub(super) const PICK_THREADS: u32 = 1024;
 
@@ -307,7 +312,7 @@ impl CudaBackend {
             )?;
             input = activated;
         }
-        let norm = (fused && self.fused_norm).then(|| NormAfter {
+        let norm = (fused && self.fused_norm && n <= FUSED_NORM_MAX_ROWS).then(|| NormAfter {
             x,
             post_w: post,
             next_w: next,

@@ -235,6 +235,8 @@ pub struct Kernels {
     /// Each kernel's most threads per block as the driver compiled it for this GPU (its
     /// registers: a block needs threads × registers of the 64k an SM has).
     max_threads: HashMap<&'static str, u32>,
+    /// Each kernel's parameter sizes in bytes, from its PTX ([`entry_parameters`]).
+    parameters: HashMap<String, Vec<usize>>,
 }
 
 impl Kernels {
@@ -253,13 +255,17 @@ impl Kernels {
             .map_err(|e| format!("compute capability: {e}"))?;
         let arch = arch_name(major, minor);
         let disk = kernel_cache_dir();
-        let module = match ctx.load_module(ptx_for(arch, disk.as_deref())?) {
+        let ptx = ptx_for(arch, disk.as_deref())?;
+        let mut parameters = entry_parameters(&ptx.to_src());
+        let module = match ctx.load_module(ptx) {
             Ok(module) => module,
             // A cached file the driver rejects: compiled afresh, replacing it (and the
             // driver's verdict on that one is final).
             Err(e) => {
                 tracing::warn!(error = %e, "cached kernels did not load; compiling them again");
-                ctx.load_module(compile_and_store(arch, disk.as_deref())?)
+                let ptx = compile_and_store(arch, disk.as_deref())?;
+                parameters = entry_parameters(&ptx.to_src());
+                ctx.load_module(ptx)
                     .map_err(|e| format!("loading kernels: {e}"))?
             }
         };
@@ -278,6 +284,7 @@ impl Kernels {
         let kernels = Arc::new(Kernels {
             functions,
             max_threads,
+            parameters,
         });
         cache.insert(ctx.ordinal(), Arc::clone(&kernels));
         Ok(kernels)
@@ -293,6 +300,41 @@ impl Kernels {
     pub fn max_threads(&self, name: &str) -> u32 {
         self.max_threads.get(name).copied().unwrap_or(0)
     }
+
+    /// The byte size of each of `name`'s parameters (empty for an unknown name).
+    pub fn parameters(&self, name: &str) -> &[usize] {
+        self.parameters.get(name).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// The byte size of each parameter of every kernel in `ptx` (the `.param` lines of its
+/// `.entry`): what a launch must pass, in order. cuLaunchKernel copies each parameter's size
+/// from the address it is given whatever the caller meant, so a launch that passes a 4-byte
+/// value for an 8-byte parameter (or leaves one out) reads garbage without an error; the
+/// launcher compares against this first.
+pub fn entry_parameters(ptx: &str) -> HashMap<String, Vec<usize>> {
+    ptx.split(".entry ")
+        .skip(1)
+        .filter_map(|body| {
+            let (name, rest) = body.split_once('(')?;
+            let declarations = rest.split(')').next().unwrap_or("");
+            let sizes = declarations.lines().filter_map(parameter_size).collect();
+            Some((name.trim().to_string(), sizes))
+        })
+        .collect()
+}
+
+/// The bytes of one `.param` declaration: `.param .u64 name` (8), `.param .f32 name` (4),
+/// `.param .align 8 .b8 name[48]` (48).
+fn parameter_size(line: &str) -> Option<usize> {
+    let declaration = line.trim().strip_prefix(".param")?.trim();
+    if declaration.starts_with(".align") {
+        let count = declaration.split('[').nth(1)?.split(']').next()?;
+        return count.parse().ok();
+    }
+    let kind = declaration.split_whitespace().next()?;
+    let bits: usize = kind.get(2..)?.parse().ok()?;
+    Some(bits / 8)
 }
 
 /// NVRTC's virtual architecture for a compute capability (PTX, JIT-compiled by the driver
@@ -392,6 +434,38 @@ mod tests {
         assert_eq!(again.to_src(), stored);
         assert_eq!(std::fs::read_to_string(&file).expect("rewritten"), stored);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The launcher's argument check reads each kernel's parameters from the PTX: pointers
+    /// 8 bytes, ints and floats 4, a by-value struct its size.
+    #[test]
+    fn every_kernels_parameter_sizes_are_read_from_its_ptx() {
+        assert_eq!(parameter_size("\t.param .u64 k_param_0,"), Some(8));
+        assert_eq!(parameter_size(".param .f32 k_param_1"), Some(4));
+        assert_eq!(
+            parameter_size(".param .align 8 .b8 k_param_2[48]"),
+            Some(48)
+        );
+        assert_eq!(parameter_size(".reg .b32 %r<4>;"), None);
+        if !nvrtc_available() {
+            eprintln!("SKIPPED: libnvrtc.so.13 not found (see the PTX test)");
+            return;
+        }
+        let ptx = compile_ptx("compute_90").unwrap_or_else(|e| panic!("{e}"));
+        let parameters = entry_parameters(&ptx.to_src());
+        for name in NAMES {
+            let sizes = parameters
+                .get(name)
+                .unwrap_or_else(|| panic!("{name} missing"));
+            assert!(!sizes.is_empty(), "{name}: no parameters read");
+        }
+        assert_eq!(parameters["embed"], [8, 8, 8, 4, 4]);
+        // w, x, out, M, K, n, ldo, then the fused norm's x, post_w, next_w, out, done, eps.
+        assert_eq!(
+            parameters["gemv_bf16_w8u4"],
+            [8, 8, 8, 4, 4, 4, 4, 8, 8, 8, 8, 8, 4]
+        );
+        assert_eq!(parameters["gemv_q8_0"], [8, 8, 8, 4, 4, 4, 4]);
     }
 
     #[test]

@@ -25,6 +25,8 @@ use super::CudaError;
 /// (`cuLaunchKernelEx` reads them through these addresses).
 pub struct KernelArgs<'a> {
     params: Vec<*mut c_void>,
+    /// Each argument's size in bytes (checked against the kernel's parameters).
+    sizes: Vec<usize>,
     _values: PhantomData<&'a ()>,
 }
 
@@ -32,6 +34,7 @@ impl<'a> KernelArgs<'a> {
     pub fn new() -> Self {
         KernelArgs {
             params: Vec::with_capacity(24),
+            sizes: Vec::with_capacity(24),
             _values: PhantomData,
         }
     }
@@ -39,6 +42,7 @@ impl<'a> KernelArgs<'a> {
     /// Appends an argument: a device address (`u64`), an `i32`, an `f32`, ….
     pub fn arg<T: DeviceRepr>(&mut self, value: &'a T) -> &mut Self {
         self.params.push(value as *const T as *mut c_void);
+        self.sizes.push(std::mem::size_of::<T>());
         self
     }
 }
@@ -98,6 +102,13 @@ impl Launcher {
         cfg: LaunchConfig,
         args: &mut KernelArgs<'_>,
     ) -> Result<(), CudaError> {
+        let parameters = self.kernels.parameters(name);
+        if args.sizes != parameters {
+            return Err(CudaError::Failure(format!(
+                "kernel {name}: launched with arguments of {:?} bytes, but it takes {parameters:?}",
+                args.sizes
+            )));
+        }
         let threads = cfg.block_dim.0 * cfg.block_dim.1 * cfg.block_dim.2;
         if !self.fits(name, threads) {
             return Err(CudaError::Failure(format!(
@@ -192,6 +203,15 @@ fn launch_attributes(early_start: bool) -> Vec<CUlaunchAttribute> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_args_record_each_arguments_size_for_the_launchers_check() {
+        let (address, count, scale) = (7u64, 3i32, 0.5f32);
+        let mut args = KernelArgs::new();
+        args.arg(&address).arg(&count).arg(&scale);
+        assert_eq!(args.sizes, [8, 4, 4]);
+        assert_eq!(args.params.len(), 3);
+    }
 
     #[test]
     fn early_start_is_on_from_hopper_unless_the_environment_turns_it_off() {
