@@ -276,9 +276,10 @@ impl CudaBackend {
     /// The last product of a sub-block (`what` of `layer`, from `input`) into `proj`, then
     /// the sub-block's end: `proj` added to the residual stream (through the `post` norm
     /// where the model has one) and normalised by `next` into `xn` for the next sub-block
-    /// (none after the model's last block). A decode step's bf16 GEMV does the end in its
-    /// last block ([`NormAfter`]) and the down projection's takes the [gate | up] rows
-    /// directly; otherwise `gated_act` and `add_rms_norm` launch around the product.
+    /// (none after the model's last block). A decode-sized bf16 GEMV takes the down
+    /// projection's [gate | up] rows directly, and for one token row does the end in its last
+    /// block ([`NormAfter`]); otherwise `gated_act` and `add_rms_norm` launch around the
+    /// product.
     fn product_then_norm(
         &mut self,
         layer: usize,

@@ -134,7 +134,7 @@ impl Gemm {
 
     /// Whether the product of `n` rows through `w` is one of our bf16 GEMVs (a decode-sized
     /// product of bf16 weights), which can take the feed-forward's [gate | up] rows directly
-    /// ([`Gemm::matmul_gated`]) and end the sub-block ([`NormAfter`]).
+    /// ([`Gemm::matmul_fused`]) and end the sub-block ([`NormAfter`]).
     pub fn fuses_into_gemv(&self, w: &DeviceMatrix, n: usize) -> bool {
         n > 0
             && n <= self.gemv_max_rows

@@ -120,8 +120,9 @@ pub struct CudaBackend {
     /// Multiprocessors of the device (how far attention is split over the keys).
     sm_count: usize,
     split_attention: bool,
-    /// Whether decode-sized products end their sub-block in their last block (residual add
-    /// and the next norm, [`gemm::NormAfter`]) instead of an `add_rms_norm` launch.
+    /// Whether a one-token decode step's output and down GEMVs end their sub-block in their
+    /// last block (residual add and the next norm, [`gemm::NormAfter`]) instead of an
+    /// `add_rms_norm` launch.
     fused_norm: bool,
     /// Whether a step of decode tokens only leaves qkv_prepare's work to its attention
     /// blocks (each prepares its own heads) instead of launching it.
@@ -311,7 +312,7 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
-    /// Ends decode steps' sub-blocks in their products' last blocks, or (off) with
+    /// Ends one-token decode steps' sub-blocks in their GEMVs' last blocks, or (off) with
     /// `add_rms_norm` launches: the same bits either way (on by default;
     /// `FALLOW_CUDA_FUSED_NORM=0` for a process; tests compare the two).
     pub fn set_fused_norm(&mut self, enabled: bool) {
