@@ -124,6 +124,16 @@ inline std::vector<uint8_t> synced;
 // Set when a warp-wide operation (a full-mask shuffle, __syncwarp, mma.sync) ran after some
 // lanes of its warp had exited: on a GPU it reads lanes that are gone (undefined), or hangs.
 inline bool partial_warp = false;
+// The source line of the __syncthreads the running block's threads are meeting at (-1 before
+// the first arrives), and whether two threads met at different ones: CUDA requires every
+// thread of a block to reach the same __syncthreads (in code the whole block takes).
+inline int barrier_line = -1;
+inline bool mixed_barriers = false;
+// A kernel's dynamic shared memory (`extern __shared__`): one buffer as large as a block may
+// ask for without opting in (48 KiB), shared by the running block's threads. Filled with NaN
+// bits before each block, as a GPU's is not left over from the previous block: a kernel
+// that reads what it did not stage reads NaNs, not the last block's values.
+alignas(16) inline unsigned char dynamic_buffer[48 * 1024];
 inline std::function<void()> kernel_body;
 #if defined(__x86_64__)
 inline void* scheduler_sp = nullptr;
@@ -183,7 +193,14 @@ inline void whole_warp() {
     if (warp_barriers[warp].expected != width) partial_warp = true;
 }
 
-inline void syncthreads() { wait(block_barrier); }
+inline void syncthreads(int line) {
+    if (block_barrier.arrived == 0) {
+        barrier_line = line;
+    } else if (barrier_line != line) {
+        mixed_barriers = true;
+    }
+    wait(block_barrier);
+}
 inline void syncwarp() {
     whole_warp();
     wait(warp_barriers[linear / 32]);
@@ -260,9 +277,16 @@ inline int run(dim3 grid, dim3 block, std::function<void()> body) {
     mma_operands.assign(threads * 6, 0);
     block_dim = block;
     grid_dim = grid;
-    for (unsigned z = 0; z < grid.z; z++)
-        for (unsigned y = 0; y < grid.y; y++)
-            for (unsigned x = 0; x < grid.x; x++) {
+    // Blocks run one after another; every other launch runs them last to first, so that a
+    // kernel whose result depends on its blocks' order (not on a last-block counter) fails
+    // one way or the other.
+    static unsigned launches = 0;
+    bool backwards = launches++ % 2 == 1;
+    size_t blocks = (size_t)grid.x * grid.y * grid.z;
+    for (size_t k = 0; k < blocks; k++) {
+                size_t b = backwards ? blocks - 1 - k : k;
+                unsigned x = (unsigned)(b % grid.x), y = (unsigned)(b / grid.x % grid.y);
+                unsigned z = (unsigned)(b / ((size_t)grid.x * grid.y));
                 block_idx = {x, y, z};
                 block_barrier = Barrier{threads};
                 warp_barriers.clear();
@@ -274,6 +298,9 @@ inline int run(dim3 grid, dim3 block, std::function<void()> body) {
                 }
                 synced.assign(threads, 0);
                 partial_warp = false;
+                mixed_barriers = false;
+                barrier_line = -1;
+                std::memset(dynamic_buffer, 0xff, sizeof dynamic_buffer);
                 unsigned live = threads;
                 // Between two barriers the fibers run one after another, so a read of shared
                 // memory another thread writes without a barrier between sees the write only
@@ -298,6 +325,10 @@ inline int run(dim3 grid, dim3 block, std::function<void()> body) {
                 if (partial_warp) {
                     fibers = nullptr;
                     return 3;
+                }
+                if (mixed_barriers) {
+                    fibers = nullptr;
+                    return 4;
                 }
             }
     fibers = nullptr;
@@ -337,15 +368,10 @@ int launch(void (*k)(A...), const unsigned* grid, const unsigned* block, void** 
 #define warpSize 32
 
 namespace emu {
-// A kernel's dynamic shared memory (`extern __shared__`): one buffer as large as a block may
-// ask for without opting in (48 KiB), shared by the running block's threads.
-inline void* dynamic_shared() {
-    alignas(16) static unsigned char buffer[48 * 1024];
-    return buffer;
-}
+inline void* dynamic_shared() { return dynamic_buffer; }
 }  // namespace emu
 
-inline void __syncthreads() { emu::syncthreads(); }
+#define __syncthreads() emu::syncthreads(__LINE__)
 // One block at a time, one OS thread: every write is already visible to the next block.
 inline void __threadfence() {}
 // Launches run one after another here: only whether every thread calls it is checked.

@@ -7,9 +7,16 @@
 //! back after the launch), so a kernel that reads or writes past a buffer's end crashes the
 //! test with the kernel's name instead of reading a neighbour's memory.
 //!
-//! This checks a kernel's arithmetic and indexing against a plain reference; it says nothing
-//! of speed, memory coalescing or races the emulator's barriers happen to order. The GPU
-//! conformance suite (`tests/cuda_conformance.rs`) is the real check.
+//! This checks a kernel's arithmetic and indexing against a plain reference. It also fails a
+//! launch on what is undefined on a GPU but would pass here by chance: a thread that never
+//! waits for the previous kernel (`grid_dependency_sync`), a warp-wide operation after lanes
+//! of the warp returned, threads of a block meeting at different `__syncthreads`; and it
+//! varies the order in which it runs threads (every other block in reverse) and blocks
+//! (every other launch last to first), and fills dynamic shared memory with NaNs before each
+//! block, so that a missing barrier, a dependence on block order or a read of shared memory
+//! the block did not write shows as a wrong result. It says nothing of speed or memory coalescing, nor of races
+//! no order it tries exposes. The GPU conformance suite (`tests/cuda_conformance.rs`) is the
+//! real check.
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
@@ -211,6 +218,11 @@ impl Emulator {
             rc, 3,
             "kernel {name}: a warp-wide operation (full-mask shuffle, __syncwarp, mma) ran \
              after lanes of its warp had returned; on a GPU that is undefined"
+        );
+        assert_ne!(
+            rc, 4,
+            "kernel {name}: threads of a block met at different __syncthreads (a barrier in \
+             code only some of the block's threads take); on a GPU that is undefined"
         );
         assert_eq!(
             rc, 0,
