@@ -413,24 +413,25 @@ fn paged_attention_matches_plain_attention_whole_and_split_over_the_keys() {
 #[test]
 fn decode_attention_preparing_its_own_heads_matches_qkv_prepare_then_attention() {
     let Some(emu) = Emulator::get() else { return };
-    // (n_heads, n_kv, head_dim, RoPE style, q/k norms, bias)
+    // (n_heads, n_kv, head_dim, RoPE style, q/k norms, bias, soft cap, sliding window)
     let cases = [
-        (8, 2, 128, RopeStyle::Neox, false, false), // Llama-3 8B's heads
-        (9, 3, 64, RopeStyle::Neox, false, true),   // groups of 3, a bias (Qwen2-like)
-        (14, 2, 32, RopeStyle::Interleaved, true, true), // two blocks per KV head
-        (4, 1, 256, RopeStyle::Neox, true, false),  // Gemma 3: q/k norms, head_dim 256
-        (8, 8, 48, RopeStyle::Neox, true, true),    // pairs across lanes (half = 24)
+        (8, 2, 128, RopeStyle::Neox, false, false, 0.0, 0), // Llama-3 8B's heads
+        (9, 3, 64, RopeStyle::Neox, false, true, 0.0, 0),   // groups of 3, a bias (Qwen2-like)
+        (14, 2, 32, RopeStyle::Interleaved, true, true, 0.0, 0), // two blocks per KV head
+        (4, 1, 256, RopeStyle::Neox, true, false, 0.0, 0),  // Gemma 3: q/k norms, head_dim 256
+        (4, 1, 256, RopeStyle::Neox, true, false, 30.0, 45), // its local layers: a window
+        (8, 8, 48, RopeStyle::Neox, true, true, 0.0, 0),    // pairs across lanes (half = 24)
     ];
     let seqs = [(0, 1), (40, 1), (150, 1)];
     let (block_size, num_blocks) = (16, 64);
     let mut values = Values(0x51_7cc1_b727_220a);
-    for (n_heads, n_kv, head_dim, style, norms, bias) in cases {
+    for (n_heads, n_kv, head_dim, style, norms, bias, softcap, window) in cases {
         let heads = Heads {
             n_heads,
             n_kv,
             head_dim,
-            softcap: 0.0,
-            window: 0,
+            softcap,
+            window,
         };
         let kv_len = num_blocks * block_size * n_kv * head_dim;
         let (k_cache, v_cache) = (values.bf16s(kv_len), values.bf16s(kv_len));
