@@ -3,8 +3,9 @@
 //! own heads —, paged attention split over the keys when few tokens would leave the GPU
 //! idle (its last split block merging), output GEMM) and feed-forward (fused gate/up GEMM, gated
 //! activation, down GEMM), with each residual add fused into the next block's RMSNorm — for a
-//! single decode token the last block of the output and down GEMVs does both, with no launch
-//! of its own; finally the norm and LM head over the rows that produce logits only.
+//! single decode token the last block of the output and down GEMVs does both (after the last
+//! block, the final norm), with no launch of its own; finally the norm and LM head over the
+//! rows that produce logits only.
 
 use cudarc::driver::LaunchConfig;
 
@@ -12,6 +13,7 @@ use super::attention_split::{head_blocks, AttentionSplit};
 use super::gemm::NormAfter;
 use super::launch::KernelArgs;
 use super::step::{addr, grow, LOGPROB_STRIDE};
+use super::weights::DeviceMatrix;
 use super::{rope_style_code, CudaBackend, CudaError};
 use crate::engine::backend::step_masks::{wait_for_masks, words_for};
 use crate::engine::backend::{SeqSlice, StepMasks, StepOutput};
@@ -270,13 +272,19 @@ impl CudaBackend {
             )?;
         }
         let (post, next) = (addr(&l.post_attn_norm), l.ffn_norm.ptr());
-        self.product_then_norm(layer, Product::Output, attn, n, (post, next))
+        self.product_then_norm(layer, Product::Output, attn, n, (post, next, xn))
+    }
+
+    /// Whether the product of `n` rows through `w` ends its sub-block in the GEMV's last block
+    /// ([`NormAfter`]) rather than with an `add_rms_norm` launch.
+    fn norm_in_gemv(&self, w: &DeviceMatrix, n: usize) -> bool {
+        self.fused_norm && n <= FUSED_NORM_MAX_ROWS && self.gemm.fuses_into_gemv(w, n)
     }
 
     /// The last product of a sub-block (`what` of `layer`, from `input`) into `proj`, then
     /// the sub-block's end: `proj` added to the residual stream (through the `post` norm
-    /// where the model has one) and normalised by `next` into `xn` for the next sub-block
-    /// (none after the model's last block). A decode-sized bf16 GEMV takes the down
+    /// where the model has one) and normalised by `next` into `out` (`xn` for the next
+    /// sub-block; the LM head's input after the model's last block, or no norm there). A decode-sized bf16 GEMV takes the down
     /// projection's [gate | up] rows directly, and for one token row does the end in its last
     /// block ([`NormAfter`]); otherwise `gated_act` and `add_rms_norm` launch around the
     /// product.
@@ -286,12 +294,12 @@ impl CudaBackend {
         what: Product,
         input: u64,
         n: usize,
-        (post, next): (u64, u64),
+        (post, next, out): (u64, u64, u64),
     ) -> Result<(), CudaError> {
         let c = &self.config;
         let l = &self.weights.layers[layer];
         let s = &self.scratch;
-        let (x, xn, proj) = (addr(&s.x), addr(&s.xn), addr(&s.proj));
+        let (x, proj) = (addr(&s.x), addr(&s.proj));
         let (w, act) = match what {
             Product::Output => (&l.wo, None),
             Product::Down(act) => (&l.w_down, Some(act)),
@@ -313,11 +321,11 @@ impl CudaBackend {
             )?;
             input = activated;
         }
-        let norm = (fused && self.fused_norm && n <= FUSED_NORM_MAX_ROWS).then(|| NormAfter {
+        let norm = self.norm_in_gemv(w, n).then(|| NormAfter {
             x,
             post_w: post,
             next_w: next,
-            out: xn,
+            out,
             done: addr(&s.norm_done),
             eps: c.rms_eps,
         });
@@ -352,7 +360,7 @@ impl CudaBackend {
             proj,
             post,
             next,
-            xn,
+            out,
             hidden,
             eps
         )
@@ -370,23 +378,32 @@ impl CudaBackend {
         AttentionSplit::plan(n, c.n_heads, c.n_kv_heads, max_keys, self.sm_count)
     }
 
-    pub(super) fn feed_forward(&mut self, layer: usize, n: usize) -> Result<(), CudaError> {
+    /// The feed-forward of `layer`; returns whether it also applied the model's final norm
+    /// into the LM head's input (after the last layer, when its GEMV ends the sub-block).
+    pub(super) fn feed_forward(&mut self, layer: usize, n: usize) -> Result<bool, CudaError> {
         let c = &self.config;
         let l = &self.weights.layers[layer];
-        let (xn, gate_up) = (addr(&self.scratch.xn), addr(&self.scratch.gate_up));
+        let s = &self.scratch;
+        let (xn, gate_up, head_in) = (addr(&s.xn), addr(&s.gate_up), addr(&s.head_in));
         gemm!(self, "gate_up", xn, &l.w_gate_up, n, gate_up)?;
         let act = match c.activation {
             Activation::Silu => 0i32,
             Activation::GeluTanh => 1,
         };
         let post = addr(&l.post_ffn_norm);
-        // The last block only adds its residual: the final norm runs over logit rows alone.
-        let next = self
-            .weights
-            .layers
-            .get(layer + 1)
-            .map_or(0u64, |next| next.attn_norm.ptr());
-        self.product_then_norm(layer, Product::Down(act), gate_up, n, (post, next))
+        // After the last block: the final norm, straight into the LM head's input where the
+        // GEMV ends the sub-block (one token: the head's only row), else none here (the head
+        // normalises the rows that produce logits).
+        let (next, out, final_norm) = match self.weights.layers.get(layer + 1) {
+            Some(next) => (next.attn_norm.ptr(), xn, false),
+            // (One row: the head reads x[logit_rows[r]], which is row 0 alone here.)
+            None if n == 1 && self.norm_in_gemv(&l.w_down, n) => {
+                (self.weights.output_norm.ptr(), head_in, true)
+            }
+            None => (0, xn, false),
+        };
+        self.product_then_norm(layer, Product::Down(act), gate_up, n, (post, next, out))?;
+        Ok(final_norm)
     }
 
     /// Every launch of a step, from the embedding to the LM head, and with `picks` the picks
@@ -394,19 +411,21 @@ impl CudaBackend {
     /// A step with grammar masks leaves its picks to [`CudaBackend::mask_and_pick`].
     pub(super) fn launch_step(&mut self, n: usize, picks: bool) -> Result<(), CudaError> {
         self.embed(n)?;
+        let mut final_norm = false;
         for layer in 0..self.config.n_layers {
             self.attention(layer, n)?;
-            self.feed_forward(layer, n)?;
+            final_norm = self.feed_forward(layer, n)?;
         }
-        self.head()?;
+        self.head(final_norm)?;
         if picks {
             self.pick()?;
         }
         Ok(())
     }
 
-    /// Final norm and LM head over the rows that need it (logits and picked rows).
-    fn head(&mut self) -> Result<(), CudaError> {
+    /// Final norm (unless `normed`: the last GEMV wrote the only row's) and LM head over the
+    /// rows that need it (logits and picked rows).
+    fn head(&mut self, normed: bool) -> Result<(), CudaError> {
         let c = &self.config;
         let (full, picked) = (self.inputs.full_rows, self.inputs.picked_rows);
         let rows = full + picked;
@@ -417,17 +436,19 @@ impl CudaBackend {
         let (x, head_in, logits) = (addr(&s.x), addr(&s.head_in), addr(&s.logits));
         let row_index = self.inputs.at(self.inputs.logit_rows);
         let hidden = c.hidden as i32;
-        launch!(
-            self,
-            "rms_norm_bf16",
-            grid(rows, 1, ROW_THREADS),
-            x,
-            row_index,
-            self.weights.output_norm.ptr(),
-            head_in,
-            hidden,
-            c.rms_eps
-        )?;
+        if !normed {
+            launch!(
+                self,
+                "rms_norm_bf16",
+                grid(rows, 1, ROW_THREADS),
+                x,
+                row_index,
+                self.weights.output_norm.ptr(),
+                head_in,
+                hidden,
+                c.rms_eps
+            )?;
+        }
         gemm!(
             self,
             "lm_head",
