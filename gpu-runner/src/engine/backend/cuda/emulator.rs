@@ -14,9 +14,9 @@
 //! varies the order in which it runs threads (every other block in reverse) and blocks
 //! (every other launch last to first), and fills dynamic shared memory with NaNs before each
 //! block, so that a missing barrier, a dependence on block order or a read of shared memory
-//! the block did not write shows as a wrong result. It says nothing of speed or memory coalescing, nor of races
-//! no order it tries exposes. The GPU conformance suite (`tests/cuda_conformance.rs`) is the
-//! real check.
+//! the block did not write shows as a wrong result. It says nothing of speed or memory
+//! coalescing, nor of races no order it tries exposes. The GPU conformance suite
+//! (`tests/cuda_conformance.rs`) is the real check.
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};

@@ -284,10 +284,10 @@ impl CudaBackend {
     /// The last product of a sub-block (`what` of `layer`, from `input`) into `proj`, then
     /// the sub-block's end: `proj` added to the residual stream (through the `post` norm
     /// where the model has one) and normalised by `next` into `out` (`xn` for the next
-    /// sub-block; the LM head's input after the model's last block, or no norm there). A decode-sized bf16 GEMV takes the down
-    /// projection's [gate | up] rows directly, and for one token row does the end in its last
-    /// block ([`NormAfter`]); otherwise `gated_act` and `add_rms_norm` launch around the
-    /// product.
+    /// sub-block; after the model's last block the LM head's input, or no norm there). A
+    /// decode-sized bf16 GEMV takes the down projection's [gate | up] rows directly, and for
+    /// one token row does the end in its last block ([`NormAfter`]); otherwise `gated_act`
+    /// and `add_rms_norm` launch around the product.
     fn product_then_norm(
         &mut self,
         layer: usize,
