@@ -347,12 +347,25 @@ int launch(void (*k)(A...), const unsigned* grid, const unsigned* block, void** 
                [k, args] { call(k, args, std::index_sequence_for<A...>{}); });
 }
 
+// The byte size of each of a kernel's parameters (up to `cap` of them); returns how many it
+// has. The Rust side checks every launch's argument list against it.
+template <class... A>
+int parameter_sizes(void (*)(A...), unsigned* out, int cap) {
+    const unsigned sizes[] = {(unsigned)sizeof(std::decay_t<A>)..., 0u};
+    int n = (int)sizeof...(A);
+    for (int i = 0; i < n && i < cap; i++) out[i] = sizes[i];
+    return n;
+}
+
 }  // namespace emu
 
 #define FALLOW_EMU_EXPORT(name)                                                       \
     extern "C" int fallow_emu_##name(const unsigned* grid, const unsigned* block,   \
                                      void** args) {                                 \
         return emu::launch(&name, grid, block, args);                              \
+    }                                                                               \
+    extern "C" int fallow_emu_params_##name(unsigned* sizes, int cap) {             \
+        return emu::parameter_sizes(&name, sizes, cap);                            \
     }
 
 #define __global__

@@ -8,7 +8,8 @@
 //! test with the kernel's name instead of reading a neighbour's memory.
 //!
 //! This checks a kernel's arithmetic and indexing against a plain reference. It also fails a
-//! launch on what is undefined on a GPU but would pass here by chance: a thread that never
+//! launch on what is undefined on a GPU but would pass here by chance: arguments whose sizes
+//! differ from the kernel's parameters (each is read from an 8-byte slot), a thread that never
 //! waits for the previous kernel (`grid_dependency_sync`), a warp-wide operation after lanes
 //! of the warp returned, threads of a block meeting at different `__syncthreads`; and it
 //! varies the order in which it runs threads (every other block in reverse) and blocks
@@ -49,6 +50,14 @@ impl Arg {
         Arg::Buf {
             ptr: v.as_mut_ptr() as u64,
             bytes: std::mem::size_of_val(v),
+        }
+    }
+
+    /// Bytes of the kernel parameter this argument stands for.
+    fn size(self) -> usize {
+        match self {
+            Arg::Ptr(_) | Arg::Buf { .. } | Arg::I64(_) => 8,
+            Arg::I32(_) | Arg::F32(_) => 4,
         }
     }
 
@@ -148,9 +157,12 @@ extern "C" fn on_fault(_: libc::c_int) {
 }
 
 type LaunchFn = unsafe extern "C" fn(*const u32, *const u32, *const *mut c_void) -> i32;
+type ParamsFn = unsafe extern "C" fn(*mut u32, i32) -> i32;
 
 pub struct Emulator {
     kernels: HashMap<&'static str, LaunchFn>,
+    /// Each kernel's parameter sizes in bytes, as its C++ signature declares them.
+    parameters: HashMap<&'static str, Vec<usize>>,
 }
 
 // SAFETY: the library's launch functions serialise themselves (a mutex in `emu::run`).
@@ -176,6 +188,13 @@ impl Emulator {
             .kernels
             .get(name)
             .unwrap_or_else(|| panic!("kernel {name} is not in kernels::NAMES"));
+        // Each argument is read at the parameter's size from an 8-byte slot: a list that does
+        // not match the signature would read neighbours or garbage rather than fail.
+        let sizes: Vec<usize> = args.iter().map(|a| a.size()).collect();
+        assert_eq!(
+            sizes, self.parameters[name],
+            "kernel {name}: the arguments' sizes differ from its parameters'"
+        );
         // One launch at a time (the C++ side runs them so anyway): the crash message names
         // the right kernel.
         static LAUNCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -275,6 +294,7 @@ fn build() -> Result<Option<Emulator>, String> {
         libc::signal(libc::SIGBUS, handler as libc::sighandler_t);
     }
     let mut kernels = HashMap::new();
+    let mut parameters = HashMap::new();
     for name in NAMES {
         let symbol = CString::new(format!("fallow_emu_{name}")).map_err(|e| e.to_string())?;
         // SAFETY: `handle` is a live library handle (never closed).
@@ -286,8 +306,30 @@ fn build() -> Result<Option<Emulator>, String> {
         kernels.insert(name, unsafe {
             std::mem::transmute::<*mut c_void, LaunchFn>(f)
         });
+        let symbol =
+            CString::new(format!("fallow_emu_params_{name}")).map_err(|e| e.to_string())?;
+        // SAFETY: as above.
+        let p = unsafe { libc::dlsym(handle, symbol.as_ptr()) };
+        if p.is_null() {
+            return Err(format!(
+                "{} has no parameter list for {name}",
+                lib.display()
+            ));
+        }
+        // SAFETY: FALLOW_EMU_EXPORT defines it with exactly this signature.
+        let params = unsafe { std::mem::transmute::<*mut c_void, ParamsFn>(p) };
+        let mut sizes = [0u32; 64];
+        // SAFETY: `sizes` has room for the 64 it may write.
+        let count = unsafe { params(sizes.as_mut_ptr(), sizes.len() as i32) } as usize;
+        parameters.insert(
+            name,
+            sizes[..count.min(64)].iter().map(|&s| s as usize).collect(),
+        );
     }
-    Ok(Some(Emulator { kernels }))
+    Ok(Some(Emulator {
+        kernels,
+        parameters,
+    }))
 }
 
 fn compile(compiler: &str, source: &str, dir: &Path, lib: &Path) -> Result<(), String> {
