@@ -272,20 +272,9 @@ __device__ void paged_attention_t(
     }
     if (splits == 1) return;
 
-    // The last of the (token, head group)'s split blocks to finish merges them all: its
-    // counter counts the blocks whose records are written (each thread's made visible
-    // first), and goes back to 0 for the next launch.
-    __shared__ int merges;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int* counter = split_counters + (size_t)blockIdx.x * gridDim.y + blockIdx.y;
-        merges = atomicAdd(counter, 1) == splits - 1;
-        if (merges) *counter = 0;
-    }
-    __syncthreads();
-    if (!merges) return;
-    __threadfence();
+    // The last of the (token, head group)'s split blocks to finish merges them all.
+    int* counter = split_counters + (size_t)blockIdx.x * gridDim.y + blockIdx.y;
+    if (!last_block(counter, splits)) return;
     for (int i = threadIdx.x; i < heads * head_dim; i += blockDim.x) {
         int g = i / head_dim, d = i - g * head_dim, h = h0 + g;
         // Volatile: other blocks' records, never through this SM's L1.

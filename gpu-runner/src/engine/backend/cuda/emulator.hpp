@@ -284,53 +284,53 @@ inline int run(dim3 grid, dim3 block, std::function<void()> body) {
     bool backwards = launches++ % 2 == 1;
     size_t blocks = (size_t)grid.x * grid.y * grid.z;
     for (size_t k = 0; k < blocks; k++) {
-                size_t b = backwards ? blocks - 1 - k : k;
-                unsigned x = (unsigned)(b % grid.x), y = (unsigned)(b / grid.x % grid.y);
-                unsigned z = (unsigned)(b / ((size_t)grid.x * grid.y));
-                block_idx = {x, y, z};
-                block_barrier = Barrier{threads};
-                warp_barriers.clear();
-                for (unsigned w = 0; w * 32 < threads; w++)
-                    warp_barriers.push_back(Barrier{threads - w * 32 < 32 ? threads - w * 32 : 32});
-                for (auto& f : pool) {
-                    f.done = false;
-                    start(f);
-                }
-                synced.assign(threads, 0);
-                partial_warp = false;
-                mixed_barriers = false;
-                barrier_line = -1;
-                std::memset(dynamic_buffer, 0xff, sizeof dynamic_buffer);
-                unsigned live = threads;
-                // Between two barriers the fibers run one after another, so a read of shared
-                // memory another thread writes without a barrier between sees the write only
-                // when the writer ran first: every other block runs its threads in reverse
-                // order, so that such a race shows as a wrong result in one order or the other.
-                bool reverse = (x + y + z) % 2 == 1;
-                while (live > 0) {
-                    for (unsigned i = 0; i < threads; i++) {
-                        unsigned t = reverse ? threads - 1 - i : i;
-                        if (pool[t].done) continue;
-                        linear = t;
-                        thread_idx = pool[t].tid;
-                        resume(pool[t]);
-                        if (pool[t].done) live--;
-                    }
-                }
-                for (uint8_t s : synced)
-                    if (!s) {
-                        fibers = nullptr;
-                        return 2;  // a thread that could race an early-started launch
-                    }
-                if (partial_warp) {
-                    fibers = nullptr;
-                    return 3;
-                }
-                if (mixed_barriers) {
-                    fibers = nullptr;
-                    return 4;
-                }
+        size_t b = backwards ? blocks - 1 - k : k;
+        unsigned x = (unsigned)(b % grid.x), y = (unsigned)(b / grid.x % grid.y);
+        unsigned z = (unsigned)(b / ((size_t)grid.x * grid.y));
+        block_idx = {x, y, z};
+        block_barrier = Barrier{threads};
+        warp_barriers.clear();
+        for (unsigned w = 0; w * 32 < threads; w++)
+            warp_barriers.push_back(Barrier{threads - w * 32 < 32 ? threads - w * 32 : 32});
+        for (auto& f : pool) {
+            f.done = false;
+            start(f);
+        }
+        synced.assign(threads, 0);
+        partial_warp = false;
+        mixed_barriers = false;
+        barrier_line = -1;
+        std::memset(dynamic_buffer, 0xff, sizeof dynamic_buffer);
+        unsigned live = threads;
+        // Between two barriers the fibers run one after another, so a read of shared
+        // memory another thread writes without a barrier between sees the write only
+        // when the writer ran first: every other block runs its threads in reverse
+        // order, so that such a race shows as a wrong result in one order or the other.
+        bool reverse = (x + y + z) % 2 == 1;
+        while (live > 0) {
+            for (unsigned i = 0; i < threads; i++) {
+                unsigned t = reverse ? threads - 1 - i : i;
+                if (pool[t].done) continue;
+                linear = t;
+                thread_idx = pool[t].tid;
+                resume(pool[t]);
+                if (pool[t].done) live--;
             }
+        }
+        for (uint8_t s : synced)
+            if (!s) {
+                fibers = nullptr;
+                return 2;  // a thread that could race an early-started launch
+            }
+        if (partial_warp) {
+            fibers = nullptr;
+            return 3;
+        }
+        if (mixed_barriers) {
+            fibers = nullptr;
+            return 4;
+        }
+    }
     fibers = nullptr;
     return 0;
 }

@@ -166,8 +166,7 @@ impl CudaBackend {
             rope_style_code(c.rope_style),
         );
         // A step of decode tokens only: the attention blocks prepare their own heads.
-        let prepare_in_attention =
-            self.fused_rope && self.inputs.n_tiles == 0 && self.inputs.n_decode == n;
+        let prepare_in_attention = self.fused_rope && self.inputs.n_decode == n;
         if !prepare_in_attention {
             launch!(
                 self,

@@ -304,15 +304,17 @@ struct GemvNorm {
     float eps;
 };
 
-// The last block of the grid, when every other block's writes are visible (one counter per
-// launch, back at 0 for the next): the threadfence pattern of the split attention's merge.
-__device__ __forceinline__ bool last_block(int* done) {
+// Whether this block is the last of the `blocks` blocks counting on `counter` to finish, once
+// every other one's writes are visible to it (each thread's made visible before the block
+// counts itself); the last sets the counter back to 0 for the next launch. The GEMV's fused
+// norm counts the whole grid, the split attention's merge a token's split blocks.
+__device__ __forceinline__ bool last_block(int* counter, int blocks) {
     __shared__ int last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        last = atomicAdd(done, 1) == (int)(gridDim.x * gridDim.y * gridDim.z) - 1;
-        if (last) *done = 0;
+        last = atomicAdd(counter, 1) == blocks - 1;
+        if (last) *counter = 0;
     }
     __syncthreads();
     if (last) __threadfence();
@@ -449,7 +451,7 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
         if constexpr (!RESIDENT) __syncthreads();
     }
     gemv_write(acc, out, ldo, m, M, n);
-    if (norm.done && last_block(norm.done)) {
+    if (norm.done && last_block(norm.done, (int)gridDim.x)) {
         for (int j = 0; j < n; j++)
             add_rms_norm_row(norm.x + (size_t)j * M, out + (size_t)j * ldo, norm.post_w,
                              norm.next_w, norm.out + (size_t)j * M, M, norm.eps);
