@@ -17,7 +17,9 @@ if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 # NVRTC (CUDA 13's runtime compiler, from NVIDIA's PyPI wheel) lets a Rust test compile the
 # CUDA backend's kernels to PTX on this GPU-less machine. Pinned to 13.0, the CUDA version of
 # the GPU machines' driver (a newer NVRTC emits PTX that driver cannot load). Without it the
-# test skips, so a failed install is reported, not fatal.
+# test skips, so a failed install is reported, not fatal. With it the CUDA conformance suite
+# also runs here, on the emulated driver (the kernels on the CPU, see
+# gpu-runner/src/engine/backend/cuda/emulator.rs).
 NVRTC_WHEEL='nvidia-cuda-nvrtc==13.0.88'
 if .venv/bin/pip install -q --disable-pip-version-check "$NVRTC_WHEEL"; then
   nvrtc_dir="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/cu13/lib"
@@ -37,7 +39,9 @@ if .venv/bin/pip install -q --disable-pip-version-check "$NVRTC_WHEEL"; then
 else
   echo "NVRTC: could not install $NVRTC_WHEEL (no network?); the CUDA kernel compile test will skip" >&2
 fi
-cargo build --bin fallow
+# With the runner's CUDA emulator compiled in, as `cargo test` builds the runner (its tests
+# turn the feature on), so the workspace's test build reuses this one.
+cargo build --bin fallow --features fallow-runner/emulator
 # The S3 store tests run against a real S3-compatible server (moto, from requirements.txt);
 # here its absence is a failure rather than a skip.
 FALLOW_REQUIRE_S3=1 cargo test --workspace --no-fail-fast

@@ -16,7 +16,10 @@ MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 LIMIT=$((64 * 1024 * 1024))
 
 if [ ! -f "$MODEL" ]; then scripts/fetch-models.sh; fi
-cargo build --release -p fallow
+# With the runner's `emulator` feature, as the test build below turns it on: one release
+# build of the runner serves both (the emulated driver is only loaded by tests, and only
+# where no NVIDIA driver is).
+cargo build --release -p fallow --features fallow-runner/emulator
 # The test executable: the last compiler-artifact line naming it.
 test_exe=$(cargo test --release -p fallow-runner --test cuda_conformance --no-run \
   --message-format=json 2>/dev/null |

@@ -27,7 +27,9 @@
 use std::path::PathBuf;
 
 use fallow_runner::engine::backend::cpu::{CpuBackend, KvDtype};
-use fallow_runner::engine::backend::cuda::{device, CudaBackend, CudaWeights, PrefillKernel};
+use fallow_runner::engine::backend::cuda::{
+    device, emulator, kernels, CudaBackend, CudaWeights, PrefillKernel,
+};
 use fallow_runner::engine::backend::{Backend, LogitsMode, NoMasks, ReadyMasks, SeqSlice};
 use fallow_runner::engine::footprint::KvPoolSize;
 use fallow_runner::engine::llm::EngineRequest;
@@ -59,17 +61,66 @@ fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Where the suite runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Runs {
+    /// On a GPU.
+    Gpu,
+    /// On the emulated driver (the kernels on the CPU): there is no NVIDIA driver here.
+    Emulated,
+}
+
+/// Where the suite can run, once per process: on a GPU, or where there is no NVIDIA driver
+/// on the emulated one (`FALLOW_CUDA_EMULATOR=0` skips instead), which also needs NVRTC for
+/// the kernels' PTX and a C++ compiler; `None` (each test prints SKIPPED) where neither.
+fn runs_on() -> Option<Runs> {
+    static RUNS: std::sync::OnceLock<Option<Runs>> = std::sync::OnceLock::new();
+    *RUNS.get_or_init(|| {
+        let runs = if device::driver_available() {
+            Runs::Gpu
+        } else if std::env::var("FALLOW_CUDA_EMULATOR").as_deref() == Ok("0") {
+            eprintln!("SKIPPED: no NVIDIA driver, and FALLOW_CUDA_EMULATOR=0");
+            return None;
+        } else if !kernels::nvrtc_available() {
+            eprintln!(
+                "SKIPPED: no NVIDIA driver, and no NVRTC to build the kernels for the emulated one"
+            );
+            return None;
+        } else {
+            match emulator::install_driver() {
+                Ok(true) => {
+                    // Timing the 18 GEMV variants at every load says nothing here and costs
+                    // seconds per tiny model: one variant (every one is compared bitwise in
+                    // the kernel tests; the tiny-architecture test times them as at load).
+                    if std::env::var_os("FALLOW_CUDA_GEMV").is_none() {
+                        std::env::set_var("FALLOW_CUDA_GEMV", "w8u4");
+                    }
+                    Runs::Emulated
+                }
+                Ok(false) => return None,
+                Err(e) => panic!("emulated CUDA driver: {e}"),
+            }
+        };
+        match device::probe(0) {
+            Ok(info) => {
+                eprintln!("running on {info}");
+                Some(runs)
+            }
+            Err(e) => {
+                eprintln!("SKIPPED: {e}");
+                None
+            }
+        }
+    })
+}
+
+/// Whether the suite can run (on a GPU or the emulated driver); prints why not.
 fn gpu() -> bool {
-    match device::probe(0) {
-        Ok(info) => {
-            eprintln!("running on {info}");
-            true
-        }
-        Err(e) => {
-            eprintln!("SKIPPED: {e}");
-            false
-        }
+    let runs = runs_on();
+    if runs.is_none() {
+        eprintln!("SKIPPED: no CUDA device, real or emulated");
     }
+    runs.is_some()
 }
 
 fn tiny(name: &str) -> ModelArtifacts {
@@ -164,11 +215,17 @@ fn every_tiny_architecture_matches_the_cpu_backend_with_a_cached_prefix() {
         let artifacts = tiny(name);
         let vocab = artifacts.config.vocab_size;
         let (mut cpu, mut cuda) = backends(&artifacts);
-        let tokens: Vec<u32> = (0..23u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
+        // The GEMV variants timed as at load (the emulated driver's runs force one).
+        cuda.set_gemv_variant("auto")
+            .expect("the GEMV variants timed");
+        let tokens: Vec<u32> = (0..26u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
         let blocks = table(0, tokens.len());
         let split = 9;
         let mut worst = 0f32;
-        for (start, chunk) in [(0, &tokens[..split]), (split, &tokens[split..])] {
+        // Two prefill chunks, then three one-token decode steps (the GEMVs, graphs).
+        let mut steps = vec![(0, &tokens[..split]), (split, &tokens[split..23])];
+        steps.extend((23..26).map(|p| (p, &tokens[p..p + 1])));
+        for (start, chunk) in steps {
             let batch = [SeqSlice {
                 tokens: chunk,
                 start_pos: start,
@@ -293,13 +350,49 @@ fn a_mixed_batch_gives_each_sequence_its_own_logits() {
     );
 }
 
-/// The default model's artifacts, when there is a GPU to run them on and the file is here.
-fn default_model_on_gpu() -> Option<ModelArtifacts> {
+/// The default model's file, when there is a GPU to run it on and the file is here. On the
+/// emulated driver a test that runs the default model takes minutes, so there only with
+/// `FALLOW_CUDA_EMULATOR=all`; the tiny fixtures run every path of the backend there.
+fn default_model_path_on_gpu() -> Option<PathBuf> {
     if !gpu() {
         return None;
     }
-    let path = default_model()?;
+    if runs_on() == Some(Runs::Emulated)
+        && std::env::var("FALLOW_CUDA_EMULATOR").as_deref() != Ok("all")
+    {
+        eprintln!(
+            "SKIPPED: the default model on the emulated driver (FALLOW_CUDA_EMULATOR=all runs it)"
+        );
+        return None;
+    }
+    default_model()
+}
+
+/// The default model's artifacts, where [`default_model_path_on_gpu`] gives its file.
+fn default_model_on_gpu() -> Option<ModelArtifacts> {
+    let path = default_model_path_on_gpu()?;
     Some(model::open(&path).expect("default model"))
+}
+
+/// `artifacts` allowed a context of 4096 tokens (a tiny fixture's 256 is a number in its
+/// config; its weights and RoPE serve any position), for the long-context comparisons.
+fn with_long_context(mut artifacts: ModelArtifacts) -> ModelArtifacts {
+    artifacts.config.context_length = artifacts.config.context_length.max(4096);
+    artifacts
+}
+
+/// The models a comparison of two configurations of the backend runs on: every tiny
+/// architecture, then the default model where [`default_model_on_gpu`] gives it.
+fn every_model() -> Vec<(String, ModelArtifacts)> {
+    if !gpu() {
+        return Vec::new();
+    }
+    let mut models: Vec<(String, ModelArtifacts)> = ["llama", "qwen2", "qwen3", "gemma3"]
+        .into_iter()
+        .map(|name| (name.to_string(), tiny(name)))
+        .collect();
+    models.extend(default_model_on_gpu().map(|m| ("the default model".to_string(), m)));
+    models
 }
 
 /// `len` token ids spread over the vocabulary (distinct enough to be no repeated phrase).
@@ -394,10 +487,7 @@ const STEPS: usize = 16;
 
 #[test]
 fn the_default_model_follows_llama_cpp_exact_math_for_16_teacher_forced_steps() {
-    if !gpu() {
-        return;
-    }
-    let Some(path) = default_model() else {
+    let Some(path) = default_model_path_on_gpu() else {
         return;
     };
     let artifacts = model::open(&path).expect("model opens");
@@ -537,10 +627,7 @@ fn generate_all(device: Device, prompts: &[Vec<u32>], path: &std::path::Path) ->
 
 #[test]
 fn the_engine_on_cuda_generates_llama_cpp_exact_greedy_tokens_for_concurrent_requests() {
-    if !gpu() {
-        return;
-    }
-    let Some(path) = default_model() else {
+    let Some(path) = default_model_path_on_gpu() else {
         return;
     };
     let cases = exact_cases();
@@ -903,6 +990,13 @@ fn decode_steps_replayed_from_cuda_graphs_equal_eager_ones() {
             }
             all.extend(logits);
         }
+        if graphs {
+            assert!(
+                cuda.graphs_captured() >= 2,
+                "{} graphs captured: a failed capture runs eagerly",
+                cuda.graphs_captured()
+            );
+        }
         all
     };
     let eager = run(false);
@@ -919,94 +1013,101 @@ fn decode_steps_replayed_from_cuda_graphs_equal_eager_ones() {
 
 #[test]
 fn long_context_decodes_split_over_the_keys_equal_unsplit_ones() {
-    let Some(artifacts) = default_model_on_gpu() else {
-        return;
-    };
-    let vocab = artifacts.config.vocab_size;
-    // 2000 cached tokens: one decoding sequence is 3 attention blocks per token on SmolLM2
-    // (9 query heads, 3 KV heads), so the plan splits its keys over many more.
-    let prompt = spread_prompt(2000, vocab as u32);
-    let blocks = table(0, prompt.len() + 8);
-    let run = |split: bool| -> Vec<f32> {
-        let mut cuda = cuda_with_pool(&artifacts, blocks.len());
-        cuda.set_split_attention(split);
-        cuda.forward(&[SeqSlice {
-            tokens: &prompt,
-            start_pos: 0,
-            block_table: &blocks,
-            logits: LogitsMode::None,
-        }])
-        .expect("prefill");
-        let mut all = Vec::new();
-        let mut token = 1u32;
-        for step in 0..4 {
-            let logits = cuda
-                .forward(&[SeqSlice {
-                    tokens: std::slice::from_ref(&token),
-                    start_pos: prompt.len() + step,
-                    block_table: &blocks,
-                    logits: LogitsMode::Last,
-                }])
-                .expect("decode");
-            token = fallow_runner::engine::sampler::argmax(&logits);
-            all.extend(logits);
-        }
-        all
-    };
-    let diff = relative_diff(&run(true), &run(false), vocab);
-    eprintln!("split-K vs whole attention, 2000-token context: max relative |Δ logit| {diff:.6}");
-    // The same sums in another order, rounded to bf16 once more at the merge.
-    assert!(diff <= 1e-2, "split and unsplit attention differ by {diff}");
+    for (name, artifacts) in every_model() {
+        let artifacts = with_long_context(artifacts);
+        let vocab = artifacts.config.vocab_size;
+        // 2000 cached tokens: one decoding sequence is 3 attention blocks per token on
+        // SmolLM2 (9 query heads, 3 KV heads), 2 on the tiny models, so the plan splits its
+        // keys over many more.
+        let prompt = spread_prompt(2000, vocab as u32);
+        let blocks = table(0, prompt.len() + 8);
+        let run = |split: bool| -> Vec<f32> {
+            let mut cuda = cuda_with_pool(&artifacts, blocks.len());
+            cuda.set_split_attention(split);
+            cuda.forward(&[SeqSlice {
+                tokens: &prompt,
+                start_pos: 0,
+                block_table: &blocks,
+                logits: LogitsMode::None,
+            }])
+            .expect("prefill");
+            let mut all = Vec::new();
+            let mut token = 1u32;
+            for step in 0..4 {
+                let logits = cuda
+                    .forward(&[SeqSlice {
+                        tokens: std::slice::from_ref(&token),
+                        start_pos: prompt.len() + step,
+                        block_table: &blocks,
+                        logits: LogitsMode::Last,
+                    }])
+                    .expect("decode");
+                token = fallow_runner::engine::sampler::argmax(&logits);
+                all.extend(logits);
+            }
+            all
+        };
+        let diff = relative_diff(&run(true), &run(false), vocab);
+        eprintln!(
+            "{name}: split-K vs whole attention, 2000-token context: max relative |Δ logit| {diff:.6}"
+        );
+        // The same sums in another order, rounded to bf16 once more at the merge.
+        assert!(
+            diff <= 1e-2,
+            "{name}: split and unsplit attention differ by {diff}"
+        );
+    }
 }
 
 #[test]
 fn tensor_core_prefill_attention_matches_the_f32_kernel_over_a_long_prompt() {
-    let Some(artifacts) = default_model_on_gpu() else {
-        return;
-    };
-    let vocab = artifacts.config.vocab_size as u32;
-    // 1500 tokens in two chunks (the second attends to a cached prefix of 1000), then
-    // teacher-forced decodes that read what every layer's prefill attention produced.
-    let prompt = spread_prompt(1500, vocab);
-    let blocks = table(0, prompt.len() + 8);
-    let run = |kernel: PrefillKernel| -> Vec<f32> {
-        let mut cuda = cuda_with_pool(&artifacts, blocks.len());
-        cuda.set_prefill_kernel(kernel)
-            .expect("SmolLM2's heads fit both");
-        let mut all = Vec::new();
-        for (start, end, logits) in [(0, 1000, LogitsMode::None), (1000, 1500, LogitsMode::All)] {
-            all.extend(
-                cuda.forward(&[SeqSlice {
-                    tokens: &prompt[start..end],
-                    start_pos: start,
-                    block_table: &blocks,
-                    logits,
-                }])
-                .expect("prefill chunk"),
-            );
-        }
-        for step in 0..4u32 {
-            let token = [(step * 31 + 2) % vocab];
-            all.extend(
-                cuda.forward(&[SeqSlice {
-                    tokens: &token,
-                    start_pos: prompt.len() + step as usize,
-                    block_table: &blocks,
-                    logits: LogitsMode::Last,
-                }])
-                .expect("decode"),
-            );
-        }
-        all
-    };
-    let tensor = run(PrefillKernel::TensorCores);
-    let f32_kernel = run(PrefillKernel::F32);
-    let diff = relative_diff(&tensor, &f32_kernel, vocab as usize);
-    eprintln!(
-        "tensor-core vs f32 prefill attention, 1500 tokens: max relative |Δ logit| {diff:.6}"
-    );
-    // Q is multiplied to ~16 bits either way; P rounded to bf16 and another summation order.
-    assert!(diff <= 1e-2, "the prefill kernels differ by {diff}");
+    for (name, artifacts) in every_model() {
+        let artifacts = with_long_context(artifacts);
+        let vocab = artifacts.config.vocab_size as u32;
+        // 1500 tokens in two chunks (the second attends to a cached prefix of 1000), then
+        // teacher-forced decodes that read what every layer's prefill attention produced.
+        let prompt = spread_prompt(1500, vocab);
+        let blocks = table(0, prompt.len() + 8);
+        let run = |kernel: PrefillKernel| -> Vec<f32> {
+            let mut cuda = cuda_with_pool(&artifacts, blocks.len());
+            cuda.set_prefill_kernel(kernel).expect("the heads fit both");
+            let mut all = Vec::new();
+            for (start, end, logits) in [(0, 1000, LogitsMode::None), (1000, 1500, LogitsMode::All)]
+            {
+                all.extend(
+                    cuda.forward(&[SeqSlice {
+                        tokens: &prompt[start..end],
+                        start_pos: start,
+                        block_table: &blocks,
+                        logits,
+                    }])
+                    .expect("prefill chunk"),
+                );
+            }
+            for step in 0..4u32 {
+                let token = [(step * 31 + 2) % vocab];
+                all.extend(
+                    cuda.forward(&[SeqSlice {
+                        tokens: &token,
+                        start_pos: prompt.len() + step as usize,
+                        block_table: &blocks,
+                        logits: LogitsMode::Last,
+                    }])
+                    .expect("decode"),
+                );
+            }
+            all
+        };
+        let tensor = run(PrefillKernel::TensorCores);
+        let f32_kernel = run(PrefillKernel::F32);
+        let diff = relative_diff(&tensor, &f32_kernel, vocab as usize);
+        eprintln!(
+            "{name}: tensor-core vs f32 prefill attention, 1500 tokens: max relative |Δ logit| {diff:.6}"
+        );
+        // Q is multiplied to ~16 bits either way; P rounded to bf16 and another summation
+        // order.
+        assert!(diff <= 1e-2, "{name}: the prefill kernels differ by {diff}");
+    }
 }
 
 #[test]
@@ -1034,6 +1135,11 @@ fn decode_steps_padded_to_a_graph_bucket_equal_unpadded_eager_ones() {
                 .expect("decode step");
             all.extend(logits);
         }
+        assert_eq!(
+            cuda.graphs_captured(),
+            usize::from(graphs),
+            "the 16-row graph"
+        );
         all
     };
     let diff = relative_diff(&run(true), &run(false), vocab);
@@ -1047,6 +1153,7 @@ fn decode_steps_padded_to_a_graph_bucket_equal_unpadded_eager_ones() {
 /// one alone (batch 1), teacher-forced so that every configuration takes the same path: all
 /// their logits.
 fn prefill_mixed_step_and_decodes(cuda: &mut CudaBackend, vocab: u32) -> Vec<f32> {
+    cuda.set_cuda_graphs(true);
     let prompt_a = spread_prompt(200, vocab);
     let prompt_b: Vec<u32> = (0..50u32).map(|i| (i * 104_729 + 5) % vocab).collect();
     let (table_a, table_b) = (table(0, 240), table(64, 90));
@@ -1110,6 +1217,8 @@ fn prefill_mixed_step_and_decodes(cuda: &mut CudaBackend, vocab: u32) -> Vec<f32
             .expect("single decode step"),
         );
     }
+    // Two-sequence and one-sequence decodes: a graph each.
+    assert_eq!(cuda.graphs_captured(), 2, "graphs captured");
     all
 }
 
@@ -1124,42 +1233,40 @@ fn assert_same_bits(a: &[f32], b: &[f32], what: &str) {
 
 #[test]
 fn early_started_launches_compute_exactly_what_plain_launches_do() {
-    let Some(artifacts) = default_model_on_gpu() else {
-        return;
-    };
-    let vocab = artifacts.config.vocab_size as u32;
-    let run = |early: bool| -> Option<Vec<f32>> {
-        let mut cuda = cuda_with(&artifacts, CudaWeights::Bf16);
-        cuda.set_early_start(early);
-        if cuda.early_start() != early {
-            eprintln!("SKIPPED: this device has no programmatic dependent launch (sm_90+)");
-            return None;
-        }
-        Some(prefill_mixed_step_and_decodes(&mut cuda, vocab))
-    };
-    let Some(early) = run(true) else { return };
-    let plain = run(false).expect("plain launches");
-    // The same kernels doing the same sums: only when their blocks start differs.
-    assert_same_bits(
-        &early,
-        &plain,
-        "early-started launches differ from plain ones",
-    );
+    for (name, artifacts) in every_model() {
+        let vocab = artifacts.config.vocab_size as u32;
+        let run = |early: bool| -> Option<Vec<f32>> {
+            let mut cuda = cuda_with(&artifacts, CudaWeights::Bf16);
+            cuda.set_early_start(early);
+            if cuda.early_start() != early {
+                eprintln!("SKIPPED: this device has no programmatic dependent launch (sm_90+)");
+                return None;
+            }
+            Some(prefill_mixed_step_and_decodes(&mut cuda, vocab))
+        };
+        let Some(early) = run(true) else { return };
+        let plain = run(false).expect("plain launches");
+        // The same kernels doing the same sums: only when their blocks start differs.
+        assert_same_bits(
+            &early,
+            &plain,
+            &format!("{name}: early-started launches differ from plain ones"),
+        );
+    }
 }
 
-/// [`prefill_mixed_step_and_decodes`] on the default model with a fusion `on` and off: the
+/// [`prefill_mixed_step_and_decodes`] on [`every_model`] with a fusion `on` and off: the
 /// same bits either way.
 fn assert_fusion_keeps_the_bits(on: impl Fn(&mut CudaBackend, bool), what: &str) {
-    let Some(artifacts) = default_model_on_gpu() else {
-        return;
-    };
-    let vocab = artifacts.config.vocab_size as u32;
-    let run = |fused: bool| {
-        let mut cuda = cuda_with(&artifacts, CudaWeights::Bf16);
-        on(&mut cuda, fused);
-        prefill_mixed_step_and_decodes(&mut cuda, vocab)
-    };
-    assert_same_bits(&run(true), &run(false), what);
+    for (name, artifacts) in every_model() {
+        let vocab = artifacts.config.vocab_size as u32;
+        let run = |fused: bool| {
+            let mut cuda = cuda_with(&artifacts, CudaWeights::Bf16);
+            on(&mut cuda, fused);
+            prefill_mixed_step_and_decodes(&mut cuda, vocab)
+        };
+        assert_same_bits(&run(true), &run(false), &format!("{name}: {what}"));
+    }
 }
 
 #[test]

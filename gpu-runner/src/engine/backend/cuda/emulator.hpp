@@ -5,11 +5,11 @@
 // hand on x86-64, by ucontext elsewhere) on the calling OS thread, so `__shared__` can be a
 // function-static variable (shared by the block's threads, reused by the next block).
 // `__syncthreads` is a barrier over the block's fibers and a warp shuffle exchanges values
-// through a per-warp slot array between two warp barriers; a fiber waiting at a barrier
-// yields to the next one, round robin. A thread that returns from the kernel leaves both
-// barriers, as an exited GPU thread stops counting at `__syncthreads`. Device pointers are
-// host pointers. Launches are serialised (the state is global). Fibers rather than OS
-// threads: a warp shuffle is two barriers, and a fiber switch costs nanoseconds.
+// through a per-warp slot array behind one warp barrier; a fiber waiting at a barrier
+// switches straight to the next one, round robin. A thread that returns from the kernel
+// leaves both barriers, as an exited GPU thread stops counting at `__syncthreads`. Device
+// pointers are host pointers. Launches are serialised (the state is global). Fibers rather
+// than OS threads: a warp shuffle is a barrier, and a fiber switch costs nanoseconds.
 
 #define FALLOW_EMULATOR 1
 
@@ -100,7 +100,7 @@ struct Barrier {
 };
 
 struct Fiber {
-    std::unique_ptr<unsigned char[]> stack;  // STACK_BYTES, left uninitialised
+    unsigned char* stack = nullptr;  // STACK_BYTES, left uninitialised (from `stacks`)
     uint3 tid{};
     bool done = false;
 #if defined(__x86_64__)
@@ -116,7 +116,13 @@ inline unsigned linear = 0;
 inline std::vector<Fiber>* fibers = nullptr;
 inline Barrier block_barrier;
 inline std::vector<Barrier> warp_barriers;
+// Each thread's shuffle operand, in two halves that alternate from one warp-wide exchange
+// to the next (see `exchange`).
 inline std::vector<uint64_t> lanes;
+// Threads of the running block, how many have not returned yet, and whether they run in
+// reverse order (see `run`).
+inline unsigned block_threads = 0, live = 0;
+inline bool reverse_order = false;
 // Each thread's mma operands (A's 4 registers, then B's 2), for mma_bf16_16816.
 inline std::vector<uint32_t> mma_operands;
 // Which threads of the running block have called grid_dependency_sync (see kernels.cu).
@@ -141,6 +147,15 @@ inline void* scheduler_sp = nullptr;
 inline ucontext_t scheduler_ctx;
 #endif
 
+// Leaves fiber `from` for fiber `to` (which runs from where it last left, or from its start).
+inline void switch_fiber(Fiber& from, Fiber& to) {
+#if defined(__x86_64__)
+    fallow_emu_switch(&from.sp, to.sp);
+#else
+    swapcontext(&from.ctx, &to.ctx);
+#endif
+}
+
 inline void to_scheduler() {
 #if defined(__x86_64__)
     fallow_emu_switch(&(*fibers)[linear].sp, scheduler_sp);
@@ -149,10 +164,31 @@ inline void to_scheduler() {
 #endif
 }
 
+// The thread after `t` in the block's running order (cyclic), whether or not it has returned.
+inline unsigned after(unsigned t) {
+    if (reverse_order) return t == 0 ? block_threads - 1 : t - 1;
+    return t + 1 == block_threads ? 0 : t + 1;
+}
+
+// Runs the next thread that has not returned, in the block's order: what a scheduler looping
+// over the threads would resume next, without the detour through it. Back to the scheduler
+// once every thread has returned.
+inline void yield() {
+    unsigned from = linear, t = after(from);
+    while ((*fibers)[t].done && t != from) t = after(t);
+    if (t == from) {
+        if ((*fibers)[from].done) to_scheduler();
+        return;  // the only thread left: its barrier is complete
+    }
+    linear = t;
+    thread_idx = (*fibers)[t].tid;
+    switch_fiber((*fibers)[from], (*fibers)[t]);
+}
+
 inline void wait(Barrier& b) {
     unsigned gen = b.generation;
     b.arrive();
-    while (b.generation == gen) to_scheduler();
+    while (b.generation == gen) yield();
 }
 
 // A fiber's life: the kernel for the current block, then out of the barriers.
@@ -161,12 +197,16 @@ inline void fiber_main() {
     block_barrier.drop();
     warp_barriers[linear / 32].drop();
     (*fibers)[linear].done = true;
-    for (;;) to_scheduler();
+    live--;
+    for (;;) yield();
 }
+
+// Fiber stacks, reused from launch to launch.
+inline std::vector<std::unique_ptr<unsigned char[]>> stacks;
 
 #if defined(__x86_64__)
 inline void start(Fiber& f) {
-    uintptr_t top = (uintptr_t)(f.stack.get() + STACK_BYTES) & ~(uintptr_t)15;
+    uintptr_t top = (uintptr_t)(f.stack + STACK_BYTES) & ~(uintptr_t)15;
     auto* sp = (uint64_t*)(top - 72);
     sp[0] = 0x1F80 | ((uint64_t)0x037F << 32);  // default MXCSR, x87 control word
     for (int i = 1; i <= 6; i++) sp[i] = 0;      // r15 r14 r13 r12 rbx rbp
@@ -178,7 +218,7 @@ inline void resume(Fiber& f) { fallow_emu_switch(&scheduler_sp, f.sp); }
 #else
 inline void start(Fiber& f) {
     getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack.get();
+    f.ctx.uc_stack.ss_sp = f.stack;
     f.ctx.uc_stack.ss_size = STACK_BYTES;
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, fiber_main, 0);
@@ -188,7 +228,7 @@ inline void resume(Fiber& f) { swapcontext(&scheduler_ctx, &f.ctx); }
 
 // Every lane of this thread's warp is still running (the warp-wide operations' contract).
 inline void whole_warp() {
-    unsigned warp = linear / 32, threads = (unsigned)lanes.size();
+    unsigned warp = linear / 32, threads = block_threads;
     unsigned width = threads - warp * 32 < 32 ? threads - warp * 32 : 32;
     if (warp_barriers[warp].expected != width) partial_warp = true;
 }
@@ -214,11 +254,15 @@ T exchange(T v, Src src) {
     std::memcpy(&bits, &v, sizeof(T));
     unsigned warp = linear / 32, lane = linear % 32;
     whole_warp();
-    lanes[linear] = bits;
+    // One barrier: every lane writes, then reads once all have written. The halves alternate
+    // with the warp barrier's generation (the same for every lane on entry), so a lane that
+    // runs ahead writes its next operand into the other half; it can come back to this half
+    // only after another warp barrier, which every lane reaches after its read.
+    uint64_t* half = &lanes[(warp_barriers[warp].generation & 1) * block_threads];
+    half[linear] = bits;
     wait(warp_barriers[warp]);
     unsigned from = src(lane);
-    uint64_t got = from < 32 && warp * 32 + from < lanes.size() ? lanes[warp * 32 + from] : bits;
-    wait(warp_barriers[warp]);
+    uint64_t got = from < 32 && warp * 32 + from < block_threads ? half[warp * 32 + from] : bits;
     T r;
     std::memcpy(&r, &got, sizeof(T));
     return r;
@@ -267,13 +311,15 @@ inline int run(dim3 grid, dim3 block, std::function<void()> body) {
     unsigned threads = block.x * block.y * block.z;
     if (threads == 0 || threads > 1024) return 1;
     std::vector<Fiber> pool(threads);
+    while (stacks.size() < threads) stacks.emplace_back(new unsigned char[STACK_BYTES]);
     for (unsigned t = 0; t < threads; t++) {
-        pool[t].stack.reset(new unsigned char[STACK_BYTES]);
+        pool[t].stack = stacks[t].get();
         pool[t].tid = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
     }
     fibers = &pool;
     kernel_body = std::move(body);
-    lanes.assign(threads, 0);
+    lanes.assign(2 * (size_t)threads, 0);
+    block_threads = threads;
     mma_operands.assign(threads * 6, 0);
     block_dim = block;
     grid_dim = grid;
@@ -301,22 +347,16 @@ inline int run(dim3 grid, dim3 block, std::function<void()> body) {
         mixed_barriers = false;
         barrier_line = -1;
         std::memset(dynamic_buffer, 0xff, sizeof dynamic_buffer);
-        unsigned live = threads;
+        live = threads;
         // Between two barriers the fibers run one after another, so a read of shared
         // memory another thread writes without a barrier between sees the write only
         // when the writer ran first: every other block runs its threads in reverse
         // order, so that such a race shows as a wrong result in one order or the other.
-        bool reverse = (x + y + z) % 2 == 1;
-        while (live > 0) {
-            for (unsigned i = 0; i < threads; i++) {
-                unsigned t = reverse ? threads - 1 - i : i;
-                if (pool[t].done) continue;
-                linear = t;
-                thread_idx = pool[t].tid;
-                resume(pool[t]);
-                if (pool[t].done) live--;
-            }
-        }
+        // The threads pass control to one another (`yield`); the last to return comes back.
+        reverse_order = (x + y + z) % 2 == 1;
+        linear = reverse_order ? threads - 1 : 0;
+        thread_idx = pool[linear].tid;
+        resume(pool[linear]);
         for (uint8_t s : synced)
             if (!s) {
                 fibers = nullptr;

@@ -21,13 +21,14 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
 use super::kernels::{fnv1a, NAMES, SOURCE};
 
 const PRELUDE: &str = include_str!("emulator.hpp");
+const DRIVER: &str = include_str!("emulated_driver.cpp");
 
 /// One by-value kernel argument, as the backend's `launch!` passes them.
 #[derive(Clone, Copy, Debug)]
@@ -261,24 +262,15 @@ impl Emulator {
 /// Compiles the kernel sources with the prelude into a shared library (cached by content in the
 /// temporary directory) and resolves one launcher per kernel; `None` without a compiler.
 fn build() -> Result<Option<Emulator>, String> {
-    let mut source = String::from(PRELUDE);
-    source.push_str("\n#line 1 \"kernels (kernels.cu + attention.cu + pick.cu + quant.cu)\"\n");
-    source.push_str(SOURCE);
-    source.push('\n');
-    for name in NAMES {
-        source.push_str(&format!("FALLOW_EMU_EXPORT({name})\n"));
-    }
-    let compiler = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    if Command::new(&compiler).arg("--version").output().is_err() {
-        eprintln!("SKIPPED: no C++ compiler ({compiler}) to emulate the CUDA kernels with");
+    let source = kernels_source();
+    let Some(compiler) = compiler() else {
         return Ok(None);
-    }
+    };
+    let dir = build_dir()?;
     let hash = fnv1a(source.as_bytes()) ^ fnv1a(compiler.as_bytes());
-    let dir = std::env::temp_dir().join("fallow-kernel-emulator");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let lib = dir.join(format!("kernels-{hash:016x}.so"));
     if !lib.exists() {
-        compile(&compiler, &source, &dir, &lib)?;
+        compile(&compiler, &source, &lib, &[])?;
     }
     let path = CString::new(lib.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
     // SAFETY: loading a library we just built; it has no initialisers beyond the C++ runtime.
@@ -332,10 +324,93 @@ fn build() -> Result<Option<Emulator>, String> {
     }))
 }
 
-fn compile(compiler: &str, source: &str, dir: &Path, lib: &Path) -> Result<(), String> {
+/// The prelude, the kernels and one exported launcher per kernel.
+fn kernels_source() -> String {
+    let mut source = String::from(PRELUDE);
+    source.push_str("\n#line 1 \"kernels (kernels.cu + attention.cu + pick.cu + quant.cu)\"\n");
+    source.push_str(SOURCE);
+    source.push('\n');
+    for name in NAMES {
+        source.push_str(&format!("FALLOW_EMU_EXPORT({name})\n"));
+    }
+    source
+}
+
+/// The C++ compiler (`CXX`, else `g++`); `None`, with the reason printed, where there is none.
+fn compiler() -> Option<String> {
+    let compiler = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    if Command::new(&compiler).arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no C++ compiler ({compiler}) to emulate the CUDA kernels with");
+        return None;
+    }
+    Some(compiler)
+}
+
+/// Where the built libraries are cached (by the hash of their source).
+fn build_dir() -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join("fallow-kernel-emulator");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Loads the emulated CUDA driver (`emulated_driver.cpp` over the kernels) as this process's
+/// `libcuda.so`, and its cuBLAS part as `libcublas.so`, so that the CUDA backend runs whole on
+/// the CPU: cudarc opens the driver by those names, and the dynamic loader answers with a
+/// library already loaded under that name. Call it before anything opens the CUDA driver,
+/// and only in a process without a real one (its name would be taken). Returns `false` where
+/// no C++ compiler is found; loading it twice is harmless.
+pub fn install_driver() -> Result<bool, String> {
+    static INSTALLED: OnceLock<Result<bool, String>> = OnceLock::new();
+    INSTALLED.get_or_init(load_driver).clone()
+}
+
+fn load_driver() -> Result<bool, String> {
+    let mut source = kernels_source();
+    source.push_str("\n#line 1 \"emulated_driver.cpp\"\n");
+    source.push_str(DRIVER);
+    source.push('\n');
+    for name in NAMES {
+        source.push_str(&format!("FALLOW_EMU_REGISTER({name})\n"));
+    }
+    let Some(compiler) = compiler() else {
+        return Ok(false);
+    };
+    let hash = fnv1a(source.as_bytes()) ^ fnv1a(compiler.as_bytes());
+    let dir = build_dir()?.join(format!("driver-{hash:016x}"));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let driver = dir.join("libcuda.so");
+    if !driver.exists() {
+        compile(&compiler, &source, &driver, &["-Wl,-soname,libcuda.so"])?;
+    }
+    // cuBLAS's name for the same library: an empty one that needs the driver, so that a
+    // lookup in it finds the driver's `cublas*` functions (one copy of the driver's state).
+    let blas = dir.join("libcublas.so");
+    if !blas.exists() {
+        let needs = driver.to_string_lossy().into_owned();
+        compile(
+            &compiler,
+            "// cuBLAS's name for the emulated CUDA driver\n",
+            &blas,
+            &["-Wl,-soname,libcublas.so", "-Wl,--no-as-needed", &needs],
+        )?;
+    }
+    for lib in [&driver, &blas] {
+        let path = CString::new(lib.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
+        // SAFETY: a library built above from our sources; global, so that the cuBLAS name's
+        // dependency resolves to the driver already loaded.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+        if handle.is_null() {
+            return Err(format!("dlopen {} failed", lib.display()));
+        }
+    }
+    Ok(true)
+}
+
+fn compile(compiler: &str, source: &str, lib: &Path, extra: &[&str]) -> Result<(), String> {
+    let dir = lib.parent().unwrap_or(Path::new("."));
     let unique = format!("{}-{:?}", std::process::id(), std::thread::current().id());
-    let cpp = dir.join(format!("kernels-{unique}.cpp"));
-    let tmp = dir.join(format!("kernels-{unique}.so"));
+    let cpp = dir.join(format!("build-{unique}.cpp"));
+    let tmp = dir.join(format!("build-{unique}.so"));
     std::fs::write(&cpp, source).map_err(|e| format!("{}: {e}", cpp.display()))?;
     let out = Command::new(compiler)
         .args([
@@ -349,12 +424,14 @@ fn compile(compiler: &str, source: &str, dir: &Path, lib: &Path) -> Result<(), S
         ])
         .arg(&tmp)
         .arg(&cpp)
+        .args(extra)
         .output()
         .map_err(|e| format!("running {compiler}: {e}"))?;
     let _ = std::fs::remove_file(&cpp);
     if !out.status.success() {
         return Err(format!(
-            "{compiler} failed to build the emulated kernels:\n{}",
+            "{compiler} failed to build {}:\n{}",
+            lib.display(),
             String::from_utf8_lossy(&out.stderr)
         ));
     }

@@ -254,13 +254,6 @@ impl GemvChoice {
         })
     }
 
-    pub fn forced(variant: usize) -> Self {
-        GemvChoice {
-            forced: Some(variant),
-            tuned: HashMap::new(),
-        }
-    }
-
     /// Whether the choice is left to timing.
     pub fn is_timed(&self) -> bool {
         self.forced.is_none()
@@ -451,7 +444,7 @@ mod tests {
             DEFAULT_VARIANT,
             "the gated kernel is timed apart"
         );
-        let forced = GemvChoice::forced(3);
+        let forced = GemvChoice::from_setting(Some(GEMV_VARIANTS[3].name)).expect("a variant");
         assert_eq!(forced.variant(6144, 4096, false, 1), 3);
         assert!(!forced.is_timed());
     }

@@ -67,6 +67,8 @@ pub struct DecodeGraphs {
     graphs: HashMap<GraphKey, OwnedGraph>,
     seen: HashSet<GraphKey>,
     refused: HashSet<GraphKey>,
+    /// Graphs captured so far (tests check that replays happened at all).
+    captured: usize,
 }
 
 impl DecodeGraphs {
@@ -76,6 +78,7 @@ impl DecodeGraphs {
             graphs: HashMap::new(),
             seen: HashSet::new(),
             refused: HashSet::new(),
+            captured: 0,
         }
     }
 
@@ -126,6 +129,12 @@ impl DecodeGraphs {
 
     pub fn insert(&mut self, key: GraphKey, graph: CudaGraph) {
         self.graphs.insert(key, OwnedGraph(graph));
+        self.captured += 1;
+    }
+
+    /// How many graphs were captured since the backend was made.
+    pub fn captured(&self) -> usize {
+        self.captured
     }
 
     /// `key`'s capture failed: its steps run eagerly from now on.

@@ -12,8 +12,10 @@
 mod attention_split;
 mod buffer;
 pub mod device;
-#[cfg(test)]
-mod emulator;
+/// The kernels, and a whole CUDA driver, emulated on the CPU: for tests only (the
+/// `emulator` feature, which the crate's own tests turn on).
+#[cfg(any(test, feature = "emulator"))]
+pub mod emulator;
 mod forward;
 mod gemm;
 mod gemv_tune;
@@ -37,7 +39,7 @@ pub use weights::{device_block_format, CudaWeights};
 
 use self::buffer::DeviceBuf;
 use self::gemm::Gemm;
-use self::gemv_tune::{variant_named, GemvChoice};
+use self::gemv_tune::GemvChoice;
 use self::graphs::{DecodeGraphs, GraphKey, Replay};
 use self::kernels::Kernels;
 use self::launch::Launcher;
@@ -283,14 +285,19 @@ impl CudaBackend {
         self.graphs.set_enabled(enabled);
     }
 
+    /// How many decode-step graphs this backend has captured (a capture that fails leaves
+    /// its steps eager, silently but for a warning: tests check that graphs were replayed).
+    pub fn graphs_captured(&self) -> usize {
+        self.graphs.captured()
+    }
+
     /// Uses bf16 GEMV variant `name` (`w8u4`, …; see [`gemv_tune`]) for every decode-sized
-    /// product instead of the ones timed at load (tests compare them).
+    /// product instead of the ones timed at load (tests compare them); `auto` times them
+    /// again now, as at load.
     pub fn set_gemv_variant(&mut self, name: &str) -> Result<(), CudaError> {
-        let variant = variant_named(name)
-            .ok_or_else(|| CudaError::Failure(format!("no GEMV variant {name}")))?;
-        self.gemm.gemv_choice = GemvChoice::forced(variant);
+        self.gemm.gemv_choice = GemvChoice::from_setting(Some(name)).map_err(CudaError::Failure)?;
         self.graphs.clear();
-        Ok(())
+        self.tune_gemv()
     }
 
     /// Turns early starts (programmatic dependent launch, [`launch`]) on or off: on by
