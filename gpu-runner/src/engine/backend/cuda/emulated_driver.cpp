@@ -74,9 +74,16 @@ struct Registration {
     }
 };
 
-// The device's memory: what the backend may allocate, like an H200's, less than this
-// machine may have (pages are only touched when written).
-constexpr size_t TOTAL_BYTES = size_t(64) << 30;
+// The device's memory: a quarter of this machine's (at most 64 GiB), so
+// that a backend sizing its KV pool from free memory (and zeroing it) fits in the machine.
+inline size_t total_bytes() {
+    static const size_t total = [] {
+        size_t ram = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+        size_t quarter = ram / 4, cap = size_t(64) << 30;
+        return quarter == 0 || quarter > cap ? cap : quarter;
+    }();
+    return total;
+}
 constexpr unsigned MULTIPROCESSORS = 132;
 
 struct Allocation {
@@ -253,7 +260,7 @@ inline int allocate(uint64_t* dptr, size_t bytes) {
     if (body == 0) body = page;
     {
         std::lock_guard<std::mutex> g(lock);
-        if (allocated + bytes > TOTAL_BYTES) return OUT_OF_MEMORY;
+        if (allocated + bytes > total_bytes()) return OUT_OF_MEMORY;
     }
     void* map = mmap(nullptr, body + page, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -365,7 +372,7 @@ int cuDeviceGetName(char* name, int len, int) {
     return SUCCESS;
 }
 int cuDeviceTotalMem_v2(size_t* bytes, int) {
-    *bytes = TOTAL_BYTES;
+    *bytes = total_bytes();
     return SUCCESS;
 }
 int cuDeviceGetAttribute(int* v, int attribute, int) {
@@ -435,8 +442,8 @@ int cuGetErrorName(int e, const char** s) {
 
 int cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
     std::lock_guard<std::mutex> g(lock);
-    *free_bytes = TOTAL_BYTES - allocated;
-    *total = TOTAL_BYTES;
+    *free_bytes = total_bytes() - allocated;
+    *total = total_bytes();
     return SUCCESS;
 }
 int cuMemAlloc_v2(uint64_t* dptr, size_t bytes) {

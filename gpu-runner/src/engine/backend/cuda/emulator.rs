@@ -365,6 +365,26 @@ pub fn install_driver() -> Result<bool, String> {
 }
 
 fn load_driver() -> Result<bool, String> {
+    let Some(libraries) = driver_libraries()? else {
+        return Ok(false);
+    };
+    for lib in &libraries {
+        let path = CString::new(lib.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
+        // SAFETY: a library built from our sources; global, so that the cuBLAS name's
+        // dependency resolves to the driver already loaded.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+        if handle.is_null() {
+            return Err(format!("dlopen {} failed", lib.display()));
+        }
+    }
+    Ok(true)
+}
+
+/// The emulated driver's two files, `libcuda.so` and its cuBLAS name
+/// `libcublas.so`, built if they are not (cached by source); `None` without a C++ compiler.
+/// A process that starts with both in `LD_PRELOAD` runs the CUDA backend on them (the CLI's
+/// tests do so with the `fallow` binary).
+pub fn driver_libraries() -> Result<Option<[PathBuf; 2]>, String> {
     let mut source = kernels_source();
     source.push_str("\n#line 1 \"emulated_driver.cpp\"\n");
     source.push_str(DRIVER);
@@ -373,7 +393,7 @@ fn load_driver() -> Result<bool, String> {
         source.push_str(&format!("FALLOW_EMU_REGISTER({name})\n"));
     }
     let Some(compiler) = compiler() else {
-        return Ok(false);
+        return Ok(None);
     };
     let hash = fnv1a(source.as_bytes()) ^ fnv1a(compiler.as_bytes());
     let dir = build_dir()?.join(format!("driver-{hash:016x}"));
@@ -394,16 +414,7 @@ fn load_driver() -> Result<bool, String> {
             &["-Wl,-soname,libcublas.so", "-Wl,--no-as-needed", &needs],
         )?;
     }
-    for lib in [&driver, &blas] {
-        let path = CString::new(lib.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
-        // SAFETY: a library built above from our sources; global, so that the cuBLAS name's
-        // dependency resolves to the driver already loaded.
-        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-        if handle.is_null() {
-            return Err(format!("dlopen {} failed", lib.display()));
-        }
-    }
-    Ok(true)
+    Ok(Some([driver, blas]))
 }
 
 fn compile(compiler: &str, source: &str, lib: &Path, extra: &[&str]) -> Result<(), String> {

@@ -1,0 +1,178 @@
+//! The `fallow` CLI's CUDA paths — `generate` and `bench engine` with `--device cuda`, as the
+//! GPU check (`gpu-runner/scripts/gpu-check.sh`) runs them: the per-kernel profiler, sampled
+//! and JSON-schema constrained decoding, Q8_0 weights, plain launches and the fusions off —
+//! run to the end on the emulated CUDA driver (`cuda::emulator`, the kernels on the CPU),
+//! preloaded into the binary. What this catches before a GPU does: a CUDA path of the CLI that
+//! fails or hangs. Skipped where a real NVIDIA driver is here (the GPU check runs these there),
+//! or NVRTC or a C++ compiler is missing.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use fallow_runner::engine::backend::cuda::{device, emulator, kernels};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn tiny(name: &str) -> String {
+    repo()
+        .join("gpu-runner/tests/fixtures/tiny")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// `LD_PRELOAD` for the emulated driver, or `None` (with the reason printed) where this test
+/// cannot run.
+fn emulated_driver() -> Option<String> {
+    if device::driver_available() {
+        eprintln!("SKIPPED: a real NVIDIA driver is here (gpu-check.sh runs the CLI on it)");
+        return None;
+    }
+    if !kernels::nvrtc_available() {
+        eprintln!("SKIPPED: no NVRTC to build the kernels for the emulated driver");
+        return None;
+    }
+    let [driver, blas] = emulator::driver_libraries().expect("the emulated driver builds")?;
+    Some(format!("{}:{}", driver.display(), blas.display()))
+}
+
+/// `fallow` with `args` on the emulated driver and `env`; its output, once it succeeded.
+fn fallow(preload: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_fallow"))
+        .args(args)
+        .env("LD_PRELOAD", preload)
+        .envs(env.iter().copied())
+        .output()
+        .expect("fallow runs");
+    assert!(
+        out.status.success(),
+        "fallow {args:?} with {env:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Environment variables for one run.
+type Env<'a> = Vec<(&'a str, &'a str)>;
+
+/// The bench table's rows as (concurrency, constraint, generated tokens).
+fn bench_rows(stdout: &[u8]) -> Vec<(usize, String, usize)> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let concurrency = f.first()?.parse().ok()?;
+            let generated = f.get(6)?.parse().ok()?;
+            Some((concurrency, f.get(1)?.to_string(), generated))
+        })
+        .collect()
+}
+
+#[test]
+fn generate_on_cuda_streams_tokens_from_the_emulated_gpu() {
+    let Some(preload) = emulated_driver() else {
+        return;
+    };
+    let out = fallow(
+        &preload,
+        &[("FALLOW_CUDA_GEMV", "w8u4")],
+        &[
+            "generate",
+            "--model",
+            &tiny("llama"),
+            "--prompt",
+            "hello there",
+            "--max-tokens",
+            "8",
+            "--device",
+            "cuda",
+        ],
+    );
+    assert!(!out.stdout.is_empty(), "no text generated");
+}
+
+#[test]
+fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
+    let Some(preload) = emulated_driver() else {
+        return;
+    };
+    let schema = repo().join("bench/schema.json");
+    let bench = |model: &str, extra: &[&str]| -> Vec<String> {
+        let mut args = vec![
+            "bench",
+            "engine",
+            "--model",
+            model,
+            "--device",
+            "cuda",
+            "--concurrency",
+            "1,8",
+            "--prompt-tokens",
+            "8",
+            "--gen-tokens",
+            "12",
+            "--kv-cache-mib",
+            "64",
+        ];
+        args.extend_from_slice(extra);
+        args.into_iter().map(String::from).collect()
+    };
+    let gemma = tiny("gemma3");
+    let qwen = tiny("qwen3");
+    let schema = schema.to_string_lossy().into_owned();
+    let runs: Vec<(Env, Vec<String>)> = vec![
+        // The GEMV variants timed at load, sampled decoding.
+        (vec![], bench(&gemma, &["--temperature", "0.8"])),
+        // f3: every launch timed, graphs off; the table goes to stderr at the end.
+        (
+            vec![("FALLOW_CUDA_PROFILE", "1"), ("FALLOW_CUDA_GEMV", "w8u4")],
+            bench(&gemma, &[]),
+        ),
+        // f4 and c3: Q8_0 weights, JSON-schema constrained decoding.
+        (
+            vec![("FALLOW_CUDA_GEMV", "w8u4")],
+            bench(
+                &qwen,
+                &["--cuda-weights", "q8_0", "--json-schema", schema.as_str()],
+            ),
+        ),
+        // f5 and f7: plain launches, the fusions off, no graphs.
+        (
+            vec![
+                ("FALLOW_CUDA_GEMV", "w8u4"),
+                ("FALLOW_CUDA_EARLY_START", "0"),
+                ("FALLOW_CUDA_FUSED_NORM", "0"),
+                ("FALLOW_CUDA_FUSED_ROPE", "0"),
+                ("FALLOW_CUDA_GRAPHS", "0"),
+            ],
+            bench(&qwen, &[]),
+        ),
+    ];
+    for (env, args) in &runs {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = fallow(&preload, env, &args);
+        let rows = bench_rows(&out.stdout);
+        for concurrency in [1, 8] {
+            assert!(
+                rows.iter()
+                    .any(|(c, constraint, generated)| *c == concurrency
+                        && constraint == "none"
+                        && *generated == concurrency * 12),
+                "{args:?}: no full row for {concurrency} sequences in {rows:?}"
+            );
+        }
+        if args.contains(&"--json-schema") {
+            assert!(rows.iter().any(|(_, constraint, _)| constraint == "json"));
+        }
+        if env.contains(&("FALLOW_CUDA_PROFILE", "1")) {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains("paged_attention") && stderr.contains("gemm lm_head"),
+                "no per-kernel profile:\n{stderr}"
+            );
+        }
+    }
+}
