@@ -13,10 +13,11 @@
 // dynamic shared memory, a copy or memset outside every allocation, a synchronous call
 // (allocation, blocking copy, synchronise) on a stream being captured, a kernel the module's
 // PTX does not define. Every allocation ends against an inaccessible page, so a kernel that
-// reads or writes past a buffer's end crashes with the kernel's name. Also checked, as in the
-// emulator's unit tests: every thread waits for the previous launch, warp-wide operations
-// run with the whole warp, a block's threads meet at the same barriers. Errors are printed
-// to stderr with the kernel's name, since the driver API can only return a code.
+// reads or writes past a buffer's end (or a vector at a misaligned address) crashes
+// with the kernel's name. Also checked, as in the emulator's unit tests: every thread waits
+// for the previous launch, warp-wide operations run with the whole warp, a block's threads
+// meet at the same barriers. Errors are printed to stderr with the kernel's name, since the
+// driver API can only return a code.
 
 #include <array>
 #include <chrono>
@@ -200,8 +201,8 @@ inline void break_captures() {
 }
 
 extern "C" void on_fault(int) {
-    const char* prefix = running[0] ? "\nemulated CUDA kernel accessed memory outside its buffers: "
-                                    : "\nmemory fault outside any emulated CUDA kernel";
+    const char* prefix = running[0] ? "\nemulated CUDA kernel failed (memory outside its buffers, or a vector at a misaligned address): "
+                                    : "\nfatal signal outside any emulated CUDA kernel";
     (void)!write(2, prefix, std::strlen(prefix));
     (void)!write(2, running, std::strlen(running));
     (void)!write(2, "\n", 1);
@@ -349,6 +350,7 @@ int cuInit(unsigned) {
     static bool once = [] {
         std::signal(SIGSEGV, on_fault);
         std::signal(SIGBUS, on_fault);
+        std::signal(SIGILL, on_fault);  // the alignment check's trap
         return true;
     }();
     (void)once;

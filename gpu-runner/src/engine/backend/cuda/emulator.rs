@@ -5,7 +5,9 @@
 //!
 //! Every buffer argument is copied into its own mapping that ends at a guard page (and copied
 //! back after the launch), so a kernel that reads or writes past a buffer's end crashes the
-//! test with the kernel's name instead of reading a neighbour's memory.
+//! test with the kernel's name instead of reading a neighbour's memory; and the library is
+//! built with an alignment check, so a vector load or store at an address not aligned to its
+//! type (a "misaligned address" fault on a GPU, unnoticed on x86) stops the test too.
 //!
 //! This checks a kernel's arithmetic and indexing against a plain reference. It also fails a
 //! launch on what is undefined on a GPU but would pass here by chance: arguments whose sizes
@@ -139,14 +141,14 @@ impl Drop for Guarded {
 /// The kernel running now, for the crash message (the emulator runs one launch at a time).
 static RUNNING: std::sync::Mutex<[u8; 64]> = std::sync::Mutex::new([0; 64]);
 
-/// Reports a guard-page hit with the kernel's name, then dies as the signal would.
+/// Reports a guard-page hit (or the alignment check's trap) with the kernel's name, then dies.
 extern "C" fn on_fault(_: libc::c_int) {
     let name = RUNNING.try_lock().map(|n| *n).unwrap_or([b'?'; 64]);
     let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
     let prefix: &[u8] = if len == 0 {
-        b"\nmemory fault outside any emulated CUDA kernel"
+        b"\nfatal signal outside any emulated CUDA kernel"
     } else {
-        b"\nemulated CUDA kernel accessed memory outside its buffers: "
+        b"\nemulated CUDA kernel failed (memory outside its buffers, or a vector at a misaligned address): "
     };
     // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffers are live.
     unsafe {
@@ -267,7 +269,7 @@ fn build() -> Result<Option<Emulator>, String> {
         return Ok(None);
     };
     let dir = build_dir()?;
-    let hash = fnv1a(source.as_bytes()) ^ fnv1a(compiler.as_bytes());
+    let hash = build_hash(&source, &compiler);
     let lib = dir.join(format!("kernels-{hash:016x}.so"));
     if !lib.exists() {
         compile(&compiler, &source, &lib, &[])?;
@@ -284,6 +286,8 @@ fn build() -> Result<Option<Emulator>, String> {
         let handler: extern "C" fn(libc::c_int) = on_fault;
         libc::signal(libc::SIGSEGV, handler as libc::sighandler_t);
         libc::signal(libc::SIGBUS, handler as libc::sighandler_t);
+        // The alignment check traps (an illegal instruction): name the kernel too.
+        libc::signal(libc::SIGILL, handler as libc::sighandler_t);
     }
     let mut kernels = HashMap::new();
     let mut parameters = HashMap::new();
@@ -324,9 +328,31 @@ fn build() -> Result<Option<Emulator>, String> {
     }))
 }
 
+/// How the libraries are compiled. The alignment check (UBSan's, trapping: no runtime
+/// library needed) stops a kernel that reads or writes a vector type at an address not
+/// aligned to it — on a GPU a "misaligned address" fault, on x86 silently fine.
+const FLAGS: [&str; 8] = [
+    "-std=c++20",
+    "-O2",
+    "-shared",
+    "-fPIC",
+    "-pthread",
+    "-w",
+    "-fsanitize=alignment",
+    "-fsanitize-undefined-trap-on-error",
+];
+
+/// A built library's cache key: its source, the compiler and the flags.
+fn build_hash(source: &str, compiler: &str) -> u64 {
+    fnv1a(source.as_bytes())
+        ^ fnv1a(compiler.as_bytes()).rotate_left(1)
+        ^ fnv1a(FLAGS.concat().as_bytes()).rotate_left(2)
+}
+
 /// The prelude, the kernels and one exported launcher per kernel.
 fn kernels_source() -> String {
-    let mut source = String::from(PRELUDE);
+    let mut source = String::from("#line 1 \"emulator.hpp\"\n");
+    source.push_str(PRELUDE);
     source.push_str("\n#line 1 \"kernels (kernels.cu + attention.cu + pick.cu + quant.cu)\"\n");
     source.push_str(SOURCE);
     source.push('\n');
@@ -395,7 +421,7 @@ pub fn driver_libraries() -> Result<Option<[PathBuf; 2]>, String> {
     let Some(compiler) = compiler() else {
         return Ok(None);
     };
-    let hash = fnv1a(source.as_bytes()) ^ fnv1a(compiler.as_bytes());
+    let hash = build_hash(&source, &compiler);
     let dir = build_dir()?.join(format!("driver-{hash:016x}"));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let driver = dir.join("libcuda.so");
@@ -424,15 +450,8 @@ fn compile(compiler: &str, source: &str, lib: &Path, extra: &[&str]) -> Result<(
     let tmp = dir.join(format!("build-{unique}.so"));
     std::fs::write(&cpp, source).map_err(|e| format!("{}: {e}", cpp.display()))?;
     let out = Command::new(compiler)
-        .args([
-            "-std=c++20",
-            "-O2",
-            "-shared",
-            "-fPIC",
-            "-pthread",
-            "-w",
-            "-o",
-        ])
+        .args(FLAGS)
+        .arg("-o")
         .arg(&tmp)
         .arg(&cpp)
         .args(extra)
