@@ -149,7 +149,7 @@ __device__ void add_rms_norm_row(float* __restrict__ x, const volatile float* de
 }
 
 // add_rms_norm_row for each row (one block per row), after a product that was not a GEMV
-// with the norm fused (see gemv_bf16_t's `done`).
+// with the norm fused (see gemv_t's `done`).
 extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ delta,
                                         const float* post_w, const float* next_w,
                                         bf16* __restrict__ out, int hidden, float eps) {
@@ -275,7 +275,8 @@ extern "C" __global__ void softcap(float* x, long long n, float cap) {
 // product, bound by reading W once. One warp per output column m, WARPS per block; x is
 // staged in shared memory (read from L2 once per block, not once per warp and row), and
 // each lane keeps UNROLL independent 16-byte loads of W in flight: a tile is 32 lanes ×
-// UNROLL chunks of 8 elements. Lane l adds chunks l, l + 32, l + 64, … of K in ascending
+// UNROLL chunks of ROWS::PER_CHUNK weights (ROWS: how a weight row is stored, Bf16Rows
+// here, Q8_0Rows in quant.cu). Lane l adds chunks l, l + 32, l + 64, … of K in ascending
 // order whatever the variant, so every instantiation gives the same bits; which is fastest
 // depends on the GPU and the shape (gemv_tune.rs times them at load). K % 8 == 0.
 //
@@ -372,43 +373,80 @@ __device__ __forceinline__ void gemv_stage_x(uint4* xs, int stride, const void* 
 #define GEMV_DYNAMIC_X(name) extern __shared__ uint4 name[]
 #endif
 
-template <bool GATED, int WARPS, int UNROLL, bool PREFETCH, bool RESIDENT>
-__device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__ xin,
-                            float* __restrict__ out, int M, int K, int n, int ldo, int act,
-                            GemvNorm norm) {
+// A bf16 weight row for gemv_t: 8 weights per 16-byte chunk.
+struct Bf16Rows {
+    static constexpr int PER_CHUNK = 8;
+    struct Chunk {
+        float w[8];
+    };
+    const uint4* row;  // this warp's row, in chunks
+    __device__ __forceinline__ Bf16Rows(const void* w, int m, int M, int K)
+        : row((const uint4*)((const bf16*)w + (size_t)m * K)) {}
+    __device__ __forceinline__ Chunk decode(uint4 wv, int) const {
+        Chunk c;
+        unsigned int words[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            c.w[2 * e] = __uint_as_float(words[e] << 16);
+            c.w[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
+        }
+        return c;
+    }
+    // The chunk's products with the 8 bf16 of x at `x`, summed in order.
+    __device__ __forceinline__ float dot(const Chunk& c, const uint4* x) const {
+        uint4 xv = x[0];
+        unsigned int xw[4] = {xv.x, xv.y, xv.z, xv.w};
+        float s = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            s += c.w[2 * e] * __uint_as_float(xw[e] << 16);
+            s += c.w[2 * e + 1] * __uint_as_float(xw[e] & 0xffff0000u);
+        }
+        return s;
+    }
+};
+
+template <class ROWS, bool GATED, int WARPS, int UNROLL, bool PREFETCH, bool RESIDENT>
+__device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
+                       float* __restrict__ out, int M, int K, int n, int ldo, int act,
+                       GemvNorm norm) {
     static_assert(PREFETCH || !RESIDENT, "a resident x streams W with prefetching");
-    const int TILE = 32 * UNROLL * 8;
+    constexpr int PER_CHUNK = ROWS::PER_CHUNK, X_CHUNKS = PER_CHUNK / 8;  // x: 8 per chunk
+    const int TILE = 32 * UNROLL * PER_CHUNK;
     __shared__ uint4 x_tile[RESIDENT ? 1 : GEMV_MAX_ROWS][TILE / 8];
     GEMV_DYNAMIC_X(x_all);
     uint4* xs = RESIDENT ? x_all : &x_tile[0][0];
     int stride = RESIDENT ? K / 8 : TILE / 8;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int m = blockIdx.x * WARPS + warp;
-    const uint4* wrow = (const uint4*)(w + (size_t)min(m, M - 1) * K);
+    const ROWS rows(w, min(m, M - 1), M, K);
+    const uint4* wrow = rows.row;
     float acc[GEMV_MAX_ROWS];
 #pragma unroll
     for (int j = 0; j < GEMV_MAX_ROWS; j++) acc[j] = 0.0f;
     // The first tile of W is requested before waiting for the kernel that writes x: with an
     // early start its latency hides behind the previous kernel's last blocks.
     uint4 wv[UNROLL];
-    gemv_load_w<UNROLL>(wv, wrow, lane, min(TILE, K) / 8);
+    gemv_load_w<UNROLL>(wv, wrow, lane, min(TILE, K) / PER_CHUNK);
     grid_dependency_sync();
     if constexpr (RESIDENT) {
         gemv_stage_x<GATED>(xs, stride, xin, K, 0, K / 8, n, act);
         __syncthreads();
     }
     for (int k0 = 0; k0 < K; k0 += TILE) {
-        int chunks = min(TILE, K - k0) / 8;
+        int chunks = min(TILE, K - k0) / PER_CHUNK;
         if constexpr (!RESIDENT) {
-            gemv_stage_x<GATED>(xs, stride, xin, K, k0, chunks, n, act);
+            gemv_stage_x<GATED>(xs, stride, xin, K, k0, chunks * X_CHUNKS, n, act);
             __syncthreads();
         }
         uint4 next[PREFETCH ? UNROLL : 1];
         if constexpr (PREFETCH) {
             int ahead = K - k0 - TILE;
-            if (ahead > 0) gemv_load_w<UNROLL>(next, wrow + (k0 + TILE) / 8, lane, min(TILE, ahead) / 8);
+            if (ahead > 0)
+                gemv_load_w<UNROLL>(next, wrow + (k0 + TILE) / PER_CHUNK, lane,
+                                    min(TILE, ahead) / PER_CHUNK);
         } else if (k0 > 0) {
-            gemv_load_w<UNROLL>(wv, wrow + k0 / 8, lane, chunks);
+            gemv_load_w<UNROLL>(wv, wrow + k0 / PER_CHUNK, lane, chunks);
         }
         const uint4* xt = RESIDENT ? xs + k0 / 8 : xs;
         // Each row's start, once per tile: with a resident x (row stride K / 8, not a
@@ -421,26 +459,10 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
         for (int u = 0; u < UNROLL; u++) {
             int c = lane + 32 * u;
             if (c < chunks) {
-                float wf[8];
-                unsigned int words[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    wf[2 * e] = __uint_as_float(words[e] << 16);
-                    wf[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
-                }
+                typename ROWS::Chunk wc = rows.decode(wv[u], k0 + PER_CHUNK * c);
 #pragma unroll
                 for (int j = 0; j < GEMV_MAX_ROWS; j++) {
-                    if (j < n) {
-                        uint4 xv = xrow[j][c];
-                        unsigned int xw[4] = {xv.x, xv.y, xv.z, xv.w};
-                        float s = 0.0f;
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            s += wf[2 * e] * __uint_as_float(xw[e] << 16);
-                            s += wf[2 * e + 1] * __uint_as_float(xw[e] & 0xffff0000u);
-                        }
-                        acc[j] += s;
-                    }
+                    if (j < n) acc[j] += rows.dot(wc, xrow[j] + X_CHUNKS * c);
                 }
             }
         }
@@ -466,7 +488,7 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
 
 // gemv_bf16_w<WARPS>u<UNROLL>[p|r], and the down projection of [gate | up] rows
 // gemv_bf16_gated_w<WARPS>u<UNROLL>[p|r] (act 0 = SiLU, 1 = GELU); `p`: PREFETCH, `r`:
-// RESIDENT (and PREFETCH); see gemv_bf16_t. The variants are listed in gemv_tune.rs
+// RESIDENT (and PREFETCH); see gemv_t. The variants are listed in gemv_tune.rs
 // (GEMV_VARIANTS).
 #define GEMV_BF16_NAMED(W, U, P, R, SUFFIX)                                                    \
     extern "C" __global__ void gemv_bf16_w##W##u##U##SUFFIX(const bf16* __restrict__ w,       \
@@ -474,12 +496,12 @@ __device__ void gemv_bf16_t(const bf16* __restrict__ w, const void* __restrict__
                                                             float* __restrict__ out, int M,   \
                                                             int K, int n, int ldo,            \
                                                             GEMV_NORM_PARAMS) {               \
-        gemv_bf16_t<false, W, U, P, R>(w, x, out, M, K, n, ldo, 0, GEMV_NORM);                \
+        gemv_t<Bf16Rows, false, W, U, P, R>(w, x, out, M, K, n, ldo, 0, GEMV_NORM);           \
     }                                                                                         \
     extern "C" __global__ void gemv_bf16_gated_w##W##u##U##SUFFIX(                            \
         const bf16* __restrict__ w, const float* __restrict__ gate_up, float* __restrict__ out, \
         int M, int K, int n, int ldo, int act, GEMV_NORM_PARAMS) {                            \
-        gemv_bf16_t<true, W, U, P, R>(w, gate_up, out, M, K, n, ldo, act, GEMV_NORM);         \
+        gemv_t<Bf16Rows, true, W, U, P, R>(w, gate_up, out, M, K, n, ldo, act, GEMV_NORM);    \
     }
 #define GEMV_BF16(W, U)                        \
     GEMV_BF16_NAMED(W, U, false, false, )      \

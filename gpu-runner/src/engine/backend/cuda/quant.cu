@@ -188,70 +188,50 @@ QUANT_KERNELS(q6_k, FMT_Q6_K)
 
 // Q8_0 as the device keeps it (weights.rs, device_layout): the int8 quants of all M rows
 // ([M][K], row-major), then their f16 scales ([M][K / 32]). Unlike the formats above, whose
-// blocks are not 16-byte aligned, a lane reads 16 quants per load; the loop is gemv_bf16_t's
-// with prefetching (x staged per tile, the next tile's quants requested before this one is
-// summed), one warp per row, GEMV_WARPS rows per block. K % 32 == 0.
-template <int UNROLL>
-__device__ void gemv_q8_0_t(const u8* __restrict__ w, const bf16* __restrict__ x,
-                            float* __restrict__ out, int M, int K, int n, int ldo) {
-    const int TILE = 32 * UNROLL * 16;  // quants per tile: 16 per lane and load
-    __shared__ uint4 xs[GEMV_MAX_ROWS][TILE / 8];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int m = blockIdx.x * GEMV_WARPS + warp;
-    int row = min(m, M - 1);
-    const uint4* qrow = (const uint4*)(w + (size_t)row * K);
-    const unsigned short* scales = (const unsigned short*)(w + (size_t)M * K) + (size_t)row * (K / 32);
-    float acc[GEMV_MAX_ROWS];
+// blocks are not 16-byte aligned, a lane reads 16 quants per load, so the Q8_0 GEMV is
+// gemv_t's loop (kernels.cu) over these rows: 16 quants per chunk, their products with x
+// summed, then times the chunk's scale. K % 32 == 0.
+struct Q8_0Rows {
+    static constexpr int PER_CHUNK = 16;
+    struct Chunk {
+        float q[16];
+        float d;
+    };
+    const uint4* row;
+    const unsigned short* scales;  // this row's, one per 32 quants
+    __device__ __forceinline__ Q8_0Rows(const void* w, int m, int M, int K)
+        : row((const uint4*)((const u8*)w + (size_t)m * K)),
+          scales((const unsigned short*)((const u8*)w + (size_t)M * K) + (size_t)m * (K / 32)) {}
+    __device__ __forceinline__ Chunk decode(uint4 wv, int k) const {
+        Chunk c;
+        c.d = f16_to_f32(scales[k / 32]);
+        unsigned int words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
-    for (int j = 0; j < GEMV_MAX_ROWS; j++) acc[j] = 0.0f;
-    uint4 qv[UNROLL];
-    gemv_load_w<UNROLL>(qv, qrow, lane, min(TILE, K) / 16);
-    grid_dependency_sync();
-    for (int k0 = 0; k0 < K; k0 += TILE) {
-        int chunks = min(TILE, K - k0) / 16;
-        gemv_stage_x<false>(&xs[0][0], TILE / 8, x, K, k0, 2 * chunks, n, 0);
-        __syncthreads();
-        uint4 next[UNROLL];
-        int ahead = K - k0 - TILE;
-        if (ahead > 0) gemv_load_w<UNROLL>(next, qrow + (k0 + TILE) / 16, lane, min(TILE, ahead) / 16);
+        for (int e = 0; e < 16; e++) c.q[e] = (float)(signed char)(words[e / 4] >> (8 * (e % 4)));
+        return c;
+    }
+    // The chunk's products with the 16 bf16 of x at `x` (two 16-byte chunks), times the scale.
+    __device__ __forceinline__ float dot(const Chunk& c, const uint4* x) const {
+        float s = 0.0f;
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            int c = lane + 32 * u;
-            if (c < chunks) {
-                float d = f16_to_f32(scales[(k0 + 16 * c) / 32]);
-                float q[16];
-                unsigned int words[4] = {qv[u].x, qv[u].y, qv[u].z, qv[u].w};
+        for (int h = 0; h < 2; h++) {
+            uint4 xv = x[h];
+            unsigned int xw[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
-                for (int e = 0; e < 16; e++) q[e] = (float)(signed char)(words[e / 4] >> (8 * (e % 4)));
-#pragma unroll
-                for (int j = 0; j < GEMV_MAX_ROWS; j++) {
-                    if (j < n) {
-                        float s = 0.0f;
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            uint4 xv = xs[j][2 * c + h];
-                            unsigned int xw[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-                            for (int e = 0; e < 4; e++) {
-                                s += q[8 * h + 2 * e] * __uint_as_float(xw[e] << 16);
-                                s += q[8 * h + 2 * e + 1] * __uint_as_float(xw[e] & 0xffff0000u);
-                            }
-                        }
-                        acc[j] += d * s;
-                    }
-                }
+            for (int e = 0; e < 4; e++) {
+                s += c.q[8 * h + 2 * e] * __uint_as_float(xw[e] << 16);
+                s += c.q[8 * h + 2 * e + 1] * __uint_as_float(xw[e] & 0xffff0000u);
             }
         }
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) qv[u] = next[u];
-        __syncthreads();
+        return c.d * s;
     }
-    gemv_write(acc, out, ldo, m, M, n);
-}
+};
 
+// One warp per row, GEMV_WARPS rows per block, x staged per tile, the next tile's quants
+// requested before this one is summed; no norm at the end.
 extern "C" __global__ void gemv_q8_0(const u8* w, const bf16* x, float* out, int M, int K, int n,
                                      int ldo) {
-    gemv_q8_0_t<4>(w, x, out, M, K, n, ldo);
+    gemv_t<Q8_0Rows, false, GEMV_WARPS, 4, true, false>(w, x, out, M, K, n, ldo, 0, GemvNorm{});
 }
 
 // The rows × K Q8_0 matrix (the device layout above) as bf16, one thread per group of 32.
