@@ -112,6 +112,7 @@ struct Stream {
 };
 
 Stream legacy_stream;
+std::vector<Stream*> streams;  // every created stream (the legacy one cannot be captured)
 
 Stream* stream_of(void* s) { return s ? static_cast<Stream*>(s) : &legacy_stream; }
 
@@ -125,9 +126,6 @@ struct Module {
 
 inline void report(const char* what) { std::fprintf(stderr, "emulated CUDA driver: %s\n", what); }
 
-// A capture that a synchronous call on this thread would break, as on a GPU: any capture in
-// global mode, this thread's in thread-local mode, none in relaxed mode.
-inline bool any_capture();
 
 // Whether [p, p + n) lies inside one allocation.
 inline bool device_range(uintptr_t p, size_t n) {
@@ -148,6 +146,26 @@ inline int enqueue(void* s, Op op) {
     return op();
 }
 
+// A capture that a synchronous call on this thread would break, as on a GPU: any capture in
+// global mode, this thread's in thread-local mode, none in relaxed mode.
+inline bool forbids(const Stream* s) {
+    if (!s->capture) return false;
+    return s->mode == 0 || (s->mode == 1 && s->owner == std::this_thread::get_id());
+}
+
+inline bool any_capture() {
+    std::lock_guard<std::mutex> g(lock);
+    for (Stream* s : streams)
+        if (forbids(s)) return true;
+    return false;
+}
+
+inline void break_captures() {
+    std::lock_guard<std::mutex> g(lock);
+    for (Stream* s : streams)
+        if (forbids(s)) s->invalidated = true;
+}
+
 // A synchronous call: refused while a capture it would break is in progress (the caller
 // then breaks it, as the driver does).
 inline int synchronous() {
@@ -156,7 +174,6 @@ inline int synchronous() {
     return STREAM_CAPTURE_UNSUPPORTED;
 }
 
-std::vector<Stream*> streams;
 std::map<uintptr_t, size_t> pinned;  // page-locked host memory, by start address
 
 // Whether [p, p + n) lies in page-locked host memory (the only host memory a captured copy
@@ -180,24 +197,6 @@ inline int host_copy(void* s, const void* host, size_t n, Op op) {
         return STREAM_CAPTURE_UNSUPPORTED;
     }
     return enqueue(s, std::move(op));
-}
-
-inline bool forbids(const Stream* s) {
-    if (!s->capture) return false;
-    return s->mode == 0 || (s->mode == 1 && s->owner == std::this_thread::get_id());
-}
-
-inline bool any_capture() {
-    std::lock_guard<std::mutex> g(lock);
-    for (Stream* s : streams)
-        if (forbids(s)) return true;
-    return false;
-}
-
-inline void break_captures() {
-    std::lock_guard<std::mutex> g(lock);
-    for (Stream* s : streams)
-        if (forbids(s)) s->invalidated = true;
 }
 
 extern "C" void on_fault(int) {
@@ -309,12 +308,7 @@ inline int memset8(uint64_t dst, unsigned char value, size_t n) {
 inline float to_float(const void* p, size_t i, int type) {
     switch (type) {
         case 0: return static_cast<const float*>(p)[i];  // CUDA_R_32F
-        case 14: {                                        // CUDA_R_16BF
-            uint32_t bits = (uint32_t) static_cast<const uint16_t*>(p)[i] << 16;
-            float f;
-            std::memcpy(&f, &bits, 4);
-            return f;
-        }
+        case 14: return bf16_to_f32(static_cast<const bf16*>(p)[i]);  // CUDA_R_16BF
         default: return NAN;
     }
 }
@@ -322,11 +316,8 @@ inline float to_float(const void* p, size_t i, int type) {
 inline void store(void* p, size_t i, int type, float v) {
     if (type == 0) {
         static_cast<float*>(p)[i] = v;
-    } else {  // bf16, rounded to nearest even
-        uint32_t bits;
-        std::memcpy(&bits, &v, 4);
-        bits += 0x7fff + ((bits >> 16) & 1);
-        static_cast<uint16_t*>(p)[i] = (uint16_t)(bits >> 16);
+    } else {  // bf16, as the kernels round
+        static_cast<bf16*>(p)[i] = f32_to_bf16(v);
     }
 }
 
@@ -455,6 +446,8 @@ int cuMemAlloc_v2(uint64_t* dptr, size_t bytes) {
     }
     return allocate(dptr, bytes);
 }
+// (A real driver captures a stream-ordered allocation as a graph node; this device reports
+// no memory pools, so cudarc never asks, and an unexpected caller is told plainly.)
 int cuMemAllocAsync(uint64_t* dptr, size_t bytes, void* stream) {
     if (stream_of(stream)->capture) {
         report("an allocation inside a captured graph");
