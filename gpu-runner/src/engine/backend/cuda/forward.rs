@@ -46,6 +46,13 @@ pub(super) const HEAD_THREADS: u32 = 64;
 /// block normalises the rows one after another, where `add_rms_norm` takes a block per row
 /// in parallel; past one row the launch it saves costs less than the rows it serialises.
 const FUSED_NORM_MAX_ROWS: usize = 1;
+/// Elements of a row a thread of that block loads at once (ROW_BATCH in kernels.cu). The
+/// block ends the row in one memory round trip per pass where each thread has at most this
+/// many of its elements; past that it takes longer than the `add_rms_norm` launch it saves
+/// (its 1024 threads hold 4096 elements at one round trip): on an H200 the 8B shape's
+/// 256-thread output GEMV took 12 µs more with the norm than without, its `add_rms_norm` 7 µs.
+/// (More elements per batch would raise the GEMVs' registers and lower their occupancy.)
+const FUSED_NORM_ROW_BATCH: usize = 4;
 
 /// Threads per row of `pick_rows`.
 pub(super) const PICK_THREADS: u32 = 1024;
@@ -276,8 +283,11 @@ impl CudaBackend {
 
     /// Whether the product of `n` rows through `w` ends its sub-block in the GEMV's last block
     /// ([`NormAfter`]) rather than with an `add_rms_norm` launch.
-    fn norm_in_gemv(&self, w: &DeviceMatrix, n: usize) -> bool {
-        self.fused_norm && n <= FUSED_NORM_MAX_ROWS && self.gemm.fuses_into_gemv(w, n)
+    fn norm_in_gemv(&self, w: &DeviceMatrix, n: usize, gated: bool) -> bool {
+        self.fused_norm
+            && n <= FUSED_NORM_MAX_ROWS
+            && self.gemm.fuses_into_gemv(w, n)
+            && self.config.hidden <= FUSED_NORM_ROW_BATCH * self.gemm.gemv_threads(w, n, gated)
     }
 
     /// The last product of a sub-block (`what` of `layer`, from `input`) into `proj`, then
@@ -320,7 +330,7 @@ impl CudaBackend {
             )?;
             input = activated;
         }
-        let norm = self.norm_in_gemv(w, n).then(|| NormAfter {
+        let norm = self.norm_in_gemv(w, n, act.is_some()).then(|| NormAfter {
             x,
             post_w: post,
             next_w: next,
@@ -396,7 +406,7 @@ impl CudaBackend {
         let (next, out, final_norm) = match self.weights.layers.get(layer + 1) {
             Some(next) => (next.attn_norm.ptr(), xn, false),
             // (One row: the head reads x[logit_rows[r]], which is row 0 alone here.)
-            None if n == 1 && self.norm_in_gemv(&l.w_down, n) => {
+            None if n == 1 && self.norm_in_gemv(&l.w_down, n, true) => {
                 (self.weights.output_norm.ptr(), head_in, true)
             }
             None => (0, xn, false),

@@ -165,6 +165,13 @@ impl Gemm {
         self.gemv_bf16(variant, weights, w.rows, w.cols, x, n, out, act, norm)
     }
 
+    /// Threads per block of the bf16 GEMV that serves `n` rows through `w` (`gated`: the
+    /// down projection of [gate | up] rows).
+    pub fn gemv_threads(&self, w: &DeviceMatrix, n: usize, gated: bool) -> usize {
+        let v = &GEMV_VARIANTS[self.gemv_choice.variant(w.rows, w.cols, gated, n)];
+        v.warps * 32
+    }
+
     /// Whether variant `v` can serve `n` rows of `cols` inputs here: its x fits, and the
     /// driver's compile of its kernel (plain or `gated`) launches blocks of its size.
     pub(super) fn gemv_usable(&self, v: &GemvVariant, n: usize, cols: usize, gated: bool) -> bool {

@@ -50,14 +50,38 @@ __device__ __forceinline__ void grid_dependency_sync() {
 #endif
 
 #define SUM_SLOTS 1024
+#define ROW_BATCH 4  // elements a thread loads before it uses any of them (forward.rs: FUSED_NORM_ROW_BATCH)
+
+// f(i) then use(i, value) for each of this thread's elements i < len (i = threadIdx.x +
+// k·blockDim.x), in ascending order, ROW_BATCH of them at a time: a batch's loads are all in
+// flight before the first is used. Where one block works through a row (a GEMV's last block
+// of 128 threads normalises 4096 elements), loads waited for one at a time would make each
+// thread's pass as many memory round trips as it has elements.
+template <class F, class Use>
+__device__ __forceinline__ void row_pass(int len, F f, Use use) {
+    for (int i0 = threadIdx.x; i0 < len; i0 += ROW_BATCH * blockDim.x) {
+        decltype(f(0)) v[ROW_BATCH];
+#pragma unroll
+        for (int u = 0; u < ROW_BATCH; u++) {
+            int i = i0 + u * blockDim.x;
+            if (i < len) v[u] = f(i);
+        }
+#pragma unroll
+        for (int u = 0; u < ROW_BATCH; u++) {
+            int i = i0 + u * blockDim.x;
+            if (i < len) use(i, v[u]);
+        }
+    }
+}
 
 // Sum over the block of f(i) for i < len, in an order set by len alone, whatever the block's
-// size (a multiple of 32): slot s < SUM_SLOTS adds f(s), f(s + SUM_SLOTS), … in turn; each
-// 32 slots are added by warp_sum, and those sums by warp_sum again. So a GEMV's last block
-// (of any variant's size) normalises a row to the same bits as the 1024-thread row kernels,
-// in which slot s is thread s. Slots and groups past len would only add zeros: left out.
-// (Adds are __fadd_rn: never contracted with f's product into an FMA, which the compiler
-// might do in one kernel and not in another.)
+// size (a power of two up to SUM_SLOTS): slot s < SUM_SLOTS adds f(s), f(s + SUM_SLOTS), … in
+// turn; each 32 slots are added by warp_sum, and those sums by warp_sum again. So a GEMV's
+// last block (of any variant's size) normalises a row to the same bits as the 1024-thread
+// row kernels, in which slot s is thread s. Slots and groups past len would only add zeros:
+// left out. A slot's terms all fall to one thread (s mod blockDim.x), which adds each as it
+// is loaded (row_pass). (Adds are __fadd_rn: never contracted with f's product into an FMA,
+// which the compiler might do in one kernel and not in another.)
 // (The shared memory is declared outside the template, so that a kernel holds one copy of it
 // however many sums it takes.)
 struct SumScratch {
@@ -73,15 +97,25 @@ __device__ __forceinline__ SumScratch& sum_scratch() {
 
 __device__ __forceinline__ float ordered_sum_of_slots(int groups);
 
-template <class F>
-__device__ float ordered_sum(int len, F f) {
+// The slots' groups for a sum over len elements; slots no element reaches (len under
+// SUM_SLOTS, not a multiple of 32) set to 0.
+__device__ __forceinline__ int sum_groups(int len) {
     int groups = (min(len, SUM_SLOTS) + 31) / 32;
     float* slot_sum = sum_scratch().slot_sum;
-    for (int s = threadIdx.x; s < groups * 32; s += blockDim.x) {
-        float acc = 0.0f;
-        for (int i = s; i < len; i += SUM_SLOTS) acc = __fadd_rn(acc, f(i));
-        slot_sum[s] = acc;
-    }
+    for (int s = len + threadIdx.x; s < groups * 32; s += blockDim.x) slot_sum[s] = 0.0f;
+    return groups;
+}
+
+// Term v of element i into its slot (the slot's first term: 0 + v, as a running sum from 0).
+__device__ __forceinline__ void slot_add(int i, float v) {
+    float* slot = &sum_scratch().slot_sum[i & (SUM_SLOTS - 1)];
+    *slot = __fadd_rn(i < SUM_SLOTS ? 0.0f : *slot, v);
+}
+
+template <class F>
+__device__ float ordered_sum(int len, F f) {
+    int groups = sum_groups(len);
+    row_pass(len, f, [](int i, float v) { slot_add(i, v); });
     return ordered_sum_of_slots(groups);
 }
 
@@ -124,13 +158,14 @@ extern "C" __global__ void rms_norm_bf16(const float* x, const int* rows, const 
     const float* xr = x + (size_t)src * hidden;
     float inv = rsqrtf(ordered_sum(hidden, [&](int i) { return xr[i] * xr[i]; }) / hidden + eps);
     bf16* o = out + (size_t)blockIdx.x * hidden;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = f32_to_bf16(xr[i] * inv * w[i]);
+    row_pass(hidden, [&](int i) { return xr[i] * inv * w[i]; },
+             [&](int i, float v) { o[i] = f32_to_bf16(v); });
 }
 
 // The end of a sub-block and the start of the next, for one row (any block size):
 // x += post_w ? rmsnorm(delta) * post_w : delta;  then, unless next_w is null (the last
 // block), out = bf16(rmsnorm(x) * next_w). `delta` is read past L1: in a GEMV's last block
-// it holds the other blocks' outputs.
+// it holds the other blocks' outputs. The new x's sum of squares is taken as it is written.
 __device__ void add_rms_norm_row(float* __restrict__ x, const volatile float* delta,
                                  const float* post_w, const float* next_w, bf16* __restrict__ out,
                                  int hidden, float eps) {
@@ -139,13 +174,22 @@ __device__ void add_rms_norm_row(float* __restrict__ x, const volatile float* de
         float ss = ordered_sum(hidden, [&](int i) { return delta[i] * delta[i]; });
         post_inv = rsqrtf(ss / hidden + eps);
     }
+    int groups = sum_groups(hidden);
     // (__fadd_rn: the same rounding in the add_rms_norm kernel and in a GEMV's last block.)
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x)
-        x[i] = __fadd_rn(x[i], post_w ? delta[i] * post_inv * post_w[i] : delta[i]);
+    row_pass(
+        hidden,
+        [&](int i) {
+            float d = delta[i];
+            return __fadd_rn(x[i], post_w ? d * post_inv * post_w[i] : d);
+        },
+        [&](int i, float v) {
+            x[i] = v;
+            if (next_w) slot_add(i, v * v);
+        });
     if (!next_w) return;
-    __syncthreads();  // (the sum's slots need not be the threads that wrote)
-    float inv = rsqrtf(ordered_sum(hidden, [&](int i) { return x[i] * x[i]; }) / hidden + eps);
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = f32_to_bf16(x[i] * inv * next_w[i]);
+    float inv = rsqrtf(ordered_sum_of_slots(groups) / hidden + eps);
+    row_pass(hidden, [&](int i) { return x[i] * inv * next_w[i]; },
+             [&](int i, float v) { out[i] = f32_to_bf16(v); });
 }
 
 // add_rms_norm_row for each row (one block per row), after a product that was not a GEMV

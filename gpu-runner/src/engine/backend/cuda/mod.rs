@@ -319,8 +319,9 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
-    /// Ends one-token decode steps' sub-blocks in their GEMVs' last blocks, or (off) with
-    /// `add_rms_norm` launches: the same bits either way (on by default;
+    /// Ends one-token decode steps' sub-blocks in their GEMVs' last blocks where such a
+    /// block ends a row as fast as the launch it saves (`FUSED_NORM_ROW_BATCH` in
+    /// forward.rs), or (off) with `add_rms_norm` launches: the same bits either way (on by default;
     /// `FALLOW_CUDA_FUSED_NORM=0` for a process; tests compare the two).
     pub fn set_fused_norm(&mut self, enabled: bool) {
         self.fused_norm = enabled;
