@@ -23,6 +23,23 @@ __device__ __forceinline__ bf16 f32_to_bf16(float f) {
     return (bf16)(u >> 16);
 }
 
+// Two values as one register of a bf16 pair (the first in the low half).
+__device__ __forceinline__ unsigned int bf16_pair(float x0, float x1) {
+    return (unsigned int)f32_to_bf16(x0) | ((unsigned int)f32_to_bf16(x1) << 16);
+}
+
+// 32 values as bf16 at `o` (64-byte aligned) in four 16-byte stores: the threads of a warp
+// each writing their own 32 values with two-byte stores would touch 32 sectors per 64 bytes
+// stored; these touch 32 per 512.
+__device__ __forceinline__ void store_bf16x32(bf16* o, const float* v) {
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        const float* p = v + 8 * s;
+        ((uint4*)o)[s] = make_uint4(bf16_pair(p[0], p[1]), bf16_pair(p[2], p[3]),
+                                    bf16_pair(p[4], p[5]), bf16_pair(p[6], p[7]));
+    }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

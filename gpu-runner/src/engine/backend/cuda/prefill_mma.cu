@@ -34,11 +34,6 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const unsigned int a[
 }
 #endif
 
-// Two values as one register of a bf16 pair (the first in the low half).
-__device__ __forceinline__ unsigned int bf16_pair(float x0, float x1) {
-    return (unsigned int)f32_to_bf16(x0) | ((unsigned int)f32_to_bf16(x1) << 16);
-}
-
 // Two values split into two bf16 pairs: `hi` their rounding, `lo` what it left out (rounded
 // too), so that hi + lo is x to ~16 bits.
 __device__ __forceinline__ void split_pair(float x0, float x1, unsigned int& hi, unsigned int& lo) {

@@ -164,9 +164,7 @@ __device__ void dequant_bf16(const u8* __restrict__ w, bf16* __restrict__ out, i
     int r = (int)(g / groups), gg = (int)(g % groups);
     float v[32];
     dequant32<FMT>(w + (size_t)r * row_bytes<FMT>(K), gg, v);
-    bf16* o = out + (size_t)r * K + (size_t)gg * 32;
-#pragma unroll
-    for (int l = 0; l < 32; l++) o[l] = f32_to_bf16(v[l]);
+    store_bf16x32(out + (size_t)r * K + (size_t)gg * 32, v);
 }
 
 #define QUANT_KERNELS(name, FMT)                                                            \
@@ -234,14 +232,26 @@ extern "C" __global__ void gemv_q8_0(const u8* w, const bf16* x, float* out, int
     gemv_t<Q8_0Rows, false, GEMV_WARPS, 4, true, false>(w, x, out, M, K, n, ldo, 0, GemvNorm{});
 }
 
-// The rows × K Q8_0 matrix (the device layout above) as bf16, one thread per group of 32.
+// The rows × K Q8_0 matrix (the device layout above) as bf16. Launched as the other formats'
+// dequant kernels (a thread per group of 32), but each thread expands 4 pieces of 8 quants,
+// blockDim.x pieces apart in its block's range: consecutive threads load consecutive 8-byte
+// pieces and store consecutive 16-byte ones (whole sectors; the expansion is memory-bound).
 extern "C" __global__ void dequant_q8_0(const u8* w, bf16* out, int rows, int K) {
     grid_dependency_sync();  // `out` is the expansion buffer the previous GEMM read
-    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (g >= (long long)rows * (K / 32)) return;
-    float d = f16_to_f32(((const unsigned short*)(w + (size_t)rows * K))[g]);
-    const signed char* q = (const signed char*)w + g * 32;
-    bf16* o = out + g * 32;
+    long long pieces = (long long)rows * (K / 8);
+    long long first = (long long)blockIdx.x * blockDim.x * 4 + threadIdx.x;
+    const unsigned short* scales = (const unsigned short*)(w + (size_t)rows * K);
 #pragma unroll
-    for (int l = 0; l < 32; l++) o[l] = f32_to_bf16(d * (float)q[l]);
+    for (int i = 0; i < 4; i++) {
+        long long p = first + (long long)i * blockDim.x;
+        if (p >= pieces) return;
+        float d = f16_to_f32(scales[p / 4]);
+        uint2 q = ((const uint2*)w)[p];
+        unsigned int words[2] = {q.x, q.y};
+        float v[8];
+#pragma unroll
+        for (int l = 0; l < 8; l++) v[l] = d * (float)(signed char)(words[l / 4] >> (8 * (l % 4)));
+        ((uint4*)out)[p] = make_uint4(bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]),
+                                      bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7]));
+    }
 }

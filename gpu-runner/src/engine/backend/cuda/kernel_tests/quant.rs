@@ -31,11 +31,13 @@ fn quantized_blocks_expand_on_the_device_as_the_host_dequantizes_them() {
         let kernels = quant_kernels(t).expect("a device format");
         let mut blocks = device_layout(t, m.bytes()).into_owned();
         let mut out = vec![0u16; rows * cols];
+        // A thread per group of 32 (Q8_0's threads take 8 at a time over their block's
+        // range), in blocks of 32 threads: 48 groups are two blocks, the second part-filled.
         let groups = rows * cols / 32;
         emu.launch(
             kernels.dequant,
-            (groups.div_ceil(128) as u32, 1, 1),
-            128,
+            (groups.div_ceil(32) as u32, 1, 1),
+            32,
             &[
                 Arg::buf(&mut blocks),
                 Arg::buf(&mut out),
