@@ -54,6 +54,11 @@ const FUSED_NORM_MAX_ROWS: usize = 1;
 /// (More elements per batch would raise the GEMVs' registers and lower their occupancy.)
 const FUSED_NORM_ROW_BATCH: usize = 4;
 
+/// Whether a GEMV block of `threads` ends a `hidden`-wide row in one round trip per pass.
+fn last_block_ends_rows_of(hidden: usize, threads: usize) -> bool {
+    hidden <= FUSED_NORM_ROW_BATCH * threads
+}
+
 /// Threads per row of `pick_rows`.
 pub(super) const PICK_THREADS: u32 = 1024;
 
@@ -287,7 +292,7 @@ impl CudaBackend {
         self.fused_norm
             && n <= FUSED_NORM_MAX_ROWS
             && self.gemm.fuses_into_gemv(w, n)
-            && self.config.hidden <= FUSED_NORM_ROW_BATCH * self.gemm.gemv_threads(w, n, gated)
+            && last_block_ends_rows_of(self.config.hidden, self.gemm.gemv_threads(w, n, gated))
     }
 
     /// The last product of a sub-block (`what` of `layer`, from `input`) into `proj`, then
@@ -615,5 +620,21 @@ pub(super) fn picked_row(
         token,
         logprob: Some(row[0]),
         top,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_models_end_their_sub_blocks_in_the_gemv_and_an_8b_shape_launches_the_norm() {
+        // SmolLM2 (576) and Gemma 3 270M (640) with the 256-thread variants; Llama-3 8B (4096)
+        // whose output GEMV was 256 threads and down projection 512 on the H200.
+        assert!(last_block_ends_rows_of(576, 256));
+        assert!(last_block_ends_rows_of(640, 256));
+        assert!(!last_block_ends_rows_of(4096, 256));
+        assert!(!last_block_ends_rows_of(4096, 512));
+        assert!(last_block_ends_rows_of(4096, 1024));
     }
 }
