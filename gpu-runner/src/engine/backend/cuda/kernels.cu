@@ -67,13 +67,14 @@ __device__ __forceinline__ void grid_dependency_sync() {
 #endif
 
 #define SUM_SLOTS 1024
-#define ROW_BATCH 4  // elements a thread loads before it uses any of them (forward.rs: FUSED_NORM_ROW_BATCH)
+// Elements a thread loads before it uses any of them (FUSED_NORM_ROW_BATCH in forward.rs).
+#define ROW_BATCH 4
 
 // f(i) then use(i, value) for each of this thread's elements i < len (i = threadIdx.x +
 // k·blockDim.x), in ascending order, ROW_BATCH of them at a time: a batch's loads are all in
-// flight before the first is used. Where one block works through a row (a GEMV's last block
-// of 128 threads normalises 4096 elements), loads waited for one at a time would make each
-// thread's pass as many memory round trips as it has elements.
+// flight before the first is used. Where one block works through a whole row (a GEMV's last
+// block ending the sub-block), loads waited for one at a time would make each thread's pass
+// as many memory round trips as it has elements.
 template <class F, class Use>
 __device__ __forceinline__ void row_pass(int len, F f, Use use) {
     for (int i0 = threadIdx.x; i0 < len; i0 += ROW_BATCH * blockDim.x) {
