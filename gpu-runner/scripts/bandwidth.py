@@ -203,6 +203,8 @@ def summary(args):
          "early", "plain"),
         ("8B shape: fused norms and RoPE vs add_rms_norm and qkv_prepare launches (f. vs f7.)",
          args.fallow_log, args.separate_norm_log, "fused", "separate"),
+        ("8B shape: L2 prefetches before the waits vs none (f. vs f8.)", args.fallow_log,
+         args.no_prefetch_log, "prefetch", "none"),
     ]:
         base, alt = parse_fallow(read_text(base_log)), parse_fallow(read_text(other_log))
         if not base and not alt:
@@ -264,6 +266,8 @@ def main():
     s.add_argument("--plain-log", help="f5.: the 8B shape's bench without early starts")
     s.add_argument("--separate-norm-log",
                    help="f7.: the 8B shape's bench with add_rms_norm and qkv_prepare launched")
+    s.add_argument("--no-prefetch-log",
+                   help="f8.: the 8B shape's bench with FALLOW_CUDA_L2_PREFETCH=0")
     s.add_argument("--prefill-mma-log", help="f6.: a long prompt, tensor-core prefill attention")
     s.add_argument("--prefill-f32-log", help="f6.: the same prompt, f32 prefill attention")
     s.add_argument("--out", help="also write the summary here")

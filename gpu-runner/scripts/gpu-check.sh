@@ -10,6 +10,7 @@
 #   f. `fallow bench engine` on that checkpoint (f3: per-kernel GPU time, FALLOW_CUDA_PROFILE;
 #      f5: batch 1 without early starts, FALLOW_CUDA_EARLY_START=0; f7: batch 1 with
 #      add_rms_norm and qkv_prepare launches, FALLOW_CUDA_FUSED_NORM=0 FALLOW_CUDA_FUSED_ROPE=0;
+#      f8: batch 1 and 8 without L2 prefetches before the waits, FALLOW_CUDA_L2_PREFETCH=0;
 #      f6: a 4096-token
 #      prompt's prefill, attention on tensor cores vs f32; f4: its matrices quantized to Q8_0
 #      at load; f2: without CUDA graphs)
@@ -369,6 +370,11 @@ main() {
     run_step "f7. fallow bench engine, separate norm and RoPE launches" 90 "$WORK/fallow-bench-separate-norm.log" \
       env FALLOW_CUDA_FUSED_NORM=0 FALLOW_CUDA_FUSED_ROPE=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
       --concurrency 1 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+    # Batch 1 and 8 with no weights asked into L2 before a GEMV's wait (and no KV rows before
+    # the attention's): what the prefetches win while attention and norms leave memory idle.
+    run_step "f8. fallow bench engine, no L2 prefetch" 90 "$WORK/fallow-bench-no-prefetch.log" \
+      env FALLOW_CUDA_L2_PREFETCH=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
+      --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
     # One long prompt, prefill attention on the tensor cores (the default) and on the f32
     # kernel: attention grows with the square of the prompt, so it dominates long prefills.
     run_step "f6. long-prompt prefill, tensor cores vs f32" 120 - \
@@ -398,7 +404,8 @@ main() {
     --steps "$OUT/steps.tsv" --q8-log "$WORK/fallow-bench-q8_0.log" \
     --smol-bf16-log "$WORK/smol-bench-bf16.log" --smol-quant-log "$WORK/smol-bench-quantized.log" \
     --smol-json-log "$WORK/smol-bench-json.log" --plain-log "$WORK/fallow-bench-plain.log" \
-    --separate-norm-log "$WORK/fallow-bench-separate-norm.log" --prefill-mma-log "$WORK/prefill-mma.log" \
+    --separate-norm-log "$WORK/fallow-bench-separate-norm.log" \
+    --no-prefetch-log "$WORK/fallow-bench-no-prefetch.log" --prefill-mma-log "$WORK/prefill-mma.log" \
     --prefill-f32-log "$WORK/prefill-f32.log" --out "$OUT/summary.txt" ||
     echo "summary: FAILED rc=$?" | tee "$OUT/summary.txt"
   echo

@@ -41,24 +41,27 @@ __device__ bf16 merge_splits(const volatile float* rec, int splits, int head_dim
     return f32_to_bf16(sum / l_all);
 }
 
+// The RoPE angles of a decode token, once for its attention block (one pair per thread, not
+// one per element per warp).
+template <int DIMS>
+struct RopeAngles {
+    float cos[DIMS * 16], sin[DIMS * 16];
+};
+
 // What a decode step's attention block prepares itself when qkv_prepare did not run before
-// it (inv_freq given; see paged_attention_t): qkv_prepare's work for the block's query heads
-// and its KV head, one warp per head — bias, the per-head norm (same order of sums as
-// ordered_sum), RoPE — into `prepared` (shared memory: the query heads, then K, then V);
-// with `k_dst`/`v_dst` the K and V rows are also stored in the cache. The same arithmetic as
-// qkv_prepare, so the same bits.
+// it (see paged_attention_t): qkv_prepare's work for the block's query heads and its KV head,
+// one warp per head — bias, the per-head norm (same order of sums as ordered_sum), RoPE by
+// `angles` (stored by the block before its wait) — into `prepared` (shared memory: the query
+// heads, then K, then V); with `k_dst`/`v_dst` the K and V rows are also stored in the cache.
+// The same arithmetic as qkv_prepare, so the same bits.
 template <int DIMS>
 __device__ void attention_prepare(const float* row, const HeadGroup& hg, int n_heads,
                                   int n_kv_heads, int head_dim, const float* bias,
                                   const float* q_norm, const float* k_norm,
-                                  const double* inv_freq, int pos, int style, float eps,
+                                  const RopeAngles<DIMS>& angles, int style, float eps,
                                   float (*prepared)[DIMS * 32], bf16* k_dst, bf16* v_dst) {
-    // The token's RoPE angles once for the block (one per thread, not per element per warp).
-    __shared__ float angle_cos[DIMS * 16], angle_sin[DIMS * 16];
+    __syncthreads();  // the angles
     int half = head_dim / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x)
-        rope_angle(pos, inv_freq[i], &angle_cos[i], &angle_sin[i]);
-    __syncthreads();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (warp > hg.heads + 1) return;
     bool is_v = warp == hg.heads + 1, is_k = warp == hg.heads;
@@ -107,7 +110,7 @@ __device__ void attention_prepare(const float* row, const HeadGroup& hg, int n_h
         int d = lane + 32 * r;
         if (d >= head_dim) continue;
         RopePair p = rope_pair(d, half, style);
-        float c = angle_cos[p.i], s = angle_sin[p.i];
+        float c = angles.cos[p.i], s = angles.sin[p.i];
         float x0 = hv[p.a], x1 = hv[p.b];
         x[r] = d == p.a ? rope_first(x0, x1, c, s) : rope_second(x0, x1, c, s);
     }
@@ -144,8 +147,11 @@ __device__ void paged_attention_t(
     int* split_counters, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale,
     float softcap, int window, int partition, const int* rows, const float* bias,
     const float* q_norm, const float* k_norm, const double* inv_freq, const int* slots,
-    float eps, int style) {
-    grid_dependency_sync();
+    float eps, int style, int prefetch_keys) {
+    // Before the wait, what depends only on the step's inputs (which no kernel writes: the host
+    // copies them before the step's first kernel): the token's keys and its RoPE angles, and
+    // L2 asked for the K and V rows of the range's first `prefetch_keys` keys. With an early
+    // start this overlaps the product that writes the query.
     int t = rows ? rows[blockIdx.x] : (int)blockIdx.x;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     HeadGroup hg = head_group(n_heads, n_kv_heads);
@@ -157,6 +163,20 @@ __device__ void paged_attention_t(
     int begin = (int)min(first, (long long)pos + 1);
     int end = (int)min(first + partition, (long long)pos + 1);
     const int* table = block_tables + (size_t)token_seq[t] * max_blocks;
+    __shared__ RopeAngles<DIMS> angles;
+    if (inv_freq)
+        for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x)
+            rope_angle(pos, inv_freq[i], &angles.cos[i], &angles.sin[i]);
+    if (head_dim % 8 == 0) {
+        unsigned int row_bytes = (unsigned int)head_dim * 2;
+        for (int j = begin + threadIdx.x; j < min(end, begin + prefetch_keys); j += blockDim.x) {
+            size_t slot = (size_t)table[j / block_size] * block_size + (j % block_size);
+            size_t row = slot * kv_dim + (size_t)kvh * head_dim;
+            l2_prefetch(k_cache + row, row_bytes);
+            l2_prefetch(v_cache + row, row_bytes);
+        }
+    }
+    grid_dependency_sync();
     const float* q = qkv + (size_t)t * qkv_width + (size_t)h0 * head_dim;
     int q_stride = head_dim;
     __shared__ float prepared[ATTN_HEADS + 2][DIMS * 32];
@@ -164,7 +184,7 @@ __device__ void paged_attention_t(
         bool holds_token = begin <= pos && pos < end;
         size_t at = (size_t)slots[t] * kv_dim + (size_t)kvh * head_dim;
         attention_prepare<DIMS>(qkv + (size_t)t * qkv_width, hg, n_heads, n_kv_heads, head_dim,
-                                bias, q_norm, k_norm, inv_freq, pos, style, eps, prepared,
+                                bias, q_norm, k_norm, angles, style, eps, prepared,
                                 holds_token ? k_cache + at : nullptr,
                                 holds_token ? v_cache + at : nullptr);
         __syncthreads();  // the prepared heads, and the token's K and V row in the cache
@@ -398,12 +418,12 @@ __device__ void paged_prefill_t(
         int* split_counters, int n_heads, int n_kv_heads, int head_dim, int block_size,         \
         float scale, float softcap, int window, int partition, const int* rows,                 \
         const float* bias, const float* q_norm, const float* k_norm, const double* inv_freq,    \
-        const int* slots, float eps, int style) {                                               \
+        const int* slots, float eps, int style, int prefetch_keys) {                            \
         paged_attention_t<DIMS>(qkv, qkv_width, k_cache, v_cache, block_tables, max_blocks,     \
                                 token_seq, positions, out, partial, split_counters, n_heads,    \
                                 n_kv_heads, head_dim, block_size, scale, softcap, window,       \
                                 partition, rows, bias, q_norm, k_norm, inv_freq, slots, eps,    \
-                                style);                                                         \
+                                style, prefetch_keys);                                          \
     }                                                                                           \
     extern "C" __global__ void paged_prefill_##DIMS(                                            \
         const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,              \

@@ -374,6 +374,8 @@ int cuDeviceGetAttribute(int* v, int attribute, int) {
         case 8: *v = 48 * 1024; break;        // shared memory per block
         case 10: *v = 32; break;              // warp size
         case 16: *v = MULTIPROCESSORS; break;  // multiprocessors
+        case 38: *v = 50 << 20; break;         // L2 bytes (an H100's)
+        case 39: *v = 2048; break;             // threads per multiprocessor
         case 75: *v = 9; break;               // compute capability
         case 76: *v = 0; break;
         case 97: *v = 227 * 1024; break;      // shared memory per block, opted in

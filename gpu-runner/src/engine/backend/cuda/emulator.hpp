@@ -432,6 +432,15 @@ inline void* dynamic_shared() { return dynamic_buffer; }
 inline void __threadfence() {}
 // Launches run one after another here: only whether every thread calls it is checked.
 inline void grid_dependency_sync() { emu::synced[emu::linear] = 1; }
+// A GPU's bulk prefetch wants a 16-byte-aligned start and size, within memory: a misaligned
+// one traps here (the alignment check's illegal instruction), and every page of the range is
+// read, so that one past the buffers meets their guard page.
+inline void l2_prefetch(const void* p, unsigned int bytes) {
+    if ((uintptr_t)p % 16 != 0 || bytes % 16 != 0) __builtin_trap();
+    const volatile unsigned char* b = (const volatile unsigned char*)p;
+    for (unsigned int i = 0; i < bytes; i += 4096) (void)b[i];
+    if (bytes > 0) (void)b[bytes - 1];
+}
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::syncwarp(); }
 inline void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2]) {
     emu::mma_bf16_16816(d, a, b);

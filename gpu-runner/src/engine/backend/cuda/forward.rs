@@ -245,6 +245,12 @@ impl CudaBackend {
             let split = self.attention_split(window, decode);
             let (partial, counters) = (addr(&s.partial), addr(&s.split_counters));
             let rows = self.inputs.decode_row_list();
+            // Nothing overlaps a plain launch: nothing to prefetch for.
+            let prefetch_keys = if self.launcher.early_start() {
+                self.gemm.l2_prefetch.attention_keys()
+            } else {
+                0
+            };
             launch!(
                 self,
                 DECODE_KERNELS[kernel_variant(dims)],
@@ -279,7 +285,8 @@ impl CudaBackend {
                 if prepare_in_attention { inv_freq } else { 0u64 },
                 slots,
                 eps,
-                style
+                style,
+                prefetch_keys
             )?;
         }
         let (post, next) = (addr(&l.post_attn_norm), l.ffn_norm.ptr());

@@ -12,6 +12,7 @@ use cudarc::driver::{CudaStream, LaunchConfig};
 
 use super::buffer::DeviceBuf;
 use super::gemv_tune::{GemvChoice, GemvVariant, DEFAULT_VARIANT, GEMV_VARIANTS};
+use super::l2_prefetch::L2Prefetch;
 use super::launch::{KernelArgs, Launcher};
 use super::weights::{DeviceMatrix, QuantPart, Storage};
 use super::CudaError;
@@ -37,6 +38,8 @@ pub struct Gemm {
     gemv_max_rows: usize,
     /// Which bf16 GEMV variant each product uses ([`super::gemv_tune`]).
     pub(super) gemv_choice: GemvChoice,
+    /// How much of its rows a bf16 GEMV asks L2 for before its early start waits.
+    pub(super) l2_prefetch: L2Prefetch,
 }
 
 impl Gemm {
@@ -63,6 +66,7 @@ impl Gemm {
             launcher,
             gemv_max_rows: GEMV_MAX_ROWS,
             gemv_choice: GemvChoice::default(),
+            l2_prefetch: L2Prefetch::default(),
         })
     }
 
@@ -103,7 +107,7 @@ impl Gemm {
                         name: part.kernels.gemv,
                         warps: QUANT_GEMV_WARPS,
                         shared_bytes: 0,
-                        bf16: false,
+                        l2_bytes: None,
                     };
                     let (rows, cols) = (part.rows, w.cols);
                     kernel.launch(self, weights, (rows, cols, w.rows), x, n, out, None, None)?;
@@ -168,8 +172,25 @@ impl Gemm {
     /// Threads per block of the bf16 GEMV that serves `n` rows through `w` (`gated`: the
     /// down projection of [gate | up] rows).
     pub fn gemv_threads(&self, w: &DeviceMatrix, n: usize, gated: bool) -> usize {
-        let v = &GEMV_VARIANTS[self.gemv_choice.variant(w.rows, w.cols, gated, n)];
-        v.warps * 32
+        let chosen = self.gemv_choice.variant(w.rows, w.cols, gated, n);
+        self.gemv_variant_run(chosen, n, w.cols, gated).warps * 32
+    }
+
+    /// The variant that serves `n` rows of `cols` inputs when `variant` is asked for: itself
+    /// where usable; else (a resident variant forced on a product whose x does not fit, or a
+    /// variant this GPU's compile cannot launch) the same shape in another form (same bits),
+    /// or the default.
+    fn gemv_variant_run(&self, variant: usize, n: usize, cols: usize, gated: bool) -> &GemvVariant {
+        let v = &GEMV_VARIANTS[variant];
+        if self.gemv_usable(v, n, cols, gated) {
+            return v;
+        }
+        GEMV_VARIANTS
+            .iter()
+            .find(|o| {
+                o.warps == v.warps && o.unroll == v.unroll && self.gemv_usable(o, n, cols, gated)
+            })
+            .unwrap_or(&GEMV_VARIANTS[DEFAULT_VARIANT])
     }
 
     /// Whether variant `v` can serve `n` rows of `cols` inputs here: its x fits, and the
@@ -194,24 +215,18 @@ impl Gemm {
         norm: Option<&NormAfter>,
     ) -> Result<(), CudaError> {
         let gated = act.is_some();
-        let mut v = &GEMV_VARIANTS[variant];
-        if !self.gemv_usable(v, n, cols, gated) {
-            // A resident variant forced on a product whose x does not fit, or a variant this
-            // GPU's compile cannot launch: the same shape in another form (same bits).
-            v = GEMV_VARIANTS
-                .iter()
-                .find(|o| {
-                    o.warps == v.warps
-                        && o.unroll == v.unroll
-                        && self.gemv_usable(o, n, cols, gated)
-                })
-                .unwrap_or(&GEMV_VARIANTS[DEFAULT_VARIANT]);
-        }
+        let v = self.gemv_variant_run(variant, n, cols, gated);
+        // Nothing overlaps a plain launch: nothing to prefetch for.
+        let l2_bytes = if self.launcher.early_start() {
+            self.l2_prefetch.row_bytes(rows, cols * 2)
+        } else {
+            0
+        };
         let kernel = GemvKernel {
             name: v.kernel(gated),
             warps: v.warps,
             shared_bytes: v.shared_bytes(n, cols) as u32,
-            bf16: true,
+            l2_bytes: Some(l2_bytes),
         };
         kernel.launch(self, weights, (rows, cols, rows), x, n, out, act, norm)
     }
@@ -292,12 +307,13 @@ pub struct NormAfter {
 }
 
 /// One GEMV kernel, its output columns per block and the dynamic shared memory it takes;
-/// `bf16`: one of the bf16 variants, which take a [`NormAfter`] (its fields) last.
+/// `l2_bytes` for the bf16 variants, which take a [`NormAfter`] (its fields) and the bytes
+/// of each row to prefetch into L2 ([`L2Prefetch`]) last.
 struct GemvKernel {
     name: &'static str,
     warps: usize,
     shared_bytes: u32,
-    bf16: bool,
+    l2_bytes: Option<u32>,
 }
 
 impl GemvKernel {
@@ -335,13 +351,14 @@ impl GemvKernel {
         }
         let none = NormAfter::default();
         let norm = norm.unwrap_or(&none);
-        if self.bf16 {
+        if let Some(l2_bytes) = &self.l2_bytes {
             b.arg(&norm.x)
                 .arg(&norm.post_w)
                 .arg(&norm.next_w)
                 .arg(&norm.out)
                 .arg(&norm.done)
-                .arg(&norm.eps);
+                .arg(&norm.eps)
+                .arg(l2_bytes);
         }
         // SAFETY: `weights` holds `rows` rows of `cols` in the kernel's format (bf16 with
         // cols % 8 == 0, or whole blocks, checked when the file was opened); the caller sized

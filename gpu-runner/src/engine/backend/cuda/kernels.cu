@@ -28,16 +28,18 @@ __device__ __forceinline__ unsigned int bf16_pair(float x0, float x1) {
     return (unsigned int)f32_to_bf16(x0) | ((unsigned int)f32_to_bf16(x1) << 16);
 }
 
+// 8 values as bf16, one 16-byte vector (the first in the lowest half-word).
+__device__ __forceinline__ uint4 bf16x8(const float* v) {
+    return make_uint4(bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]), bf16_pair(v[4], v[5]),
+                      bf16_pair(v[6], v[7]));
+}
+
 // 32 values as bf16 at `o` (64-byte aligned) in four 16-byte stores: the threads of a warp
 // each writing their own 32 values with two-byte stores would touch 32 sectors per 64 bytes
 // stored; these touch 32 per 512.
 __device__ __forceinline__ void store_bf16x32(bf16* o, const float* v) {
 #pragma unroll
-    for (int s = 0; s < 4; s++) {
-        const float* p = v + 8 * s;
-        ((uint4*)o)[s] = make_uint4(bf16_pair(p[0], p[1]), bf16_pair(p[2], p[3]),
-                                    bf16_pair(p[4], p[5]), bf16_pair(p[6], p[7]));
-    }
+    for (int s = 0; s < 4; s++) ((uint4*)o)[s] = bf16x8(v + 8 * s);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -53,7 +55,9 @@ __device__ __forceinline__ float warp_max(float v) {
 // Programmatic dependent launch (sm_90; kernels.rs's early-start launches): a kernel may begin
 // while the one before it on the stream is finishing, so every thread calls this before it
 // reads anything an earlier kernel wrote, or writes anything an earlier kernel reads; only
-// weights (which no kernel writes) may be read before it. It waits until the previous grid
+// weights and the step's inputs (which no kernel writes: the host copies the inputs before
+// the step's first kernel, and a copy waits for the kernels before it) may be read before
+// it, and shared memory written. It waits until the previous grid
 // has finished and its writes are visible, then lets the next kernel start launching (its
 // blocks take the SMs this grid's last blocks free, and wait in turn). A no-op before sm_90.
 // The emulator checks that every thread of every launch calls it.
@@ -64,6 +68,19 @@ __device__ __forceinline__ void grid_dependency_sync() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+// Asks L2 for `bytes` at `p` (both multiples of 16), without waiting: what a kernel does with
+// the weights or KV rows it will read, before grid_dependency_sync, so that with an early
+// start the memory streams them while the previous kernel (an attention or a norm, which
+// leave the memory idle) finishes. A hint: nothing waits for it, nothing is stored, and a
+// line an earlier kernel is still writing stays right (L2 is where writes land). sm_90's
+// bulk prefetch; nothing before it (no early start there). The emulator checks the range is
+// memory.
+__device__ __forceinline__ void l2_prefetch(const void* p, unsigned int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
 #endif
 
 #define SUM_SLOTS 1024
@@ -71,21 +88,21 @@ __device__ __forceinline__ void grid_dependency_sync() {
 #define ROW_BATCH 4
 
 // f(i) then use(i, value) for each of this thread's elements i < len (i = threadIdx.x +
-// k·blockDim.x), in ascending order, ROW_BATCH of them at a time: a batch's loads are all in
+// k·blockDim.x), in ascending order, BATCH of them at a time: a batch's loads are all in
 // flight before the first is used. Where one block works through a whole row (a GEMV's last
 // block ending the sub-block), loads waited for one at a time would make each thread's pass
 // as many memory round trips as it has elements.
-template <class F, class Use>
+template <int BATCH = ROW_BATCH, class F, class Use>
 __device__ __forceinline__ void row_pass(int len, F f, Use use) {
-    for (int i0 = threadIdx.x; i0 < len; i0 += ROW_BATCH * blockDim.x) {
-        decltype(f(0)) v[ROW_BATCH];
+    for (int i0 = threadIdx.x; i0 < len; i0 += BATCH * blockDim.x) {
+        decltype(f(0)) v[BATCH];
 #pragma unroll
-        for (int u = 0; u < ROW_BATCH; u++) {
+        for (int u = 0; u < BATCH; u++) {
             int i = i0 + u * blockDim.x;
             if (i < len) v[u] = f(i);
         }
 #pragma unroll
-        for (int u = 0; u < ROW_BATCH; u++) {
+        for (int u = 0; u < BATCH; u++) {
             int i = i0 + u * blockDim.x;
             if (i < len) use(i, v[u]);
         }
@@ -304,14 +321,18 @@ extern "C" __global__ void qkv_prepare(float* qkv, const float* bias, const floa
 // out = bf16(act(gate) * up) over the fused [gate | up] rows; act 0 = SiLU, 1 = GELU (tanh).
 // Grid (tokens, ffn / blockDim): one element per thread, so a single token still spreads
 // over the whole GPU.
-__device__ __forceinline__ bf16 gated(float gate, float up, int act) {
+__device__ __forceinline__ float gated_f32(float gate, float up, int act) {
     float a;
     if (act == 0) {
         a = gate / (1.0f + __expf(-gate));
     } else {
         a = 0.5f * gate * (1.0f + tanhf(0.7978845608f * (gate + 0.044715f * gate * gate * gate)));
     }
-    return f32_to_bf16(a * up);
+    return a * up;
+}
+
+__device__ __forceinline__ bf16 gated(float gate, float up, int act) {
+    return f32_to_bf16(gated_f32(gate, up, act));
 }
 
 extern "C" __global__ void gated_act(const float* __restrict__ gate_up, bf16* __restrict__ out,
@@ -409,24 +430,38 @@ __device__ __forceinline__ void gemv_write(const float* acc, float* out, int ldo
 }
 
 // Stages chunks [k0 / 8, k0 / 8 + chunks) of the n rows of x into xs (row j at j·stride),
-// by the whole block.
-template <bool GATED>
+// by the whole block, each thread's chunks BATCH at a time (row_pass: x comes from L2, and a
+// resident x is dozens of chunks per thread, each a round trip if waited for alone; a tile
+// is a chunk or two per thread, where batches only hold registers through the loop).
+// GATED: the chunk is 8 gates and their 8 ups, each four in one 16-byte load.
+template <bool GATED, int BATCH>
 __device__ __forceinline__ void gemv_stage_x(uint4* xs, int stride, const void* __restrict__ xin,
                                              int K, int k0, int chunks, int n, int act) {
-    for (int i = threadIdx.x; i < n * chunks; i += blockDim.x) {
-        int j = i / chunks, c = i - j * chunks;
-        if (GATED) {
-            const float* g = (const float*)xin + (size_t)j * 2 * K + k0 + 8 * c;
-            unsigned int packed[4];
+    row_pass<BATCH>(
+        n * chunks,
+        [&](int i) {
+            int j = i / chunks, c = i - j * chunks;
+            if constexpr (GATED) {
+                const float* g = (const float*)xin + (size_t)j * 2 * K + k0 + 8 * c;
+                float4 gate[2] = {((const float4*)g)[0], ((const float4*)g)[1]};
+                float4 up[2] = {((const float4*)(g + K))[0], ((const float4*)(g + K))[1]};
+                float v[8];
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                packed[e] = gated(g[2 * e], g[K + 2 * e], act) |
-                            ((unsigned int)gated(g[2 * e + 1], g[K + 2 * e + 1], act) << 16);
-            xs[j * stride + c] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-        } else {
-            xs[j * stride + c] = __ldg((const uint4*)((const bf16*)xin + (size_t)j * K + k0) + c);
-        }
-    }
+                for (int h = 0; h < 2; h++) {
+                    v[4 * h] = gated_f32(gate[h].x, up[h].x, act);
+                    v[4 * h + 1] = gated_f32(gate[h].y, up[h].y, act);
+                    v[4 * h + 2] = gated_f32(gate[h].z, up[h].z, act);
+                    v[4 * h + 3] = gated_f32(gate[h].w, up[h].w, act);
+                }
+                return bf16x8(v);
+            } else {
+                return __ldg((const uint4*)((const bf16*)xin + (size_t)j * K + k0) + c);
+            }
+        },
+        [&](int i, uint4 v) {
+            int j = i / chunks;
+            xs[j * stride + i - j * chunks] = v;
+        });
 }
 
 #ifdef FALLOW_EMULATOR
@@ -471,7 +506,7 @@ struct Bf16Rows {
 template <class ROWS, bool GATED, int WARPS, int UNROLL, bool PREFETCH, bool RESIDENT>
 __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
                        float* __restrict__ out, int M, int K, int n, int ldo, int act,
-                       GemvNorm norm) {
+                       GemvNorm norm, unsigned int l2_bytes) {
     static_assert(PREFETCH || !RESIDENT, "a resident x streams W with prefetching");
     constexpr int PER_CHUNK = ROWS::PER_CHUNK, X_CHUNKS = PER_CHUNK / 8;  // x: 8 per chunk
     const int TILE = 32 * UNROLL * PER_CHUNK;
@@ -486,19 +521,26 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
     float acc[GEMV_MAX_ROWS];
 #pragma unroll
     for (int j = 0; j < GEMV_MAX_ROWS; j++) acc[j] = 0.0f;
-    // The first tile of W is requested before waiting for the kernel that writes x: with an
-    // early start its latency hides behind the previous kernel's last blocks.
+    // The first tile of W is requested before waiting for the kernel that writes x, and L2
+    // asked for the row's next bytes up to `l2_bytes`: with an early start their latency
+    // hides behind the previous kernel's last blocks.
     uint4 wv[UNROLL];
     gemv_load_w<UNROLL>(wv, wrow, lane, min(TILE, K) / PER_CHUNK);
+    unsigned int row_bytes = (unsigned int)(K / PER_CHUNK) * 16u;
+    unsigned int tile_bytes = (unsigned int)min(TILE, K) / PER_CHUNK * 16u;
+    unsigned int prefetched = min(l2_bytes, row_bytes);
+    if (lane == 0 && m < M && prefetched > tile_bytes)
+        l2_prefetch(wrow + tile_bytes / 16, prefetched - tile_bytes);
     grid_dependency_sync();
     if constexpr (RESIDENT) {
-        gemv_stage_x<GATED>(xs, stride, xin, K, 0, K / 8, n, act);
+        // (Two gated chunks at a time: four hold 64 floats, past a 16-warp block's registers.)
+        gemv_stage_x<GATED, GATED ? 2 : ROW_BATCH>(xs, stride, xin, K, 0, K / 8, n, act);
         __syncthreads();
     }
     for (int k0 = 0; k0 < K; k0 += TILE) {
         int chunks = min(TILE, K - k0) / PER_CHUNK;
         if constexpr (!RESIDENT) {
-            gemv_stage_x<GATED>(xs, stride, xin, K, k0, chunks * X_CHUNKS, n, act);
+            gemv_stage_x<GATED, 1>(xs, stride, xin, K, k0, chunks * X_CHUNKS, n, act);
             __syncthreads();
         }
         uint4 next[PREFETCH ? UNROLL : 1];
@@ -557,13 +599,15 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
                                                             const bf16* __restrict__ x,       \
                                                             float* __restrict__ out, int M,   \
                                                             int K, int n, int ldo,            \
-                                                            GEMV_NORM_PARAMS) {               \
-        gemv_t<Bf16Rows, false, W, U, P, R>(w, x, out, M, K, n, ldo, 0, GEMV_NORM);           \
+                                                            GEMV_NORM_PARAMS,                 \
+                                                            unsigned int l2_bytes) {          \
+        gemv_t<Bf16Rows, false, W, U, P, R>(w, x, out, M, K, n, ldo, 0, GEMV_NORM, l2_bytes); \
     }                                                                                         \
     extern "C" __global__ void gemv_bf16_gated_w##W##u##U##SUFFIX(                            \
         const bf16* __restrict__ w, const float* __restrict__ gate_up, float* __restrict__ out, \
-        int M, int K, int n, int ldo, int act, GEMV_NORM_PARAMS) {                            \
-        gemv_t<Bf16Rows, true, W, U, P, R>(w, gate_up, out, M, K, n, ldo, act, GEMV_NORM);    \
+        int M, int K, int n, int ldo, int act, GEMV_NORM_PARAMS, unsigned int l2_bytes) {     \
+        gemv_t<Bf16Rows, true, W, U, P, R>(w, gate_up, out, M, K, n, ldo, act, GEMV_NORM,     \
+                                           l2_bytes);                                         \
     }
 #define GEMV_BF16(W, U)                        \
     GEMV_BF16_NAMED(W, U, false, false, )      \

@@ -23,6 +23,7 @@ mod graphs;
 #[cfg(test)]
 mod kernel_tests;
 pub mod kernels;
+mod l2_prefetch;
 mod launch;
 mod prefill;
 mod profile;
@@ -42,6 +43,7 @@ use self::gemm::Gemm;
 use self::gemv_tune::GemvChoice;
 use self::graphs::{DecodeGraphs, GraphKey, Replay};
 use self::kernels::Kernels;
+use self::l2_prefetch::L2Prefetch;
 use self::launch::Launcher;
 pub use self::prefill::PrefillKernel;
 use self::profile::Profiler;
@@ -173,11 +175,17 @@ impl CudaBackend {
             // A profile times each launch on its own: overlapping ones would blur it.
             launcher.set_early_start(false);
         }
-        let sm_count = ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(CudaError::driver)?
+        let attribute = |a| ctx.attribute(a).map_err(CudaError::driver);
+        let sm_count = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             .max(1) as usize;
         let mut gemm = Gemm::new(&stream, launcher.clone())?;
+        gemm.l2_prefetch = L2Prefetch::new(
+            attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?.max(0) as usize,
+            sm_count,
+            attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?
+                .max(0) as usize,
+            std::env::var("FALLOW_CUDA_L2_PREFETCH").ok().as_deref(),
+        );
         gemm.gemv_choice =
             GemvChoice::from_setting(std::env::var("FALLOW_CUDA_GEMV").ok().as_deref())
                 .map_err(CudaError::Failure)?;

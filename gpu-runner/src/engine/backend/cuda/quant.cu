@@ -229,7 +229,8 @@ struct Q8_0Rows {
 // requested before this one is summed; no norm at the end.
 extern "C" __global__ void gemv_q8_0(const u8* w, const bf16* x, float* out, int M, int K, int n,
                                      int ldo) {
-    gemv_t<Q8_0Rows, false, GEMV_WARPS, 4, true, false>(w, x, out, M, K, n, ldo, 0, GemvNorm{});
+    gemv_t<Q8_0Rows, false, GEMV_WARPS, 4, true, false>(w, x, out, M, K, n, ldo, 0, GemvNorm{},
+                                                        0);
 }
 
 // The rows × K Q8_0 matrix (the device layout above) as bf16. Launched as the other formats'
@@ -251,7 +252,6 @@ extern "C" __global__ void dequant_q8_0(const u8* w, bf16* out, int rows, int K)
         float v[8];
 #pragma unroll
         for (int l = 0; l < 8; l++) v[l] = d * (float)(signed char)(words[l / 4] >> (8 * (l % 4)));
-        ((uint4*)out)[p] = make_uint4(bf16_pair(v[0], v[1]), bf16_pair(v[2], v[3]),
-                                      bf16_pair(v[4], v[5]), bf16_pair(v[6], v[7]));
+        ((uint4*)out)[p] = bf16x8(v);
     }
 }

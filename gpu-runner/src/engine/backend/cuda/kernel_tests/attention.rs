@@ -6,6 +6,7 @@ use crate::engine::backend::cpu::rope::{inv_freqs, RopeTable};
 use crate::engine::backend::cuda::attention_split::{head_blocks, AttentionSplit};
 use crate::engine::backend::cuda::emulator::{Arg, Emulator};
 use crate::engine::backend::cuda::forward::kernel_variant;
+use crate::engine::backend::cuda::l2_prefetch::ATTENTION_KEYS;
 use crate::engine::backend::cuda::PrefillKernel;
 use crate::engine::model::{RopeScaling, RopeStyle};
 
@@ -300,6 +301,8 @@ fn emulated_attention(
                     .chain([Arg::F32(0.0), Arg::I32(0)]),
             ),
         }
+        // K and V rows asked into L2 before the wait (the emulator checks each is memory).
+        args.push(Arg::I32(ATTENTION_KEYS));
         emu.launch(
             [
                 "paged_attention_1",
