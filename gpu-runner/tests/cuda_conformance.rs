@@ -956,10 +956,13 @@ fn every_gemv_variant_gives_the_same_decode_logits() {
         all
     };
     let reference = run("w8u4");
-    for variant in [
+    let variants = [
         "w4u4", "w4u8", "w8u8", "w16u4", "w16u8", "w4u4p", "w4u8p", "w8u4p", "w8u8p", "w16u4p",
         "w16u8p", "w4u4r", "w4u8r", "w8u4r", "w8u8r", "w16u4r", "w16u8r",
-    ] {
+    ];
+    // And two with L2 kept asked for the rows ahead of their loads (hints: the same sums).
+    let ahead = ["w8u4:2048", "w16u8r:8192"];
+    for variant in variants.into_iter().chain(ahead) {
         // Each lane sums the same chunks in the same order in every variant.
         assert!(run(variant) == reference, "{variant} differs from w8u4");
     }

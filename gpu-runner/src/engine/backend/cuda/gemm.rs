@@ -11,7 +11,7 @@ use cudarc::cublas::{result, CudaBlas};
 use cudarc::driver::{CudaStream, LaunchConfig};
 
 use super::buffer::DeviceBuf;
-use super::gemv_tune::{GemvChoice, GemvVariant, DEFAULT_VARIANT, GEMV_VARIANTS};
+use super::gemv_tune::{GemvChoice, GemvPick, GemvVariant, DEFAULT_VARIANT, GEMV_VARIANTS};
 use super::l2_prefetch::L2Prefetch;
 use super::launch::{KernelArgs, Launcher};
 use super::weights::{DeviceMatrix, QuantPart, Storage};
@@ -94,8 +94,8 @@ impl Gemm {
         let decode = n <= self.gemv_max_rows && w.cols.is_multiple_of(8);
         match &w.storage {
             Storage::Bf16(buf) if decode => {
-                let variant = self.gemv_choice.variant(w.rows, w.cols, false, n);
-                self.gemv_bf16(variant, buf.ptr(), w.rows, w.cols, x, n, out, None, None)
+                let pick = self.gemv_choice.pick(w.rows, w.cols, false, n);
+                self.gemv_bf16(pick, buf.ptr(), w.rows, w.cols, x, n, out, None, None)
             }
             Storage::Bf16(buf) => self.cublas(buf.ptr(), w.rows, w.cols, x, n, out),
             Storage::Quantized(parts) if decode => {
@@ -107,7 +107,7 @@ impl Gemm {
                         name: part.kernels.gemv,
                         warps: QUANT_GEMV_WARPS,
                         shared_bytes: 0,
-                        l2_bytes: None,
+                        l2: None,
                     };
                     let (rows, cols) = (part.rows, w.cols);
                     kernel.launch(self, weights, (rows, cols, w.rows), x, n, out, None, None)?;
@@ -165,14 +165,14 @@ impl Gemm {
                 n, w.rows, w.cols
             )));
         };
-        let variant = self.gemv_choice.variant(w.rows, w.cols, act.is_some(), n);
-        self.gemv_bf16(variant, weights, w.rows, w.cols, x, n, out, act, norm)
+        let pick = self.gemv_choice.pick(w.rows, w.cols, act.is_some(), n);
+        self.gemv_bf16(pick, weights, w.rows, w.cols, x, n, out, act, norm)
     }
 
     /// Threads per block of the bf16 GEMV that serves `n` rows through `w` (`gated`: the
     /// down projection of [gate | up] rows).
     pub fn gemv_threads(&self, w: &DeviceMatrix, n: usize, gated: bool) -> usize {
-        let chosen = self.gemv_choice.variant(w.rows, w.cols, gated, n);
+        let chosen = self.gemv_choice.pick(w.rows, w.cols, gated, n).variant;
         self.gemv_variant_run(chosen, n, w.cols, gated).warps * 32
     }
 
@@ -199,12 +199,13 @@ impl Gemm {
         v.fits(n, cols) && self.launcher.fits(v.kernel(gated), (v.warps * 32) as u32)
     }
 
-    /// `out[n, rows] = x · wᵀ` through bf16 GEMV variant `variant` ([`GEMV_VARIANTS`]): plain
-    /// with `act = None`, else the gated down projection of [gate | up] rows `x`.
+    /// `out[n, rows] = x · wᵀ` through bf16 GEMV `pick` (a variant of [`GEMV_VARIANTS`] and
+    /// its prefetch distance): plain with `act = None`, else the gated down projection of
+    /// [gate | up] rows `x`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gemv_bf16(
         &self,
-        variant: usize,
+        pick: GemvPick,
         weights: u64,
         rows: usize,
         cols: usize,
@@ -215,9 +216,9 @@ impl Gemm {
         norm: Option<&NormAfter>,
     ) -> Result<(), CudaError> {
         let gated = act.is_some();
-        let v = self.gemv_variant_run(variant, n, cols, gated);
-        // Nothing overlaps a plain launch: nothing to prefetch for.
-        let l2_bytes = if self.launcher.early_start() {
+        let v = self.gemv_variant_run(pick.variant, n, cols, gated);
+        // Nothing overlaps a plain launch: nothing to prefetch for before the wait.
+        let before_wait = if self.launcher.early_start() {
             self.l2_prefetch.row_bytes(rows, cols * 2)
         } else {
             0
@@ -226,7 +227,7 @@ impl Gemm {
             name: v.kernel(gated),
             warps: v.warps,
             shared_bytes: v.shared_bytes(n, cols) as u32,
-            l2_bytes: Some(l2_bytes),
+            l2: Some([before_wait, pick.ahead]),
         };
         kernel.launch(self, weights, (rows, cols, rows), x, n, out, act, norm)
     }
@@ -307,13 +308,14 @@ pub struct NormAfter {
 }
 
 /// One GEMV kernel, its output columns per block and the dynamic shared memory it takes;
-/// `l2_bytes` for the bf16 variants, which take a [`NormAfter`] (its fields) and the bytes
-/// of each row to prefetch into L2 ([`L2Prefetch`]) last.
+/// `l2` for the bf16 variants, which take a [`NormAfter`] (its fields) and then what they
+/// ask L2 for (kernels.cu's GemvL2): the bytes of each row before the wait ([`L2Prefetch`])
+/// and the distance kept ahead of the loads ([`GemvPick::ahead`]).
 struct GemvKernel {
     name: &'static str,
     warps: usize,
     shared_bytes: u32,
-    l2_bytes: Option<u32>,
+    l2: Option<[u32; 2]>,
 }
 
 impl GemvKernel {
@@ -351,14 +353,15 @@ impl GemvKernel {
         }
         let none = NormAfter::default();
         let norm = norm.unwrap_or(&none);
-        if let Some(l2_bytes) = &self.l2_bytes {
+        if let Some([before_wait, ahead]) = &self.l2 {
             b.arg(&norm.x)
                 .arg(&norm.post_w)
                 .arg(&norm.next_w)
                 .arg(&norm.out)
                 .arg(&norm.done)
                 .arg(&norm.eps)
-                .arg(l2_bytes);
+                .arg(before_wait)
+                .arg(ahead);
         }
         // SAFETY: `weights` holds `rows` rows of `cols` in the kernel's format (bf16 with
         // cols % 8 == 0, or whole blocks, checked when the file was opened); the caller sized

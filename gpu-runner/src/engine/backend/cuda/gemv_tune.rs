@@ -1,12 +1,16 @@
 //! Which bf16 GEMV instantiation serves each decode-sized product. The kernel comes in
 //! several shapes ([`GEMV_VARIANTS`]: output columns per block × 16-byte loads in flight per
 //! lane, with or without the next tile's loads issued before the current tile is summed, x
-//! staged tile by tile or all at once) that compute the same bits; which one streams a matrix fastest depends on the GPU
+//! staged tile by tile or all at once) that compute the same bits, and each can keep L2
+//! asked for [`AHEAD_BYTES`] of its weight row past the tile it loads (bulk prefetches: more
+//! bytes in flight than its registers hold, which a GEMV's bandwidth may lack; same bits);
+//! which one streams a matrix fastest depends on the GPU
 //! and on the matrix (how many blocks fill the SMs, how long each walks K). So at load the
-//! backend times every variant on the model's own matrices at 1, 4 and 8 token rows and keeps
-//! the fastest per shape ([`CudaBackend::tune_gemv`]); a product of `n` rows uses the
-//! choice made for the smallest tuned row count ≥ `n`. `FALLOW_CUDA_GEMV=w8u4` (a variant's
-//! name) skips the timing and uses that variant everywhere.
+//! backend times every variant at every distance on the model's own matrices at 1, 4 and 8
+//! token rows and keeps the fastest per shape ([`CudaBackend::tune_gemv`]); a product of `n`
+//! rows uses the choice made for the smallest tuned row count ≥ `n`. `FALLOW_CUDA_GEMV=w8u4`
+//! (a variant's name, optionally `:bytes` ahead, e.g. `w8u4:2048`) skips the timing and uses
+//! that everywhere.
 
 use std::collections::HashMap;
 
@@ -196,6 +200,38 @@ pub const GEMV_VARIANTS: [GemvVariant; 18] = [
 /// The variant used for a shape no timing chose (8 columns per block, 4 loads per lane).
 pub const DEFAULT_VARIANT: usize = 2;
 
+/// The distances timed: bytes of each row, past the tile whose loads go out, that a GEMV
+/// keeps L2 asked for (0: none). Up to a few tiles: the rows resident at once times the
+/// distance must stay well within L2, or lines are evicted before they are read.
+pub const AHEAD_BYTES: [u32; 3] = [0, 2048, 8192];
+
+/// A variant and its prefetch distance: what serves one product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemvPick {
+    /// Index into [`GEMV_VARIANTS`].
+    pub variant: usize,
+    /// Bytes of the row past the tile being loaded kept asked of L2 (a multiple of 16).
+    pub ahead: u32,
+}
+
+impl GemvPick {
+    /// What serves a shape no timing chose: the default variant, no prefetching ahead.
+    pub const DEFAULT: GemvPick = GemvPick {
+        variant: DEFAULT_VARIANT,
+        ahead: 0,
+    };
+
+    /// `w8u4`, or `w8u4:2048` with a distance.
+    pub fn name(&self) -> String {
+        let v = GEMV_VARIANTS[self.variant].name;
+        if self.ahead == 0 {
+            v.to_string()
+        } else {
+            format!("{v}:{}", self.ahead)
+        }
+    }
+}
+
 /// The token-row counts timed; a product of `n` rows uses the choice for [`bucket`]`(n)`.
 pub const TUNED_ROWS: [usize; 3] = [1, 4, 8];
 
@@ -227,26 +263,20 @@ pub struct GemvShape {
     pub batch: usize,
 }
 
-/// The variant per shape: timed, or one for all.
+/// The variant and distance per shape: timed, or one for all.
 #[derive(Debug, Clone, Default)]
 pub struct GemvChoice {
-    forced: Option<usize>,
-    tuned: HashMap<GemvShape, usize>,
+    forced: Option<GemvPick>,
+    tuned: HashMap<GemvShape, GemvPick>,
 }
 
 impl GemvChoice {
-    /// One variant for every product (`FALLOW_CUDA_GEMV=<name>`), or, with `None` or
-    /// `auto`, the timed choice.
+    /// One variant for every product (`FALLOW_CUDA_GEMV=<name>[:<bytes ahead>]`), or, with
+    /// `None` or `auto`, the timed choice.
     pub fn from_setting(setting: Option<&str>) -> Result<Self, String> {
         let forced = match setting {
             None | Some("auto") | Some("") => None,
-            Some(name) => Some(variant_named(name).ok_or_else(|| {
-                let names: Vec<&str> = GEMV_VARIANTS.iter().map(|v| v.name).collect();
-                format!(
-                    "FALLOW_CUDA_GEMV={name}: not a GEMV variant (auto or one of {})",
-                    names.join(", ")
-                )
-            })?),
+            Some(setting) => Some(parse_pick(setting)?),
         };
         Ok(GemvChoice {
             forced,
@@ -259,10 +289,10 @@ impl GemvChoice {
         self.forced.is_none()
     }
 
-    /// The variant for `n` rows through `[rows, cols]` weights.
-    pub fn variant(&self, rows: usize, cols: usize, gated: bool, n: usize) -> usize {
-        if let Some(v) = self.forced {
-            return v;
+    /// The variant and distance for `n` rows through `[rows, cols]` weights.
+    pub fn pick(&self, rows: usize, cols: usize, gated: bool, n: usize) -> GemvPick {
+        if let Some(p) = self.forced {
+            return p;
         }
         let shape = GemvShape {
             rows,
@@ -270,12 +300,46 @@ impl GemvChoice {
             gated,
             batch: bucket(n),
         };
-        self.tuned.get(&shape).copied().unwrap_or(DEFAULT_VARIANT)
+        self.tuned.get(&shape).copied().unwrap_or(GemvPick::DEFAULT)
     }
 
-    pub fn record(&mut self, shape: GemvShape, variant: usize) {
-        self.tuned.insert(shape, variant);
+    pub fn record(&mut self, shape: GemvShape, pick: GemvPick) {
+        self.tuned.insert(shape, pick);
     }
+}
+
+/// `w8u4` or `w8u4:2048` (bytes ahead, a multiple of 16).
+fn parse_pick(setting: &str) -> Result<GemvPick, String> {
+    let (name, ahead) = match setting.split_once(':') {
+        Some((name, ahead)) => (name, Some(ahead)),
+        None => (setting, None),
+    };
+    let variant = variant_named(name).ok_or_else(|| {
+        let names: Vec<&str> = GEMV_VARIANTS.iter().map(|v| v.name).collect();
+        format!(
+            "FALLOW_CUDA_GEMV={setting}: not a GEMV variant (auto or one of {}, optionally \
+             followed by :<bytes ahead>)",
+            names.join(", ")
+        )
+    })?;
+    let ahead = match ahead {
+        None => 0,
+        Some(a) => a
+            .parse::<u32>()
+            .ok()
+            .filter(|b| b % 16 == 0)
+            .ok_or_else(|| {
+                format!("FALLOW_CUDA_GEMV={setting}: bytes ahead must be a multiple of 16")
+            })?,
+    };
+    Ok(GemvPick { variant, ahead })
+}
+
+/// Every variant at every distance, in the order they are timed.
+pub fn candidates() -> Vec<GemvPick> {
+    (0..GEMV_VARIANTS.len())
+        .flat_map(|variant| AHEAD_BYTES.map(|ahead| GemvPick { variant, ahead }))
+        .collect()
 }
 
 /// The index of the smallest time (NaN never), `None` when none is a number.
@@ -333,16 +397,27 @@ impl CudaBackend {
             let input = if *gated { gate_up.ptr() } else { x.ptr() };
             let act = gated.then_some(0);
             for batch in TUNED_ROWS {
-                let mut times = Vec::with_capacity(GEMV_VARIANTS.len());
-                for (v, variant) in GEMV_VARIANTS.iter().enumerate() {
+                let picks = candidates();
+                let mut times = Vec::with_capacity(picks.len());
+                for pick in &picks {
+                    let variant = &GEMV_VARIANTS[pick.variant];
                     if !self.gemm.gemv_usable(variant, batch, cols, *gated) {
                         times.push(f32::NAN); // never chosen
                         continue;
                     }
                     let launch = |i: usize| {
                         let w = matrices[i % matrices.len()].bf16_ptr().unwrap_or(0);
-                        self.gemm
-                            .gemv_bf16(v, w, rows, cols, input, batch, out.ptr(), act, None)
+                        self.gemm.gemv_bf16(
+                            *pick,
+                            w,
+                            rows,
+                            cols,
+                            input,
+                            batch,
+                            out.ptr(),
+                            act,
+                            None,
+                        )
                     };
                     launch(TIMED_LAUNCHES)?;
                     start.record(&self.stream).map_err(CudaError::driver)?;
@@ -363,14 +438,15 @@ impl CudaBackend {
                     gated: *gated,
                     batch,
                 };
-                self.gemm.gemv_choice.record(shape, best);
+                self.gemm.gemv_choice.record(shape, picks[best]);
                 let micros = times[best] * 1e3;
                 let bytes = (rows * cols * 2) as f64;
+                let default = picks.iter().position(|p| *p == GemvPick::DEFAULT);
                 choices.push(format!(
                     "{what} {rows}x{cols} n={batch}: {} {micros:.1} µs ({:.0} GB/s; default {:.1} µs)",
-                    GEMV_VARIANTS[best].name,
+                    picks[best].name(),
                     bytes / f64::from(times[best]) / 1e6,
-                    times[DEFAULT_VARIANT] * 1e3,
+                    default.map_or(f32::NAN, |d| times[d] * 1e3),
                 ));
             }
         }
@@ -430,22 +506,23 @@ mod tests {
             gated: false,
             batch,
         };
-        choice.record(shape(1), 5);
-        choice.record(shape(4), 1);
-        assert_eq!(choice.variant(6144, 4096, false, 1), 5);
-        assert_eq!(choice.variant(6144, 4096, false, 3), 1);
+        let pick = |variant, ahead| GemvPick { variant, ahead };
+        choice.record(shape(1), pick(5, 2048));
+        choice.record(shape(4), pick(1, 0));
+        assert_eq!(choice.pick(6144, 4096, false, 1), pick(5, 2048));
+        assert_eq!(choice.pick(6144, 4096, false, 3), pick(1, 0));
         assert_eq!(
-            choice.variant(6144, 4096, false, 8),
-            DEFAULT_VARIANT,
+            choice.pick(6144, 4096, false, 8),
+            GemvPick::DEFAULT,
             "untimed"
         );
         assert_eq!(
-            choice.variant(6144, 4096, true, 1),
-            DEFAULT_VARIANT,
+            choice.pick(6144, 4096, true, 1),
+            GemvPick::DEFAULT,
             "the gated kernel is timed apart"
         );
         let forced = GemvChoice::from_setting(Some(GEMV_VARIANTS[3].name)).expect("a variant");
-        assert_eq!(forced.variant(6144, 4096, false, 1), 3);
+        assert_eq!(forced.pick(6144, 4096, false, 1), pick(3, 0));
         assert!(!forced.is_timed());
     }
 
@@ -454,9 +531,28 @@ mod tests {
         assert!(GemvChoice::from_setting(None).is_ok_and(|c| c.is_timed()));
         assert!(GemvChoice::from_setting(Some("auto")).is_ok_and(|c| c.is_timed()));
         let c = GemvChoice::from_setting(Some("w16u8")).expect("a variant");
-        assert_eq!(c.variant(1, 8, false, 1), 5);
+        assert_eq!(c.pick(1, 8, false, 1).variant, 5);
+        let c = GemvChoice::from_setting(Some("w16u8:2048")).expect("a variant and distance");
+        assert_eq!(
+            c.pick(1, 8, false, 1),
+            GemvPick {
+                variant: 5,
+                ahead: 2048
+            }
+        );
+        assert_eq!(c.pick(1, 8, false, 1).name(), "w16u8:2048");
         let err = GemvChoice::from_setting(Some("w3u3")).expect_err("no such variant");
         assert!(err.contains("w8u4"), "{err}");
+        let err = GemvChoice::from_setting(Some("w8u4:100")).expect_err("not whole pieces");
+        assert!(err.contains("multiple of 16"), "{err}");
+    }
+
+    #[test]
+    fn every_variant_is_timed_at_every_distance_and_the_default_among_them() {
+        let picks = candidates();
+        assert_eq!(picks.len(), GEMV_VARIANTS.len() * AHEAD_BYTES.len());
+        assert!(picks.contains(&GemvPick::DEFAULT));
+        assert!(AHEAD_BYTES.iter().all(|a| a % 16 == 0));
     }
 
     #[test]

@@ -503,10 +503,18 @@ struct Bf16Rows {
     }
 };
 
+// What a GEMV asks L2 for, in bytes of each weight row (multiples of 16): the row's start
+// before its early start waits, and how far past the tile whose loads go out the loop keeps
+// L2 asked for (more bytes in flight than a warp's registers hold: whether that pays off
+// depends on the GPU and the shape, so gemv_tune.rs times it with each variant). 0: none.
+struct GemvL2 {
+    unsigned int before_wait, ahead;
+};
+
 template <class ROWS, bool GATED, int WARPS, int UNROLL, bool PREFETCH, bool RESIDENT>
 __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
                        float* __restrict__ out, int M, int K, int n, int ldo, int act,
-                       GemvNorm norm, unsigned int l2_bytes) {
+                       GemvNorm norm, GemvL2 l2) {
     static_assert(PREFETCH || !RESIDENT, "a resident x streams W with prefetching");
     constexpr int PER_CHUNK = ROWS::PER_CHUNK, X_CHUNKS = PER_CHUNK / 8;  // x: 8 per chunk
     const int TILE = 32 * UNROLL * PER_CHUNK;
@@ -522,15 +530,17 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
 #pragma unroll
     for (int j = 0; j < GEMV_MAX_ROWS; j++) acc[j] = 0.0f;
     // The first tile of W is requested before waiting for the kernel that writes x, and L2
-    // asked for the row's next bytes up to `l2_bytes`: with an early start their latency
-    // hides behind the previous kernel's last blocks.
+    // asked for the row's next bytes up to `l2.before_wait` (at least `l2.ahead` of them):
+    // with an early start their latency hides behind the previous kernel's last blocks.
     uint4 wv[UNROLL];
     gemv_load_w<UNROLL>(wv, wrow, lane, min(TILE, K) / PER_CHUNK);
-    unsigned int row_bytes = (unsigned int)(K / PER_CHUNK) * 16u;
-    unsigned int tile_bytes = (unsigned int)min(TILE, K) / PER_CHUNK * 16u;
-    unsigned int prefetched = min(l2_bytes, row_bytes);
-    if (lane == 0 && m < M && prefetched > tile_bytes)
-        l2_prefetch(wrow + tile_bytes / 16, prefetched - tile_bytes);
+    constexpr unsigned int TILE_BYTES = TILE / PER_CHUNK * 16u;
+    if (lane == 0 && m < M) {
+        unsigned int row_bytes = (unsigned int)(K / PER_CHUNK) * 16u;
+        unsigned int first = min(TILE_BYTES, row_bytes);
+        unsigned int upto = min(max(l2.before_wait, first + l2.ahead), row_bytes);
+        if (upto > first) l2_prefetch((const char*)wrow + first, upto - first);
+    }
     grid_dependency_sync();
     if constexpr (RESIDENT) {
         // (Two gated chunks at a time: four hold 64 floats, past a 16-warp block's registers.)
@@ -570,6 +580,18 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
                 }
             }
         }
+        // L2 asked for one tile's bytes, `ahead` past the end of the tile whose loads went
+        // out in this pass (consecutive passes ask for consecutive ranges). Here, after the
+        // sums, and nothing kept across the loop: fewer registers live (a 16-warp block
+        // loses half its occupancy past 64).
+        if (l2.ahead > 0 && lane == 0 && m < M) {
+            unsigned int row_bytes = (unsigned int)(K / PER_CHUNK) * 16u;
+            unsigned int hi = (unsigned int)(k0 / PER_CHUNK) * 16u +
+                              (PREFETCH ? 2u : 1u) * TILE_BYTES + l2.ahead;
+            unsigned int lo = hi - TILE_BYTES;
+            hi = min(hi, row_bytes);
+            if (lo < hi) l2_prefetch((const char*)wrow + lo, hi - lo);
+        }
         if constexpr (PREFETCH) {
 #pragma unroll
             for (int u = 0; u < UNROLL; u++) wv[u] = next[u];
@@ -589,25 +611,24 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
     float *norm_x, const float *norm_post_w, const float *norm_next_w, bf16 *norm_out,      \
         int *norm_done, float norm_eps
 #define GEMV_NORM GemvNorm{norm_x, norm_post_w, norm_next_w, norm_out, norm_done, norm_eps}
+#define GEMV_L2_PARAMS unsigned int l2_before_wait, unsigned int l2_ahead
+#define GEMV_L2 GemvL2{l2_before_wait, l2_ahead}
 
 // gemv_bf16_w<WARPS>u<UNROLL>[p|r], and the down projection of [gate | up] rows
 // gemv_bf16_gated_w<WARPS>u<UNROLL>[p|r] (act 0 = SiLU, 1 = GELU); `p`: PREFETCH, `r`:
 // RESIDENT (and PREFETCH); see gemv_t. The variants are listed in gemv_tune.rs
 // (GEMV_VARIANTS).
 #define GEMV_BF16_NAMED(W, U, P, R, SUFFIX)                                                    \
-    extern "C" __global__ void gemv_bf16_w##W##u##U##SUFFIX(const bf16* __restrict__ w,       \
-                                                            const bf16* __restrict__ x,       \
-                                                            float* __restrict__ out, int M,   \
-                                                            int K, int n, int ldo,            \
-                                                            GEMV_NORM_PARAMS,                 \
-                                                            unsigned int l2_bytes) {          \
-        gemv_t<Bf16Rows, false, W, U, P, R>(w, x, out, M, K, n, ldo, 0, GEMV_NORM, l2_bytes); \
+    extern "C" __global__ void gemv_bf16_w##W##u##U##SUFFIX(                                  \
+        const bf16* __restrict__ w, const bf16* __restrict__ x, float* __restrict__ out, int M, \
+        int K, int n, int ldo, GEMV_NORM_PARAMS, GEMV_L2_PARAMS) {                             \
+        gemv_t<Bf16Rows, false, W, U, P, R>(w, x, out, M, K, n, ldo, 0, GEMV_NORM, GEMV_L2);   \
     }                                                                                         \
     extern "C" __global__ void gemv_bf16_gated_w##W##u##U##SUFFIX(                            \
         const bf16* __restrict__ w, const float* __restrict__ gate_up, float* __restrict__ out, \
-        int M, int K, int n, int ldo, int act, GEMV_NORM_PARAMS, unsigned int l2_bytes) {     \
+        int M, int K, int n, int ldo, int act, GEMV_NORM_PARAMS, GEMV_L2_PARAMS) {            \
         gemv_t<Bf16Rows, true, W, U, P, R>(w, gate_up, out, M, K, n, ldo, act, GEMV_NORM,     \
-                                           l2_bytes);                                         \
+                                           GEMV_L2);                                          \
     }
 #define GEMV_BF16(W, U)                        \
     GEMV_BF16_NAMED(W, U, false, false, )      \

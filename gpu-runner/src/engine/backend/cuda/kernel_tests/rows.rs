@@ -14,7 +14,7 @@ fn gemv_matches_a_plain_matrix_product_for_every_row_count() {
     let mut w = values.bf16s(m * k);
     for n in [1usize, 3, 8] {
         let mut x = values.bf16s(n * k);
-        let shape = GemvShape { m, k, n, warps: 8 };
+        let shape = GemvShape::new(m, k, n, 8);
         let out = shape.run(emu, "gemv_bf16_w8u4", &mut w, Arg::buf(&mut x), None);
         let want: Vec<f32> = (0..n)
             .flat_map(|j| (0..m).map(move |r| (j, r)))
@@ -219,7 +219,7 @@ fn the_fused_down_projection_equals_the_activation_then_the_gemv() {
                 Arg::I32(act),
             ],
         );
-        let shape = GemvShape { m, k, n, warps: 8 };
+        let shape = GemvShape::new(m, k, n, 8);
         let separate = shape.run(
             emu,
             "gemv_bf16_w8u4",
@@ -254,20 +254,22 @@ fn every_gemv_variant_gives_the_same_bits() {
             for v in GEMV_VARIANTS {
                 // (Every case fits a resident x: 7 rows of 2056 are 28 KiB.)
                 assert!(v.fits(n, k), "{} at {n}x{k}", v.name);
-                let shape = GemvShape {
-                    m,
-                    k,
-                    n,
-                    warps: v.warps,
-                };
-                let plain = shape.run(emu, v.plain, &mut w, Arg::buf(&mut x), None);
-                let gated = shape.run(emu, v.gated, &mut w, Arg::buf(&mut gate_up), Some(1));
-                match &want {
-                    None => want = Some((plain, gated)),
-                    Some((p, g)) => {
-                        let what = format!("{} at {m}x{k}, {n} rows", v.name);
-                        assert_eq!(&plain, p, "{what}");
-                        assert_eq!(&gated, g, "{what}, gated");
+                // What each row asks of L2 (before the wait, ahead of the loads): nothing,
+                // 48 bytes ahead, all of it before the wait (the bits of -16 as unsigned).
+                for l2 in [[0, 0], [0, 48], [-16, 0]] {
+                    let shape = GemvShape {
+                        l2,
+                        ..GemvShape::new(m, k, n, v.warps)
+                    };
+                    let plain = shape.run(emu, v.plain, &mut w, Arg::buf(&mut x), None);
+                    let gated = shape.run(emu, v.gated, &mut w, Arg::buf(&mut gate_up), Some(1));
+                    match &want {
+                        None => want = Some((plain, gated)),
+                        Some((p, g)) => {
+                            let what = format!("{} at {m}x{k}, {n} rows, L2 {l2:?}", v.name);
+                            assert_eq!(&plain, p, "{what}");
+                            assert_eq!(&gated, g, "{what}, gated");
+                        }
                     }
                 }
             }
@@ -293,12 +295,7 @@ fn a_gemv_with_the_norm_fused_leaves_the_bits_of_the_gemv_then_add_rms_norm() {
         let mut gate_up: Vec<f32> = values.vec(n * 2 * k);
         let residual = values.vec(n * m);
         for v in GEMV_VARIANTS {
-            let shape = GemvShape {
-                m,
-                k,
-                n,
-                warps: v.warps,
-            };
+            let shape = GemvShape::new(m, k, n, v.warps);
             for (name, input, act) in [
                 (v.plain, Arg::buf(&mut x_in), None),
                 (v.gated, Arg::buf(&mut gate_up), Some(0)),
@@ -355,6 +352,9 @@ struct GemvShape {
     k: usize,
     n: usize,
     warps: usize,
+    /// What a bf16 kernel asks L2 for (kernels.cu's GemvL2, as i32 bits): bytes of each row
+    /// before the wait, bytes ahead of the loads.
+    l2: [i32; 2],
 }
 
 /// A bf16 GEMV's fused residual add and norm (kernels.cu's GemvNorm), as its last
@@ -383,6 +383,18 @@ impl NormArgs<'_> {
 }
 
 impl GemvShape {
+    /// Each row asked of L2 whole before the wait (more than a row asks for all of it: an
+    /// unsigned int, the bits of -16), and nothing ahead: the emulator checks every range.
+    fn new(m: usize, k: usize, n: usize, warps: usize) -> Self {
+        GemvShape {
+            m,
+            k,
+            n,
+            warps,
+            l2: [-16, 0],
+        }
+    }
+
     /// Runs GEMV kernel `name` over `w` and the input `x` (bf16 rows, or [gate | up] f32
     /// rows for a gated kernel, which takes `act`).
     fn run(&self, emu: &Emulator, name: &str, w: &mut [u16], x: Arg, act: Option<i32>) -> Vec<f32> {
@@ -416,9 +428,7 @@ impl GemvShape {
                 Some(norm) => args.extend(norm.args()),
                 None => args.extend([Arg::Ptr(0); 5].into_iter().chain([Arg::F32(0.0)])),
             }
-            // Each row asked into L2 whole (more than a row asks for all of it; the emulator
-            // checks every range is memory): an unsigned int, the bits of -16.
-            args.push(Arg::I32(-16));
+            args.extend(self.l2.map(Arg::I32));
         }
         let blocks = self.m.div_ceil(self.warps) as u32;
         emu.launch(name, (blocks, 1, 1), 32 * self.warps as u32, &args);
