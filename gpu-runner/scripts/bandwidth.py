@@ -205,6 +205,8 @@ def summary(args):
          args.fallow_log, args.separate_norm_log, "fused", "separate"),
         ("8B shape: L2 prefetches before the waits vs none (f. vs f8.)", args.fallow_log,
          args.no_prefetch_log, "prefetch", "none"),
+        ("8B shape: activation written by the gate/up GEMV vs staged by the down GEMV (f. vs f9.)",
+         args.fallow_log, args.gated_down_log, "gate/up", "down"),
     ]:
         base, alt = parse_fallow(read_text(base_log)), parse_fallow(read_text(other_log))
         if not base and not alt:
@@ -268,6 +270,8 @@ def main():
                    help="f7.: the 8B shape's bench with add_rms_norm and qkv_prepare launched")
     s.add_argument("--no-prefetch-log",
                    help="f8.: the 8B shape's bench with FALLOW_CUDA_L2_PREFETCH=0")
+    s.add_argument("--gated-down-log",
+                   help="f9.: the 8B shape's bench with FALLOW_CUDA_FUSED_GLU=0")
     s.add_argument("--prefill-mma-log", help="f6.: a long prompt, tensor-core prefill attention")
     s.add_argument("--prefill-f32-log", help="f6.: the same prompt, f32 prefill attention")
     s.add_argument("--out", help="also write the summary here")

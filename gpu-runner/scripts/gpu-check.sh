@@ -11,6 +11,7 @@
 #      f5: batch 1 without early starts, FALLOW_CUDA_EARLY_START=0; f7: batch 1 with
 #      add_rms_norm and qkv_prepare launches, FALLOW_CUDA_FUSED_NORM=0 FALLOW_CUDA_FUSED_ROPE=0;
 #      f8: batch 1 and 8 without L2 prefetches before the waits, FALLOW_CUDA_L2_PREFETCH=0;
+#      f9: batch 1 and 8 with the activation in the down GEMV, FALLOW_CUDA_FUSED_GLU=0;
 #      f6: a 4096-token
 #      prompt's prefill, attention on tensor cores vs f32; f4: its matrices quantized to Q8_0
 #      at load; f2: without CUDA graphs)
@@ -375,6 +376,11 @@ main() {
     run_step "f8. fallow bench engine, no L2 prefetch" 90 "$WORK/fallow-bench-no-prefetch.log" \
       env FALLOW_CUDA_L2_PREFETCH=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
       --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+    # Batch 1 and 8 with the down GEMV activating the [gate | up] rows it stages instead of
+    # the gate/up GEMV writing the activation (same bits): what the paired rows win.
+    run_step "f9. fallow bench engine, activation in the down GEMV" 90 "$WORK/fallow-bench-gated-down.log" \
+      env FALLOW_CUDA_FUSED_GLU=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
+      --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
     # One long prompt, prefill attention on the tensor cores (the default) and on the f32
     # kernel: attention grows with the square of the prompt, so it dominates long prefills.
     run_step "f6. long-prompt prefill, tensor cores vs f32" 120 - \
@@ -405,7 +411,8 @@ main() {
     --smol-bf16-log "$WORK/smol-bench-bf16.log" --smol-quant-log "$WORK/smol-bench-quantized.log" \
     --smol-json-log "$WORK/smol-bench-json.log" --plain-log "$WORK/fallow-bench-plain.log" \
     --separate-norm-log "$WORK/fallow-bench-separate-norm.log" \
-    --no-prefetch-log "$WORK/fallow-bench-no-prefetch.log" --prefill-mma-log "$WORK/prefill-mma.log" \
+    --no-prefetch-log "$WORK/fallow-bench-no-prefetch.log" \
+    --gated-down-log "$WORK/fallow-bench-gated-down.log" --prefill-mma-log "$WORK/prefill-mma.log" \
     --prefill-f32-log "$WORK/prefill-f32.log" --out "$OUT/summary.txt" ||
     echo "summary: FAILED rc=$?" | tee "$OUT/summary.txt"
   echo

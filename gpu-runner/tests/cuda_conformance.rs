@@ -1320,6 +1320,16 @@ fn decode_attention_preparing_its_own_heads_computes_exactly_what_qkv_prepare_la
 }
 
 #[test]
+fn a_gate_up_gemv_writing_the_activation_computes_exactly_what_the_gated_down_gemv_does() {
+    // Decode steps: act(gate)·up from the gate/up GEMV's own sums (paired rows per block),
+    // then a plain down GEMV; off, the down GEMV activates the [gate | up] rows it stages.
+    assert_fusion_keeps_the_bits(
+        CudaBackend::set_fused_glu,
+        "the gate/up GEMV's activation differs from the gated down GEMV's",
+    );
+}
+
+#[test]
 fn dropping_a_cuda_model_gives_its_device_memory_back() {
     if !gpu() {
         return;

@@ -2,7 +2,8 @@
 //! with the KV store — in a step of decode tokens only, done by the attention blocks for their
 //! own heads —, paged attention split over the keys when few tokens would leave the GPU
 //! idle (its last split block merging), output GEMM) and feed-forward (fused gate/up GEMM, gated
-//! activation, down GEMM), with each residual add fused into the next block's RMSNorm — for a
+//! activation — in a decode step written by the gate/up GEMV itself —, down GEMM), with each
+//! residual add fused into the next block's RMSNorm — for a
 //! single decode token the last block of the output and down GEMVs does both (after the last
 //! block, the final norm), with no launch of its own; finally the norm and LM head over the
 //! rows that produce logits only.
@@ -323,7 +324,7 @@ impl CudaBackend {
         let (x, proj) = (addr(&s.x), addr(&s.proj));
         let (w, act) = match what {
             Product::Output => (&l.wo, None),
-            Product::Down(act) => (&l.w_down, Some(act)),
+            Product::Down(act) => (&l.w_down, act),
         };
         let fused = self.gemm.fuses_into_gemv(w, n);
         let mut input = input;
@@ -406,11 +407,29 @@ impl CudaBackend {
         let l = &self.weights.layers[layer];
         let s = &self.scratch;
         let (xn, gate_up, head_in) = (addr(&s.xn), addr(&s.gate_up), addr(&s.head_in));
-        gemm!(self, "gate_up", xn, &l.w_gate_up, n, gate_up)?;
         let act = match c.activation {
             Activation::Silu => 0i32,
             Activation::GeluTanh => 1,
         };
+        // Both products decode GEMVs: the gate/up one writes the activation itself (bf16,
+        // into `act`), and the down one reads it as a plain product.
+        let glu = self.fused_glu
+            && self.gemm.fuses_into_gemv(&l.w_gate_up, n)
+            && self.gemm.fuses_into_gemv(&l.w_down, n);
+        let (input, down) = if glu {
+            let activated = addr(&s.act);
+            let started = self.profiler.start(&self.ctx, &self.stream)?;
+            self.gemm.matmul_glu(xn, &l.w_gate_up, n, activated, act)?;
+            let w = &l.w_gate_up;
+            let label = || format!("gemm gate_up+act {}x{} n={n}", w.rows, w.cols);
+            self.profiler
+                .stop(started, &self.stream, label, w.bytes() as u64)?;
+            (activated, Product::Down(None))
+        } else {
+            gemm!(self, "gate_up", xn, &l.w_gate_up, n, gate_up)?;
+            (gate_up, Product::Down(Some(act)))
+        };
+        let gated = !glu;
         let post = addr(&l.post_ffn_norm);
         // After the last block: the final norm, straight into the LM head's input where the
         // GEMV ends the sub-block (one token: the head's only row), else none here (the head
@@ -418,12 +437,12 @@ impl CudaBackend {
         let (next, out, final_norm) = match self.weights.layers.get(layer + 1) {
             Some(next) => (next.attn_norm.ptr(), xn, false),
             // (One row: the head reads x[logit_rows[r]], which is row 0 alone here.)
-            None if n == 1 && self.norm_in_gemv(&l.w_down, n, true) => {
+            None if n == 1 && self.norm_in_gemv(&l.w_down, n, gated) => {
                 (self.weights.output_norm.ptr(), head_in, true)
             }
             None => (0, xn, false),
         };
-        self.product_then_norm(layer, Product::Down(act), gate_up, n, (post, next, out))?;
+        self.product_then_norm(layer, down, input, n, (post, next, out))?;
         Ok(final_norm)
     }
 
@@ -590,8 +609,8 @@ enum Product {
     /// Attention's output projection.
     Output,
     /// The feed-forward's down projection, of [gate | up] rows activated by 0 = SiLU or
-    /// 1 = GELU.
-    Down(i32),
+    /// 1 = GELU, or (`None`) of the activation the gate/up GEMV wrote.
+    Down(Option<i32>),
 }
 
 impl Product {

@@ -95,7 +95,8 @@ impl Gemm {
         match &w.storage {
             Storage::Bf16(buf) if decode => {
                 let pick = self.gemv_choice.pick(w.rows, w.cols, false, n);
-                self.gemv_bf16(pick, buf.ptr(), w.rows, w.cols, x, n, out, None, None)
+                let form = GemvForm::Plain;
+                self.gemv_bf16(pick, buf.ptr(), w.rows, w.cols, x, n, out, form, None)
             }
             Storage::Bf16(buf) => self.cublas(buf.ptr(), w.rows, w.cols, x, n, out),
             Storage::Quantized(parts) if decode => {
@@ -108,6 +109,7 @@ impl Gemm {
                         warps: QUANT_GEMV_WARPS,
                         shared_bytes: 0,
                         l2: None,
+                        glu: None,
                     };
                     let (rows, cols) = (part.rows, w.cols);
                     kernel.launch(self, weights, (rows, cols, w.rows), x, n, out, None, None)?;
@@ -166,7 +168,31 @@ impl Gemm {
             )));
         };
         let pick = self.gemv_choice.pick(w.rows, w.cols, act.is_some(), n);
-        self.gemv_bf16(pick, weights, w.rows, w.cols, x, n, out, act, norm)
+        let form = act.map_or(GemvForm::Plain, GemvForm::GatedInput);
+        self.gemv_bf16(pick, weights, w.rows, w.cols, x, n, out, form, norm)
+    }
+
+    /// `out[n, w.rows / 2] = bf16(act(gate) · up)` for `[gate | up] = x · wᵀ`, `w` the
+    /// feed-forward's fused gate/up matrix, through a bf16 GEMV whose blocks pair the gate
+    /// and up rows (0 = SiLU, 1 = GELU): `gated_act`'s values with no f32 rows in between.
+    /// Only where [`Gemm::fuses_into_gemv`].
+    pub fn matmul_glu(
+        &self,
+        x: u64,
+        w: &DeviceMatrix,
+        n: usize,
+        out: u64,
+        act: i32,
+    ) -> Result<(), CudaError> {
+        let Some(weights) = w.bf16_ptr().filter(|_| self.fuses_into_gemv(w, n)) else {
+            return Err(CudaError::Failure(format!(
+                "the activation in a product needs a decode-sized bf16 GEMV, not {} rows of {}×{}",
+                n, w.rows, w.cols
+            )));
+        };
+        let pick = self.gemv_choice.pick(w.rows, w.cols, false, n);
+        let form = GemvForm::GluOutput(act);
+        self.gemv_bf16(pick, weights, w.rows, w.cols, x, n, out, form, None)
     }
 
     /// Threads per block of the bf16 GEMV that serves `n` rows through `w` (`gated`: the
@@ -200,8 +226,7 @@ impl Gemm {
     }
 
     /// `out[n, rows] = x · wᵀ` through bf16 GEMV `pick` (a variant of [`GEMV_VARIANTS`] and
-    /// its prefetch distance): plain with `act = None`, else the gated down projection of
-    /// [gate | up] rows `x`.
+    /// its prefetch distance), in `form`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gemv_bf16(
         &self,
@@ -212,9 +237,14 @@ impl Gemm {
         x: u64,
         n: usize,
         out: u64,
-        act: Option<i32>,
+        form: GemvForm,
         norm: Option<&NormAfter>,
     ) -> Result<(), CudaError> {
+        let (act, glu, ldo) = match form {
+            GemvForm::Plain => (None, Some(-1), rows),
+            GemvForm::GatedInput(act) => (Some(act), None, rows),
+            GemvForm::GluOutput(act) => (None, Some(act), rows / 2),
+        };
         let gated = act.is_some();
         let v = self.gemv_variant_run(pick.variant, n, cols, gated);
         // Nothing overlaps a plain launch: nothing to prefetch for before the wait.
@@ -228,8 +258,9 @@ impl Gemm {
             warps: v.warps,
             shared_bytes: v.shared_bytes(n, cols) as u32,
             l2: Some([before_wait, pick.ahead]),
+            glu,
         };
-        kernel.launch(self, weights, (rows, cols, rows), x, n, out, act, norm)
+        kernel.launch(self, weights, (rows, cols, ldo), x, n, out, act, norm)
     }
 
     /// Expands one part to bf16 rows at `dst`.
@@ -291,6 +322,19 @@ impl Gemm {
     }
 }
 
+/// What a bf16 GEMV computes besides its product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemvForm {
+    /// `out` = f32 rows of `x · wᵀ`, `x` bf16 rows.
+    Plain,
+    /// `x` is the feed-forward's [gate | up] f32 rows, activated as they are staged (0 =
+    /// SiLU, 1 = GELU): the down projection with `gated_act` inside.
+    GatedInput(i32),
+    /// `w` is the fused [gate | up] matrix and `out` bf16 rows of act(gate)·up, half as wide
+    /// ([`Gemm::matmul_glu`]).
+    GluOutput(i32),
+}
+
 /// The end of a sub-block that a bf16 GEMV's last block performs after the product (kernels.cu's
 /// `GemvNorm`): the output rows added to the residual stream `x` (through the `post_w` norm
 /// where the model has one), then normalised by `next_w` into `out`, the next sub-block's
@@ -310,12 +354,14 @@ pub struct NormAfter {
 /// One GEMV kernel, its output columns per block and the dynamic shared memory it takes;
 /// `l2` for the bf16 variants, which take a [`NormAfter`] (its fields) and then what they
 /// ask L2 for (kernels.cu's GemvL2): the bytes of each row before the wait ([`L2Prefetch`])
-/// and the distance kept ahead of the loads ([`GemvPick::ahead`]).
+/// and the distance kept ahead of the loads ([`GemvPick::ahead`]); `glu` for the plain bf16
+/// ones, last: the activation written from paired gate and up rows, or -1.
 struct GemvKernel {
     name: &'static str,
     warps: usize,
     shared_bytes: u32,
     l2: Option<[u32; 2]>,
+    glu: Option<i32>,
 }
 
 impl GemvKernel {
@@ -362,6 +408,9 @@ impl GemvKernel {
                 .arg(&norm.eps)
                 .arg(before_wait)
                 .arg(ahead);
+        }
+        if let Some(glu) = &self.glu {
+            b.arg(glu);
         }
         // SAFETY: `weights` holds `rows` rows of `cols` in the kernel's format (bf16 with
         // cols % 8 == 0, or whole blocks, checked when the file was opened); the caller sized

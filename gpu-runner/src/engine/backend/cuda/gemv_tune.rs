@@ -1,23 +1,22 @@
 //! Which bf16 GEMV instantiation serves each decode-sized product. The kernel comes in
 //! several shapes ([`GEMV_VARIANTS`]: output columns per block × 16-byte loads in flight per
 //! lane, with or without the next tile's loads issued before the current tile is summed, x
-//! staged tile by tile or all at once) that compute the same bits, and each can keep L2
-//! asked for [`AHEAD_BYTES`] of its weight row past the tile it loads (bulk prefetches: more
-//! bytes in flight than its registers hold, which a GEMV's bandwidth may lack; same bits);
-//! which one streams a matrix fastest depends on the GPU
-//! and on the matrix (how many blocks fill the SMs, how long each walks K). So at load the
-//! backend times every variant at every distance on the model's own matrices at 1, 4 and 8
-//! token rows and keeps the fastest per shape ([`CudaBackend::tune_gemv`]); a product of `n`
-//! rows uses the choice made for the smallest tuned row count ≥ `n`. `FALLOW_CUDA_GEMV=w8u4`
-//! (a variant's name, optionally `:bytes` ahead, e.g. `w8u4:2048`) skips the timing and uses
-//! that everywhere.
+//! staged tile by tile or all at once), and each can keep L2 asked for [`AHEAD_BYTES`] of its
+//! weight row past the tile it loads (bulk prefetches: more bytes in flight than its
+//! registers hold); all compute the same bits. Which one streams a matrix fastest depends on
+//! the GPU and on the matrix (how many blocks fill the SMs, how long each walks K), so at
+//! load the backend times every variant at every distance on the model's own matrices at 1,
+//! 4 and 8 token rows and keeps the fastest per shape ([`CudaBackend::tune_gemv`]); a product
+//! of `n` rows uses the choice made for the smallest tuned row count ≥ `n`.
+//! `FALLOW_CUDA_GEMV=w8u4` (a variant's name, optionally with a distance: `w8u4:2048`) skips
+//! the timing and uses that everywhere.
 
 use std::collections::HashMap;
 
 use cudarc::driver::sys::CUevent_flags;
 
 use super::buffer::DeviceBuf;
-use super::gemm::GEMV_MAX_ROWS;
+use super::gemm::{GemvForm, GEMV_MAX_ROWS};
 use super::weights::{DeviceMatrix, Storage};
 use super::{CudaBackend, CudaError};
 
@@ -353,10 +352,10 @@ pub fn fastest(times: &[f32]) -> Option<usize> {
 }
 
 impl CudaBackend {
-    /// Times every GEMV variant on this model's bf16 matrices (QKV, output, gate/up, the
-    /// gated down projection, the LM head) at each of [`TUNED_ROWS`] and keeps the fastest
-    /// per shape. Inputs are zeros: the time depends on shapes, not values. A few
-    /// milliseconds at load; nothing when a variant is forced.
+    /// Times every GEMV variant at every distance on this model's bf16 matrices (QKV,
+    /// output, gate/up, the down projection gated and plain, the LM head) at each of
+    /// [`TUNED_ROWS`] and keeps the fastest per shape. Inputs are zeros: the time depends on
+    /// shapes, not values. Well under a second at load; nothing when a variant is forced.
     pub(super) fn tune_gemv(&mut self) -> Result<(), CudaError> {
         if !self.gemm.gemv_choice.is_timed() {
             return Ok(());
@@ -371,6 +370,8 @@ impl CudaBackend {
                 layers.iter().map(|l| &l.w_gate_up).collect(),
             ),
             ("down", true, layers.iter().map(|l| &l.w_down).collect()),
+            // Of the activation the gate/up GEMV wrote (forward.rs's fused GLU).
+            ("down", false, layers.iter().map(|l| &l.w_down).collect()),
         ];
         products.push(("lm_head", false, vec![self.weights.lm_head()]));
         products.retain(|(_, _, ms)| {
@@ -395,7 +396,11 @@ impl CudaBackend {
         for (what, gated, matrices) in &products {
             let (rows, cols) = (matrices[0].rows, matrices[0].cols);
             let input = if *gated { gate_up.ptr() } else { x.ptr() };
-            let act = gated.then_some(0);
+            let form = if *gated {
+                GemvForm::GatedInput(0)
+            } else {
+                GemvForm::Plain
+            };
             for batch in TUNED_ROWS {
                 let picks = candidates();
                 let mut times = Vec::with_capacity(picks.len());
@@ -407,17 +412,9 @@ impl CudaBackend {
                     }
                     let launch = |i: usize| {
                         let w = matrices[i % matrices.len()].bf16_ptr().unwrap_or(0);
-                        self.gemm.gemv_bf16(
-                            *pick,
-                            w,
-                            rows,
-                            cols,
-                            input,
-                            batch,
-                            out.ptr(),
-                            act,
-                            None,
-                        )
+                        let (pick, out) = (*pick, out.ptr());
+                        self.gemm
+                            .gemv_bf16(pick, w, rows, cols, input, batch, out, form, None)
                     };
                     launch(TIMED_LAUNCHES)?;
                     start.record(&self.stream).map_err(CudaError::driver)?;

@@ -511,10 +511,17 @@ struct GemvL2 {
     unsigned int before_wait, ahead;
 };
 
+// With `glu` >= 0 (an activation: 0 = SiLU, 1 = GELU) the product is the feed-forward's
+// fused [gate | up] rows (M = 2·F) and the block writes bf16(act(gate)·up), F per token row
+// (`out` then holds bf16 rows `ldo` apart): the first half of its warps take gate rows, the
+// second half the same rows' up rows, and the first half write the activation of the pairs
+// (gated_act's arithmetic on the sums the plain product writes: the same bits as the product,
+// then gated_act, or the gated down projection's staging). The down projection then stages
+// F bf16 per row instead of 2·F floats and F activations per block. -1: a plain product.
 template <class ROWS, bool GATED, int WARPS, int UNROLL, bool PREFETCH, bool RESIDENT>
 __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
                        float* __restrict__ out, int M, int K, int n, int ldo, int act,
-                       GemvNorm norm, GemvL2 l2) {
+                       GemvNorm norm, GemvL2 l2, int glu) {
     static_assert(PREFETCH || !RESIDENT, "a resident x streams W with prefetching");
     constexpr int PER_CHUNK = ROWS::PER_CHUNK, X_CHUNKS = PER_CHUNK / 8;  // x: 8 per chunk
     const int TILE = 32 * UNROLL * PER_CHUNK;
@@ -523,7 +530,14 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
     uint4* xs = RESIDENT ? x_all : &x_tile[0][0];
     int stride = RESIDENT ? K / 8 : TILE / 8;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    constexpr int HALF = WARPS / 2;
     int m = blockIdx.x * WARPS + warp;
+    bool live = m < M;  // a row of the matrix (else the warp only keeps the block's barriers)
+    if (glu >= 0) {
+        int f = M / 2, pair = blockIdx.x * HALF + warp % HALF;
+        m = warp < HALF ? pair : f + pair;
+        live = pair < f;
+    }
     const ROWS rows(w, min(m, M - 1), M, K);
     const uint4* wrow = rows.row;
     float acc[GEMV_MAX_ROWS];
@@ -535,7 +549,7 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
     uint4 wv[UNROLL];
     gemv_load_w<UNROLL>(wv, wrow, lane, min(TILE, K) / PER_CHUNK);
     constexpr unsigned int TILE_BYTES = TILE / PER_CHUNK * 16u;
-    if (lane == 0 && m < M) {
+    if (lane == 0 && live) {
         unsigned int row_bytes = (unsigned int)(K / PER_CHUNK) * 16u;
         unsigned int first = min(TILE_BYTES, row_bytes);
         unsigned int upto = min(max(l2.before_wait, first + l2.ahead), row_bytes);
@@ -584,7 +598,7 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
         // out in this pass (consecutive passes ask for consecutive ranges). Here, after the
         // sums, and nothing kept across the loop: fewer registers live (a 16-warp block
         // loses half its occupancy past 64).
-        if (l2.ahead > 0 && lane == 0 && m < M) {
+        if (l2.ahead > 0 && lane == 0 && live) {
             unsigned int row_bytes = (unsigned int)(K / PER_CHUNK) * 16u;
             unsigned int hi = (unsigned int)(k0 / PER_CHUNK) * 16u +
                               (PREFETCH ? 2u : 1u) * TILE_BYTES + l2.ahead;
@@ -597,6 +611,23 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
             for (int u = 0; u < UNROLL; u++) wv[u] = next[u];
         }
         if constexpr (!RESIDENT) __syncthreads();
+    }
+    if (glu >= 0) {
+        __shared__ float sums[WARPS][GEMV_MAX_ROWS];
+#pragma unroll
+        for (int j = 0; j < GEMV_MAX_ROWS; j++) {
+            if (j < n) {
+                float s = warp_sum(acc[j]);
+                if (lane == 0) sums[warp][j] = s;
+            }
+        }
+        __syncthreads();
+        // Lane j of a gate warp writes token row j's activation.
+        if (warp < HALF && live && lane < n) {
+            float gate = sums[warp][lane], up = sums[warp + HALF][lane];
+            ((bf16*)out)[(size_t)lane * ldo + m] = gated(gate, up, glu);
+        }
+        return;
     }
     gemv_write(acc, out, ldo, m, M, n);
     if (norm.done && last_block(norm.done, (int)gridDim.x)) {
@@ -614,21 +645,23 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
 #define GEMV_L2_PARAMS unsigned int l2_before_wait, unsigned int l2_ahead
 #define GEMV_L2 GemvL2{l2_before_wait, l2_ahead}
 
-// gemv_bf16_w<WARPS>u<UNROLL>[p|r], and the down projection of [gate | up] rows
+// gemv_bf16_w<WARPS>u<UNROLL>[p|r] (with `glu`, the [gate | up] product writing the
+// activation), and the down projection of [gate | up] rows
 // gemv_bf16_gated_w<WARPS>u<UNROLL>[p|r] (act 0 = SiLU, 1 = GELU); `p`: PREFETCH, `r`:
 // RESIDENT (and PREFETCH); see gemv_t. The variants are listed in gemv_tune.rs
 // (GEMV_VARIANTS).
 #define GEMV_BF16_NAMED(W, U, P, R, SUFFIX)                                                    \
     extern "C" __global__ void gemv_bf16_w##W##u##U##SUFFIX(                                  \
         const bf16* __restrict__ w, const bf16* __restrict__ x, float* __restrict__ out, int M, \
-        int K, int n, int ldo, GEMV_NORM_PARAMS, GEMV_L2_PARAMS) {                             \
-        gemv_t<Bf16Rows, false, W, U, P, R>(w, x, out, M, K, n, ldo, 0, GEMV_NORM, GEMV_L2);   \
+        int K, int n, int ldo, GEMV_NORM_PARAMS, GEMV_L2_PARAMS, int glu) {                    \
+        gemv_t<Bf16Rows, false, W, U, P, R>(w, x, out, M, K, n, ldo, 0, GEMV_NORM, GEMV_L2,    \
+                                            glu);                                             \
     }                                                                                         \
     extern "C" __global__ void gemv_bf16_gated_w##W##u##U##SUFFIX(                            \
         const bf16* __restrict__ w, const float* __restrict__ gate_up, float* __restrict__ out, \
         int M, int K, int n, int ldo, int act, GEMV_NORM_PARAMS, GEMV_L2_PARAMS) {            \
         gemv_t<Bf16Rows, true, W, U, P, R>(w, gate_up, out, M, K, n, ldo, act, GEMV_NORM,     \
-                                           GEMV_L2);                                          \
+                                           GEMV_L2, -1);                                      \
     }
 #define GEMV_BF16(W, U)                        \
     GEMV_BF16_NAMED(W, U, false, false, )      \

@@ -131,6 +131,10 @@ pub struct CudaBackend {
     /// Whether a step of decode tokens only leaves qkv_prepare's work to its attention
     /// blocks (each prepares its own heads) instead of launching it.
     fused_rope: bool,
+    /// Whether a decode step's gate/up GEMV writes the gated activation itself (its blocks
+    /// pair gate and up rows) for a plain down GEMV, instead of the down GEMV activating the
+    /// [gate | up] rows as it stages them.
+    fused_glu: bool,
     prefill: PrefillKernel,
     layout: BatchLayout,
     inputs: StepInputs,
@@ -254,6 +258,7 @@ impl CudaBackend {
             split_attention: true,
             fused_norm: std::env::var("FALLOW_CUDA_FUSED_NORM").as_deref() != Ok("0"),
             fused_rope: std::env::var("FALLOW_CUDA_FUSED_ROPE").as_deref() != Ok("0"),
+            fused_glu: std::env::var("FALLOW_CUDA_FUSED_GLU").as_deref() != Ok("0"),
             prefill,
             layout: BatchLayout::default(),
             inputs: StepInputs::default(),
@@ -341,6 +346,15 @@ impl CudaBackend {
     /// by default; `FALLOW_CUDA_FUSED_ROPE=0` for a process; tests compare the two).
     pub fn set_fused_rope(&mut self, enabled: bool) {
         self.fused_rope = enabled;
+        self.graphs.clear();
+    }
+
+    /// Has decode steps' gate/up GEMV write the gated activation from paired gate and up
+    /// rows, or (off) the down GEMV activate the [gate | up] rows as it stages them: the
+    /// same bits either way (on by default; `FALLOW_CUDA_FUSED_GLU=0` for a process; tests
+    /// compare the two).
+    pub fn set_fused_glu(&mut self, enabled: bool) {
+        self.fused_glu = enabled;
         self.graphs.clear();
     }
 

@@ -230,7 +230,7 @@ struct Q8_0Rows {
 extern "C" __global__ void gemv_q8_0(const u8* w, const bf16* x, float* out, int M, int K, int n,
                                      int ldo) {
     gemv_t<Q8_0Rows, false, GEMV_WARPS, 4, true, false>(w, x, out, M, K, n, ldo, 0, GemvNorm{},
-                                                        GemvL2{0, 0});
+                                                        GemvL2{0, 0}, -1);
 }
 
 // The rows × K Q8_0 matrix (the device layout above) as bf16. Launched as the other formats'

@@ -97,18 +97,7 @@ fn gated_act_applies_silu_or_gelu_to_the_gate_times_up() {
             0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh())
         }),
     ] {
-        let mut out = vec![0u16; rows * ffn];
-        emu.launch(
-            "gated_act",
-            (rows as u32, ffn.div_ceil(256) as u32, 1),
-            256,
-            &[
-                Arg::buf(&mut gate_up),
-                Arg::buf(&mut out),
-                Arg::I32(ffn as i32),
-                Arg::I32(kind),
-            ],
-        );
+        let out = gated_act(emu, &mut gate_up, (rows, ffn), kind);
         let want: Vec<f32> = (0..rows * ffn)
             .map(|i| {
                 let (r, j) = (i / ffn, i % ffn);
@@ -207,18 +196,7 @@ fn the_fused_down_projection_equals_the_activation_then_the_gemv() {
     for (act, n) in [(0i32, 1usize), (1, 3), (0, 8)] {
         let mut gate_up: Vec<f32> = values.vec(n * 2 * k).iter().map(|v| v * 4.0).collect();
         // Separately: the activation's own kernel, then the GEMV.
-        let mut activated = vec![0u16; n * k];
-        emu.launch(
-            "gated_act",
-            (n as u32, k.div_ceil(256) as u32, 1),
-            256,
-            &[
-                Arg::buf(&mut gate_up),
-                Arg::buf(&mut activated),
-                Arg::I32(k as i32),
-                Arg::I32(act),
-            ],
-        );
+        let mut activated = gated_act(emu, &mut gate_up, (n, k), act);
         let shape = GemvShape::new(m, k, n, 8);
         let separate = shape.run(
             emu,
@@ -236,6 +214,27 @@ fn the_fused_down_projection_equals_the_activation_then_the_gemv() {
         );
         // The same bf16 inputs summed in the same order.
         assert_eq!(fused, separate, "act {act}, {n} rows");
+    }
+}
+
+/// The gate/up GEMV writing act(gate)·up from its paired rows leaves the bits of the plain
+/// product then gated_act, in every variant, for both activations.
+#[test]
+fn a_gate_up_gemv_writing_the_activation_equals_the_product_then_gated_act() {
+    let Some(emu) = Emulator::get() else { return };
+    let mut values = Values(31);
+    // 37 pairs: a multiple of no block's half (2, 4 or 8 pairs).
+    let (f, k) = (37usize, 264usize);
+    let mut w = values.bf16s(2 * f * k);
+    for (act, n) in [(0i32, 1usize), (1, 3), (0, 8)] {
+        let mut x = values.bf16s(n * k);
+        for v in GEMV_VARIANTS {
+            let shape = GemvShape::new(2 * f, k, n, v.warps);
+            let mut product = shape.run(emu, v.plain, &mut w, Arg::buf(&mut x), None);
+            let want = gated_act(emu, &mut product, (n, f), act);
+            let got = shape.run_glu(emu, v.plain, &mut w, Arg::buf(&mut x), act);
+            assert_eq!(got, want, "{}: act {act}, {n} rows", v.name);
+        }
     }
 }
 
@@ -413,25 +412,95 @@ impl GemvShape {
         norm: Option<&mut NormArgs<'_>>,
     ) -> Vec<f32> {
         let mut out = vec![0f32; self.n * self.m];
+        let form = act.map_or(Form::Plain, Form::Gated);
+        self.launch(emu, name, w, x, (Arg::buf(&mut out), self.m), form, norm);
+        out
+    }
+
+    /// Plain kernel `name` over the fused [gate | up] matrix `w` (m = 2·F rows) writing
+    /// bf16(act(gate)·up), F per token row.
+    fn run_glu(&self, emu: &Emulator, name: &str, w: &mut [u16], x: Arg, act: i32) -> Vec<u16> {
+        let f = self.m / 2;
+        let mut out = vec![0u16; self.n * f];
+        self.launch(
+            emu,
+            name,
+            w,
+            x,
+            (Arg::buf(&mut out), f),
+            Form::Glu(act),
+            None,
+        );
+        out
+    }
+
+    /// One launch of `name` writing `out` (rows `ldo` apart).
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        emu: &Emulator,
+        name: &str,
+        w: &mut [u16],
+        x: Arg,
+        (out, ldo): (Arg, usize),
+        form: Form,
+        norm: Option<&mut NormArgs<'_>>,
+    ) {
         let mut args = vec![
             Arg::buf(w),
             x,
-            Arg::buf(&mut out),
+            out,
             Arg::I32(self.m as i32),
             Arg::I32(self.k as i32),
             Arg::I32(self.n as i32),
-            Arg::I32(self.m as i32),
+            Arg::I32(ldo as i32),
         ];
-        args.extend(act.map(Arg::I32));
+        if let Form::Gated(act) = form {
+            args.push(Arg::I32(act));
+        }
         if name.starts_with("gemv_bf16") {
             match norm {
                 Some(norm) => args.extend(norm.args()),
                 None => args.extend([Arg::Ptr(0); 5].into_iter().chain([Arg::F32(0.0)])),
             }
             args.extend(self.l2.map(Arg::I32));
+            match form {
+                Form::Plain => args.push(Arg::I32(-1)),
+                Form::Glu(act) => args.push(Arg::I32(act)),
+                Form::Gated(_) => {}
+            }
         }
         let blocks = self.m.div_ceil(self.warps) as u32;
         emu.launch(name, (blocks, 1, 1), 32 * self.warps as u32, &args);
-        out
     }
+}
+
+/// What a GEMV launch computes besides the product (gemm.rs's GemvForm).
+#[derive(Clone, Copy)]
+enum Form {
+    Plain,
+    Gated(i32),
+    Glu(i32),
+}
+
+/// `gated_act` over `rows` [gate | up] rows of `ffn` pairs, activation `act`.
+fn gated_act(
+    emu: &Emulator,
+    gate_up: &mut [f32],
+    (rows, ffn): (usize, usize),
+    act: i32,
+) -> Vec<u16> {
+    let mut out = vec![0u16; rows * ffn];
+    emu.launch(
+        "gated_act",
+        (rows as u32, ffn.div_ceil(256) as u32, 1),
+        256,
+        &[
+            Arg::buf(gate_up),
+            Arg::buf(&mut out),
+            Arg::I32(ffn as i32),
+            Arg::I32(act),
+        ],
+    );
+    out
 }
