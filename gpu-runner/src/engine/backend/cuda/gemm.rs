@@ -161,12 +161,7 @@ impl Gemm {
         out: u64,
         norm: Option<&NormAfter>,
     ) -> Result<(), CudaError> {
-        let Some(weights) = w.bf16_ptr().filter(|_| self.fuses_into_gemv(w, n)) else {
-            return Err(CudaError::Failure(format!(
-                "a fused product needs a decode-sized bf16 GEMV, not {} rows of {}×{}",
-                n, w.rows, w.cols
-            )));
-        };
+        let weights = self.fused_weights(w, n)?;
         let pick = self.gemv_choice.pick(w.rows, w.cols, act.is_some(), n);
         let form = act.map_or(GemvForm::Plain, GemvForm::GatedInput);
         self.gemv_bf16(pick, weights, w.rows, w.cols, x, n, out, form, norm)
@@ -184,15 +179,23 @@ impl Gemm {
         out: u64,
         act: i32,
     ) -> Result<(), CudaError> {
-        let Some(weights) = w.bf16_ptr().filter(|_| self.fuses_into_gemv(w, n)) else {
-            return Err(CudaError::Failure(format!(
-                "the activation in a product needs a decode-sized bf16 GEMV, not {} rows of {}×{}",
-                n, w.rows, w.cols
-            )));
-        };
+        let weights = self.fused_weights(w, n)?;
         let pick = self.gemv_choice.pick(w.rows, w.cols, false, n);
         let form = GemvForm::GluOutput(act);
         self.gemv_bf16(pick, weights, w.rows, w.cols, x, n, out, form, None)
+    }
+
+    /// `w`'s bf16 weights, where the product of `n` rows through it is a bf16 GEMV that can
+    /// fuse work ([`Gemm::fuses_into_gemv`]).
+    fn fused_weights(&self, w: &DeviceMatrix, n: usize) -> Result<u64, CudaError> {
+        w.bf16_ptr()
+            .filter(|_| self.fuses_into_gemv(w, n))
+            .ok_or_else(|| {
+                CudaError::Failure(format!(
+                    "a fused product needs a decode-sized bf16 GEMV, not {} rows of {}×{}",
+                    n, w.rows, w.cols
+                ))
+            })
     }
 
     /// Threads per block of the bf16 GEMV that serves `n` rows through `w` (`gated`: the
