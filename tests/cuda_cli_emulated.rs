@@ -124,8 +124,11 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
     let qwen = tiny("qwen3");
     let schema = schema.to_string_lossy().into_owned();
     let runs: Vec<(Env, Vec<String>)> = vec![
-        // The GEMV variants timed at load, sampled decoding.
-        (vec![], bench(&gemma, &["--temperature", "0.8"])),
+        // f.: the GEMV variants timed at load, sampled decoding, the step clock (graphs on).
+        (
+            vec![("FALLOW_CUDA_STEP_CLOCK", "1")],
+            bench(&gemma, &["--temperature", "0.8"]),
+        ),
         // f3: every launch timed, graphs off; the table goes to stderr at the end.
         (
             vec![("FALLOW_CUDA_PROFILE", "1"), ("FALLOW_CUDA_GEMV", "w8u4")],
@@ -139,13 +142,17 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
                 &["--cuda-weights", "q8_0", "--json-schema", schema.as_str()],
             ),
         ),
-        // f5 and f7: plain launches, the fusions off, no graphs.
+        // f5, f7, f8, f9 and f10: plain launches, the fusions off, no L2 prefetches,
+        // attention split only from 256 keys, no graphs.
         (
             vec![
                 ("FALLOW_CUDA_GEMV", "w8u4"),
                 ("FALLOW_CUDA_EARLY_START", "0"),
                 ("FALLOW_CUDA_FUSED_NORM", "0"),
                 ("FALLOW_CUDA_FUSED_ROPE", "0"),
+                ("FALLOW_CUDA_L2_PREFETCH", "0"),
+                ("FALLOW_CUDA_FUSED_GLU", "0"),
+                ("FALLOW_CUDA_SPLIT_MIN_KEYS", "256"),
                 ("FALLOW_CUDA_GRAPHS", "0"),
             ],
             bench(&qwen, &[]),
@@ -166,6 +173,15 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
         }
         if args.contains(&"--json-schema") {
             assert!(rows.iter().any(|(_, constraint, _)| constraint == "json"));
+        }
+        if env.contains(&("FALLOW_CUDA_STEP_CLOCK", "1")) {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains("CUDA step clock")
+                    && stderr.contains("decode n=1 ")
+                    && stderr.contains("decode n=8 "),
+                "no step clock for the decode steps of 1 and 8 sequences:\n{stderr}"
+            );
         }
         if env.contains(&("FALLOW_CUDA_PROFILE", "1")) {
             let stderr = String::from_utf8_lossy(&out.stderr);

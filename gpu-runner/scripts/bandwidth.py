@@ -90,6 +90,20 @@ def parse_fallow(text):
     return rows
 
 
+def step_clock(text):
+    """The rows of the backend's step clock (FALLOW_CUDA_STEP_CLOCK=1: "CUDA step clock ..."
+    then `step steps GPU in-backend between busy%` per step shape), the last table's."""
+    rows, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("CUDA step clock"):
+            rows, inside = [], True
+        elif inside and re.match(r"^(decode|prompt|prompt\+decode) n=\d+\s", line):
+            rows.append(line.rstrip())
+        elif inside and not line.startswith("step "):
+            inside = False
+    return rows
+
+
 def gemv_choices(text):
     """The GEMV tuning's choices from the backend's log line ("bf16 GEMV variants timed ...
     choices=["qkv 6144x4096 n=1: w8u4 12.0 µs (...)", ...]"), the last such line's."""
@@ -186,6 +200,14 @@ def summary(args):
     say(f"  fallow batch 1   {fmt(f1_dec)} tok/s = {pct(f1_dec)} % of roofline")
     say(f"  HF batch 1       {fmt(h1_dec)} tok/s = {pct(h1_dec)} % of roofline")
 
+    clock = step_clock(read_text(args.fallow_log))
+    if clock:
+        say("")
+        say("Step clock (f.): mean ms per step on the GPU, in the backend, between steps")
+        say("(the engine's own work), and the share of the wall time the GPU is busy:")
+        for row in clock:
+            say(f"  {row}")
+
     gemv = gemv_choices(read_text(args.fallow_log))
     if gemv:
         say("")
@@ -207,6 +229,8 @@ def summary(args):
          args.no_prefetch_log, "prefetch", "none"),
         ("8B shape: activation written by the gate/up GEMV vs staged by the down GEMV (f. vs f9.)",
          args.fallow_log, args.gated_down_log, "gate/up", "down"),
+        ("8B shape: decode attention split from 64 keys vs from 256 (f. vs f10.)",
+         args.fallow_log, args.split256_log, "64 keys", "256 keys"),
     ]:
         base, alt = parse_fallow(read_text(base_log)), parse_fallow(read_text(other_log))
         if not base and not alt:
@@ -272,6 +296,8 @@ def main():
                    help="f8.: the 8B shape's bench with FALLOW_CUDA_L2_PREFETCH=0")
     s.add_argument("--gated-down-log",
                    help="f9.: the 8B shape's bench with FALLOW_CUDA_FUSED_GLU=0")
+    s.add_argument("--split256-log",
+                   help="f10.: the 8B shape's bench with FALLOW_CUDA_SPLIT_MIN_KEYS=256")
     s.add_argument("--prefill-mma-log", help="f6.: a long prompt, tensor-core prefill attention")
     s.add_argument("--prefill-f32-log", help="f6.: the same prompt, f32 prefill attention")
     s.add_argument("--out", help="also write the summary here")

@@ -12,6 +12,7 @@
 #      add_rms_norm and qkv_prepare launches, FALLOW_CUDA_FUSED_NORM=0 FALLOW_CUDA_FUSED_ROPE=0;
 #      f8: batch 1 and 8 without L2 prefetches before the waits, FALLOW_CUDA_L2_PREFETCH=0;
 #      f9: batch 1 and 8 with the activation in the down GEMV, FALLOW_CUDA_FUSED_GLU=0;
+#      f10: batch 1 and 8 with attention split only past 256 keys, FALLOW_CUDA_SPLIT_MIN_KEYS;
 #      f6: a 4096-token
 #      prompt's prefill, attention on tensor cores vs f32; f4: its matrices quantized to Q8_0
 #      at load; f2: without CUDA graphs)
@@ -348,9 +349,11 @@ main() {
   local have_model=1
   if [ ! -f "$LLAMA_DIR/done.json" ]; then have_model=0; fi
   if ((have_model)); then
-    # (stderr too: the GEMV variants timed at load are logged there; the summary lists them.)
+    # (stderr too: the GEMV variants timed at load are logged there, and the step clock's
+    # table, GPU vs host time per step, printed when the model is dropped; the summary lists
+    # both.)
     run_step "f. fallow bench engine" 240 "$OUT/fallow-bench.log" \
-      bash -c '"$0" bench engine --model "$1" --device cuda --concurrency 1,8,64 \
+      bash -c 'FALLOW_CUDA_STEP_CLOCK=1 "$0" bench engine --model "$1" --device cuda --concurrency 1,8,64 \
         --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192 2>&1' "$FALLOW" "$LLAMA_DIR"
     run_step "g. HF transformers bench" 180 "$OUT/hf-bench.log" \
       "$PY" gpu-runner/scripts/hf_bench.py "$LLAMA_DIR" --batches 1,8,64 --prompt-tokens 32 --gen-tokens 128
@@ -380,6 +383,11 @@ main() {
     # the gate/up GEMV writing the activation (same bits): what the paired rows win.
     run_step "f9. fallow bench engine, activation in the down GEMV" 90 "$WORK/fallow-bench-gated-down.log" \
       env FALLOW_CUDA_FUSED_GLU=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
+      --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+    # Batch 1 and 8 with decode attention split only past 256 keys (before session 13: one
+    # block per KV head at short contexts) instead of 64 (FALLOW_CUDA_SPLIT_MIN_KEYS).
+    run_step "f10. fallow bench engine, attention split from 256 keys" 90 "$WORK/fallow-bench-split256.log" \
+      env FALLOW_CUDA_SPLIT_MIN_KEYS=256 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
       --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
     # One long prompt, prefill attention on the tensor cores (the default) and on the f32
     # kernel: attention grows with the square of the prompt, so it dominates long prefills.
@@ -412,7 +420,8 @@ main() {
     --smol-json-log "$WORK/smol-bench-json.log" --plain-log "$WORK/fallow-bench-plain.log" \
     --separate-norm-log "$WORK/fallow-bench-separate-norm.log" \
     --no-prefetch-log "$WORK/fallow-bench-no-prefetch.log" \
-    --gated-down-log "$WORK/fallow-bench-gated-down.log" --prefill-mma-log "$WORK/prefill-mma.log" \
+    --gated-down-log "$WORK/fallow-bench-gated-down.log" --split256-log "$WORK/fallow-bench-split256.log" \
+    --prefill-mma-log "$WORK/prefill-mma.log" \
     --prefill-f32-log "$WORK/prefill-f32.log" --out "$OUT/summary.txt" ||
     echo "summary: FAILED rc=$?" | tee "$OUT/summary.txt"
   echo

@@ -21,24 +21,31 @@ __device__ __forceinline__ HeadGroup head_group(int n_heads, int n_kv_heads) {
     return g;
 }
 
-// Dimension d of one (token, head)'s output from the records of its `splits` split-K
-// blocks ({max, sum, unnormalised accumulator[head_dim]} each): the accumulators rescaled to
-// the largest maximum, over the sum of the rescaled sums. Empty splits (sum 0) are skipped;
-// the first split always holds the token itself.
-__device__ bf16 merge_splits(const volatile float* rec, int splits, int head_dim, int d) {
-    int stride = head_dim + 2;
-    float m_all = NEG_INF;
-    for (int s = 0; s < splits; s++)
-        if (rec[s * stride + 1] > 0.0f) m_all = fmaxf(m_all, rec[s * stride]);
-    float l_all = 0.0f, sum = 0.0f;
-    for (int s = 0; s < splits; s++) {
-        if (rec[s * stride + 1] > 0.0f) {
-            float f = __expf(rec[s * stride] - m_all);
-            l_all += rec[s * stride + 1] * f;
-            sum += rec[s * stride + 2 + d] * f;
-        }
+#define ATTN_MAX_SPLITS 64  // MAX_SPLITS in attention_split.rs: lanes 0..63 of a warp's two passes
+
+// Each split's share of one (token, head)'s output from the records of its `splits` split-K
+// blocks ({max, sum, unnormalised accumulator[head_dim]} each), by one warp: the split's sum
+// rescaled to the largest maximum, over the rescaled sums' total. Every (max, sum) pair is
+// read at once (a lane per split), not one after another. Empty splits (sum 0) weigh 0; the
+// first split always holds the token itself.
+__device__ void split_weights(const volatile float* rec, int splits, int head_dim, float* weight) {
+    int lane = threadIdx.x & 31, stride = head_dim + 2;
+    float ms[2], ls[2], m_all = NEG_INF;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int s = lane + 32 * i;
+        ms[i] = s < splits ? rec[s * stride] : NEG_INF;
+        ls[i] = s < splits ? rec[s * stride + 1] : 0.0f;
+        if (ls[i] > 0.0f) m_all = fmaxf(m_all, ms[i]);
     }
-    return f32_to_bf16(sum / l_all);
+    m_all = warp_max(m_all);
+    float f[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) f[i] = ls[i] > 0.0f ? __expf(ms[i] - m_all) : 0.0f;
+    float l_all = warp_sum(ls[0] * f[0] + ls[1] * f[1]);
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+        if (lane + 32 * i < splits) weight[lane + 32 * i] = f[i] / l_all;
 }
 
 // The RoPE angles of a decode token, once for its attention block (one pair per thread, not
@@ -232,20 +239,31 @@ __device__ void paged_attention_t(
 #pragma unroll
                 for (int r = 0; r < DIMS; r++) s[u] += qr[g][r] * kf[u][r];
             }
-#pragma unroll
-            for (int u = 0; u < ATTN_KEYS; u++) s[u] = warp_sum(s[u]);
+            // One online-softmax update for the iteration's keys together: one maximum and one
+            // rescale, not a chain of ATTN_KEYS dependent ones (key j0 always exists).
+            float m_new = m[g];
 #pragma unroll
             for (int u = 0; u < ATTN_KEYS; u++) {
-                if (j0 + u * ATTN_WARPS >= end) break;
-                float su = softcap > 0.0f ? softcap * tanhf(s[u] / softcap) : s[u];
-                float m_new = fmaxf(m[g], su);
-                float correction = __expf(m[g] - m_new);
-                float pu = __expf(su - m_new);
-                l[g] = l[g] * correction + pu;
-#pragma unroll
-                for (int r = 0; r < DIMS; r++) acc[g][r] = acc[g][r] * correction + pu * vf[u][r];
-                m[g] = m_new;
+                s[u] = warp_sum(s[u]);
+                if (softcap > 0.0f) s[u] = softcap * tanhf(s[u] / softcap);
+                if (j0 + u * ATTN_WARPS < end) m_new = fmaxf(m_new, s[u]);
             }
+            float correction = __expf(m[g] - m_new);
+            float p[ATTN_KEYS], p_sum = 0.0f;
+#pragma unroll
+            for (int u = 0; u < ATTN_KEYS; u++) {
+                p[u] = j0 + u * ATTN_WARPS < end ? __expf(s[u] - m_new) : 0.0f;
+                p_sum += p[u];
+            }
+            l[g] = l[g] * correction + p_sum;
+#pragma unroll
+            for (int r = 0; r < DIMS; r++) {
+                float v = acc[g][r] * correction;
+#pragma unroll
+                for (int u = 0; u < ATTN_KEYS; u++) v += p[u] * vf[u][r];
+                acc[g][r] = v;
+            }
+            m[g] = m_new;
         }
     }
 
@@ -292,14 +310,23 @@ __device__ void paged_attention_t(
     }
     if (splits == 1) return;
 
-    // The last of the (token, head group)'s split blocks to finish merges them all.
+    // The last of the (token, head group)'s split blocks to finish merges them all: a warp per
+    // head weighs the splits, then each output dimension sums its splits' accumulators (loads
+    // that do not wait for one another).
     int* counter = split_counters + (size_t)blockIdx.x * gridDim.y + blockIdx.y;
     if (!last_block(counter, splits)) return;
+    __shared__ float weight[ATTN_HEADS][ATTN_MAX_SPLITS];
+    // Volatile: other blocks' records, never through this SM's L1.
+    const volatile float* recs = partial + ((size_t)blockIdx.x * n_heads + h0) * splits * (head_dim + 2);
+    if (warp < heads) split_weights(recs + (size_t)warp * splits * (head_dim + 2), splits, head_dim, weight[warp]);
+    __syncthreads();
     for (int i = threadIdx.x; i < heads * head_dim; i += blockDim.x) {
-        int g = i / head_dim, d = i - g * head_dim, h = h0 + g;
-        // Volatile: other blocks' records, never through this SM's L1.
-        const volatile float* rec = partial + ((size_t)blockIdx.x * n_heads + h) * splits * (head_dim + 2);
-        out[((size_t)t * n_heads + h) * head_dim + d] = merge_splits(rec, splits, head_dim, d);
+        int g = i / head_dim, d = i - g * head_dim;
+        const volatile float* acc_d = recs + (size_t)g * splits * (head_dim + 2) + 2 + d;
+        float sum = 0.0f;
+#pragma unroll 4
+        for (int s = 0; s < splits; s++) sum += acc_d[(size_t)s * (head_dim + 2)] * weight[g][s];
+        out[((size_t)t * n_heads + h0 + g) * head_dim + d] = f32_to_bf16(sum);
     }
 }
 

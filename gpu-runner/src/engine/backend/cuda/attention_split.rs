@@ -3,12 +3,19 @@
 //! is then a few dozen blocks on a GPU with more than a hundred multiprocessors, each block
 //! walking the whole context alone. Split-K gives each block one `partition` of the keys
 //! instead, and the last of a token's blocks to finish merges their partial softmaxes, so
-//! that a long context of one sequence is read by the whole GPU at once.
+//! that a long context of one sequence is read by the whole GPU at once. A short one too: a
+//! decode at batch 1 is one block per KV head, each a chain of dependent 32-key iterations
+//! (load, score, update), so even 100 keys are worth spreading over several blocks.
+//! `FALLOW_CUDA_SPLIT_MIN_KEYS` sets the fewest keys a split block gets (a multiple of 32;
+//! [`DEFAULT_MIN_PARTITION`] by default, 1 << 30 never splits).
 
 /// Query heads one attention block serves (`ATTN_HEADS` in attention.cu).
 pub const HEADS_PER_BLOCK: usize = 4;
-/// Fewer keys than this per block do not repay the partial results' round trip.
-const MIN_PARTITION: usize = 256;
+/// Fewer keys than this per block do not repay the partial results' round trip: two of the
+/// kernel's iterations (8 warps × 4 keys each).
+pub const DEFAULT_MIN_PARTITION: usize = 64;
+/// Keys one iteration of an attention block reads (ATTN_WARPS × ATTN_KEYS in attention.cu).
+const KEYS_PER_ITERATION: usize = 32;
 /// Blocks wanted per multiprocessor, so that each has another to switch to.
 const BLOCKS_PER_SM: usize = 2;
 /// The partial-result buffer holds at most this many splits per (token, head).
@@ -30,18 +37,19 @@ impl AttentionSplit {
     };
 
     /// The split for `tokens` query tokens of a model with `n_heads` / `n_kv_heads`, whose
-    /// longest key range is `max_keys`, on a GPU of `sm_count` multiprocessors.
+    /// longest key range is `max_keys`, on a GPU of `sm_count` multiprocessors, giving no
+    /// split fewer than `min_partition` keys.
     pub fn plan(
         tokens: usize,
         n_heads: usize,
         n_kv_heads: usize,
         max_keys: usize,
         sm_count: usize,
+        min_partition: usize,
     ) -> AttentionSplit {
         let blocks = tokens * head_blocks(n_heads, n_kv_heads);
         let wanted = (BLOCKS_PER_SM * sm_count).div_ceil(blocks.max(1));
-        // Every split gets at least MIN_PARTITION keys.
-        let most = max_keys / MIN_PARTITION;
+        let most = max_keys / min_partition.max(1);
         let splits = wanted.min(most).min(MAX_SPLITS);
         if splits <= 1 {
             return AttentionSplit::WHOLE;
@@ -52,6 +60,21 @@ impl AttentionSplit {
             splits: max_keys.div_ceil(partition),
             partition,
         }
+    }
+}
+
+/// The fewest keys per split block under `setting` (`FALLOW_CUDA_SPLIT_MIN_KEYS`): a
+/// positive multiple of the kernel's keys per iteration, [`DEFAULT_MIN_PARTITION`] when unset.
+pub fn min_partition_from_setting(setting: Option<&str>) -> Result<usize, String> {
+    let Some(setting) = setting else {
+        return Ok(DEFAULT_MIN_PARTITION);
+    };
+    match setting.trim().parse::<usize>() {
+        Ok(keys) if keys > 0 && keys % KEYS_PER_ITERATION == 0 => Ok(keys),
+        _ => Err(format!(
+            "FALLOW_CUDA_SPLIT_MIN_KEYS={setting}: expected a positive multiple of \
+             {KEYS_PER_ITERATION} (keys per split attention block)"
+        )),
     }
 }
 
@@ -66,10 +89,16 @@ pub fn head_blocks(n_heads: usize, n_kv_heads: usize) -> usize {
 mod tests {
     use super::*;
 
+    const H200_SMS: usize = 132;
+
+    fn plan(tokens: usize, n_heads: usize, n_kv: usize, keys: usize) -> AttentionSplit {
+        AttentionSplit::plan(tokens, n_heads, n_kv, keys, H200_SMS, DEFAULT_MIN_PARTITION)
+    }
+
     #[test]
     fn a_single_long_decode_spreads_over_the_gpu() {
         // Llama-3.1-8B shapes (32 query heads, 8 KV heads) on an H200 (132 SMs).
-        let split = AttentionSplit::plan(1, 32, 8, 8192, 132);
+        let split = plan(1, 32, 8, 8192);
         assert_eq!(head_blocks(32, 8), 8);
         assert!(split.splits >= 16, "{split:?}");
         assert!(split.splits * split.partition >= 8192);
@@ -81,33 +110,95 @@ mod tests {
     }
 
     #[test]
-    fn short_contexts_and_full_batches_are_not_split() {
+    fn a_short_decode_at_batch_one_is_split_into_blocks_of_a_few_iterations() {
+        // The bench's batch-1 graph: a 16-block table of 16 keys.
+        let split = plan(1, 32, 8, 256);
         assert_eq!(
-            AttentionSplit::plan(1, 32, 8, 500, 132),
-            AttentionSplit::WHOLE
+            split,
+            AttentionSplit {
+                splits: 4,
+                partition: 64
+            }
         );
+        // Fewer keys than two iterations' worth: one block per head group, as before.
+        assert_eq!(plan(1, 32, 8, 48), AttentionSplit::WHOLE);
+        // With the old floor of 256 keys the same step was not split at all.
         assert_eq!(
-            AttentionSplit::plan(512, 32, 8, 4096, 132),
-            AttentionSplit::WHOLE,
-            "a prefill chunk fills the GPU by itself"
-        );
-        assert_eq!(
-            AttentionSplit::plan(64, 32, 8, 2048, 132),
+            AttentionSplit::plan(1, 32, 8, 256, H200_SMS, 256),
             AttentionSplit::WHOLE
         );
     }
 
     #[test]
+    fn full_batches_are_not_split() {
+        assert_eq!(
+            plan(512, 32, 8, 4096),
+            AttentionSplit::WHOLE,
+            "a prefill chunk fills the GPU by itself"
+        );
+        assert_eq!(plan(64, 32, 8, 2048), AttentionSplit::WHOLE);
+    }
+
+    #[test]
     fn splits_never_exceed_the_partial_buffer_or_shrink_below_a_partition() {
-        for keys in [1, 255, 256, 257, 1000, 4096, 100_000, 1 << 20] {
-            for tokens in [1, 2, 3, 8] {
-                let s = AttentionSplit::plan(tokens, 9, 3, keys, 132);
-                assert!(s.splits >= 1 && s.splits <= MAX_SPLITS, "{keys} {s:?}");
-                assert!(s.splits * s.partition >= keys);
-                if s.splits > 1 {
-                    assert!(s.partition >= MIN_PARTITION.min(keys));
+        for min_partition in [32, DEFAULT_MIN_PARTITION, 256] {
+            for keys in [
+                1,
+                31,
+                63,
+                64,
+                65,
+                255,
+                256,
+                257,
+                1000,
+                4096,
+                100_000,
+                1 << 20,
+            ] {
+                for tokens in [1, 2, 3, 8] {
+                    let s = AttentionSplit::plan(tokens, 9, 3, keys, H200_SMS, min_partition);
+                    assert!(s.splits >= 1 && s.splits <= MAX_SPLITS, "{keys} {s:?}");
+                    assert!(s.splits * s.partition >= keys);
+                    if s.splits > 1 {
+                        assert!(s.partition >= min_partition.min(keys), "{keys} {s:?}");
+                        assert!((s.splits - 1) * s.partition < keys, "no empty split");
+                    }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_fewest_keys_per_split_is_a_positive_multiple_of_an_iteration() {
+        assert_eq!(min_partition_from_setting(None), Ok(DEFAULT_MIN_PARTITION));
+        assert_eq!(min_partition_from_setting(Some("256")), Ok(256));
+        assert_eq!(min_partition_from_setting(Some(" 32 ")), Ok(32));
+        for bad in ["0", "48", "-64", "many", ""] {
+            let err = min_partition_from_setting(Some(bad)).unwrap_err();
+            assert!(err.contains("FALLOW_CUDA_SPLIT_MIN_KEYS"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_kernel_is_built_for_the_splits_heads_and_keys_planned_here() {
+        let defines = |name: &str| -> Vec<String> {
+            super::super::kernels::SOURCE
+                .lines()
+                .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+                    ["#define", n, value, ..] if n == name => Some(value.to_string()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let per_warp: usize = 4;
+        for (name, value) in [
+            ("ATTN_MAX_SPLITS", MAX_SPLITS),
+            ("ATTN_HEADS", HEADS_PER_BLOCK),
+            ("ATTN_KEYS", per_warp),
+            ("ATTN_WARPS", KEYS_PER_ITERATION / per_warp),
+        ] {
+            assert_eq!(defines(name), [value.to_string()], "{name} in attention.cu");
         }
     }
 

@@ -397,7 +397,14 @@ impl CudaBackend {
         let c = &self.config;
         let table_keys = self.inputs.max_blocks * self.block_size;
         let max_keys = window.map_or(table_keys, |w| w.min(table_keys));
-        AttentionSplit::plan(n, c.n_heads, c.n_kv_heads, max_keys, self.sm_count)
+        AttentionSplit::plan(
+            n,
+            c.n_heads,
+            c.n_kv_heads,
+            max_keys,
+            self.sm_count,
+            self.split_min_keys,
+        )
     }
 
     /// The feed-forward of `layer`; returns whether it also applied the model's final norm

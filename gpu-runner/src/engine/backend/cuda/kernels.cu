@@ -417,14 +417,14 @@ __device__ __forceinline__ void gemv_load_w(uint4* wv, const uint4* tile, int la
     }
 }
 
-// Each row's sum over the warp's lanes, written to out[j·ldo + m] (for a warp with m < M).
-__device__ __forceinline__ void gemv_write(const float* acc, float* out, int ldo, int m, int M,
-                                           int n) {
+// Each of the n rows' sum over the warp's lanes, written to dst[j·stride] (when `keep`).
+__device__ __forceinline__ void gemv_write(const float* acc, float* dst, size_t stride,
+                                           bool keep, int n) {
 #pragma unroll
     for (int j = 0; j < GEMV_MAX_ROWS; j++) {
-        if (j < n && m < M) {
+        if (j < n && keep) {
             float s = warp_sum(acc[j]);
-            if ((threadIdx.x & 31) == 0) out[(size_t)j * ldo + m] = s;
+            if ((threadIdx.x & 31) == 0) dst[j * stride] = s;
         }
     }
 }
@@ -614,13 +614,7 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
     }
     if (glu >= 0) {
         __shared__ float sums[WARPS][GEMV_MAX_ROWS];
-#pragma unroll
-        for (int j = 0; j < GEMV_MAX_ROWS; j++) {
-            if (j < n) {
-                float s = warp_sum(acc[j]);
-                if (lane == 0) sums[warp][j] = s;
-            }
-        }
+        gemv_write(acc, sums[warp], 1, true, n);
         __syncthreads();
         // Lane j of a gate warp writes token row j's activation.
         if (warp < HALF && live && lane < n) {
@@ -629,7 +623,7 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
         }
         return;
     }
-    gemv_write(acc, out, ldo, m, M, n);
+    gemv_write(acc, out + m, (size_t)ldo, m < M, n);
     if (norm.done && last_block(norm.done, (int)gridDim.x)) {
         for (int j = 0; j < n; j++)
             add_rms_norm_row(norm.x + (size_t)j * M, out + (size_t)j * ldo, norm.post_w,

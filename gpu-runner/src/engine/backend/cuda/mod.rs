@@ -28,6 +28,7 @@ mod launch;
 mod prefill;
 mod profile;
 mod step;
+mod step_clock;
 mod weights;
 
 use std::sync::Arc;
@@ -48,6 +49,7 @@ use self::launch::Launcher;
 pub use self::prefill::PrefillKernel;
 use self::profile::Profiler;
 use self::step::{Padding, Scratch, StepInputs};
+use self::step_clock::{step_shape, StepClock};
 use self::weights::DeviceWeights;
 use super::batch::BatchLayout;
 use super::cpu::kv_bytes_per_block;
@@ -124,6 +126,8 @@ pub struct CudaBackend {
     /// Multiprocessors of the device (how far attention is split over the keys).
     sm_count: usize,
     split_attention: bool,
+    /// The fewest keys a split attention block gets (`FALLOW_CUDA_SPLIT_MIN_KEYS`).
+    split_min_keys: usize,
     /// Whether a one-token decode step's output and down GEMVs end their sub-block in their
     /// last block (residual add and the next norm, [`gemm::NormAfter`]) instead of an
     /// `add_rms_norm` launch.
@@ -143,6 +147,8 @@ pub struct CudaBackend {
     host_masks: Vec<u32>,
     graphs: DecodeGraphs,
     profiler: Profiler,
+    /// GPU vs host time per step shape, with graphs on (`FALLOW_CUDA_STEP_CLOCK=1`).
+    step_clock: StepClock,
 }
 
 impl CudaBackend {
@@ -193,6 +199,10 @@ impl CudaBackend {
         gemm.gemv_choice =
             GemvChoice::from_setting(std::env::var("FALLOW_CUDA_GEMV").ok().as_deref())
                 .map_err(CudaError::Failure)?;
+        let split_min_keys = attention_split::min_partition_from_setting(
+            std::env::var("FALLOW_CUDA_SPLIT_MIN_KEYS").ok().as_deref(),
+        )
+        .map_err(CudaError::Failure)?;
         let prefill = PrefillKernel::choose(
             config.head_dim,
             std::env::var("FALLOW_CUDA_PREFILL").ok().as_deref(),
@@ -256,6 +266,7 @@ impl CudaBackend {
             num_blocks,
             sm_count,
             split_attention: true,
+            split_min_keys,
             fused_norm: std::env::var("FALLOW_CUDA_FUSED_NORM").as_deref() != Ok("0"),
             fused_rope: std::env::var("FALLOW_CUDA_FUSED_ROPE").as_deref() != Ok("0"),
             fused_glu: std::env::var("FALLOW_CUDA_FUSED_GLU").as_deref() != Ok("0"),
@@ -269,6 +280,7 @@ impl CudaBackend {
                 std::env::var("FALLOW_CUDA_GRAPHS").as_deref() != Ok("0") && !profiler.enabled(),
             ),
             profiler,
+            step_clock: StepClock::from_env(),
             stream,
         };
         backend.tune_gemv()?;
@@ -392,6 +404,7 @@ impl CudaBackend {
             padding,
             self.prefill.tile_tokens(),
         );
+        self.step_clock.start(&self.ctx, &self.stream)?;
         let moved_inputs = self.inputs.upload(&self.stream)?;
         let n = self.inputs.tokens;
         let head_rows = self.inputs.full_rows + self.inputs.picked_rows;
@@ -423,8 +436,11 @@ impl CudaBackend {
         if masked {
             self.mask_and_pick(batch, masks)?;
         }
+        self.step_clock.launched(&self.stream)?;
         let out = self.read_outputs()?;
         self.profiler.end_step()?;
+        let (tokens, decode) = (self.inputs.tokens, self.inputs.n_decode);
+        self.step_clock.end_step(|| step_shape(tokens, decode))?;
         Ok(out)
     }
 

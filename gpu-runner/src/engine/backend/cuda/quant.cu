@@ -151,7 +151,7 @@ __device__ void gemv_q(const u8* __restrict__ w, const bf16* __restrict__ x,
             }
         }
     }
-    gemv_write(acc, out, ldo, m, M, n);
+    gemv_write(acc, out + m, (size_t)ldo, m < M, n);
 }
 
 // out = the rows × K matrix as bf16, one thread per group of 32.
