@@ -231,6 +231,8 @@ def summary(args):
          args.fallow_log, args.gated_down_log, "gate/up", "down"),
         ("8B shape: decode attention split from 64 keys vs from 256 (f. vs f10.)",
          args.fallow_log, args.split256_log, "64 keys", "256 keys"),
+        ("8B shape: GEMVs timed with the tensor-core variants vs CUDA cores only (f. vs f11.)",
+         args.fallow_log, args.cuda_cores_log, "with mma", "cores only"),
     ]:
         base, alt = parse_fallow(read_text(base_log)), parse_fallow(read_text(other_log))
         if not base and not alt:
@@ -298,6 +300,8 @@ def main():
                    help="f9.: the 8B shape's bench with FALLOW_CUDA_FUSED_GLU=0")
     s.add_argument("--split256-log",
                    help="f10.: the 8B shape's bench with FALLOW_CUDA_SPLIT_MIN_KEYS=256")
+    s.add_argument("--cuda-cores-log",
+                   help="f11.: the 8B shape's bench with FALLOW_CUDA_TENSOR_GEMV=0")
     s.add_argument("--prefill-mma-log", help="f6.: a long prompt, tensor-core prefill attention")
     s.add_argument("--prefill-f32-log", help="f6.: the same prompt, f32 prefill attention")
     s.add_argument("--out", help="also write the summary here")

@@ -13,6 +13,7 @@
 #      f8: batch 1 and 8 without L2 prefetches before the waits, FALLOW_CUDA_L2_PREFETCH=0;
 #      f9: batch 1 and 8 with the activation in the down GEMV, FALLOW_CUDA_FUSED_GLU=0;
 #      f10: batch 1 and 8 with attention split only past 256 keys, FALLOW_CUDA_SPLIT_MIN_KEYS;
+#      f11: batch 1 and 8 with the GEMV chosen among CUDA-core variants, FALLOW_CUDA_TENSOR_GEMV=0;
 #      f6: a 4096-token
 #      prompt's prefill, attention on tensor cores vs f32; f4: its matrices quantized to Q8_0
 #      at load; f2: without CUDA graphs)
@@ -344,6 +345,15 @@ main() {
     return 0
   fi
 
+  # f. at concurrency $3 (1 or 1,8) under the settings that follow ("NAME=value" ...), into
+  # $WORK/$2: one A/B step against f.
+  bench_with() {
+    local title=$1 log=$2 concurrency=$3
+    shift 3
+    run_step "$title" 90 "$WORK/$log" env "$@" "$FALLOW" bench engine --model "$LLAMA_DIR" \
+      --device cuda --concurrency "$concurrency" --prompt-tokens 32 --gen-tokens 128 \
+      --kv-cache-mib 8192
+  }
   run_step "d. make random Llama-3.1-8B" 240 - "$PY" gpu-runner/scripts/make_random_llama.py "$LLAMA_DIR"
   run_step "e. bandwidth" 60 "$WORK/bandwidth.txt" "$PY" gpu-runner/scripts/bandwidth.py
   local have_model=1
@@ -364,31 +374,24 @@ main() {
       bash -c 'FALLOW_CUDA_PROFILE=1 "$0" bench engine --model "$1" --device cuda \
         --concurrency 1,64 --prompt-tokens 32 --gen-tokens 32 --kv-cache-mib 8192 2>&1' \
       "$FALLOW" "$LLAMA_DIR"
-    # Batch 1 with every kernel launched only once the previous one has finished (no
-    # programmatic dependent launch): what early starts win at the roofline's end.
-    run_step "f5. fallow bench engine, plain launches" 90 "$WORK/fallow-bench-plain.log" \
-      env FALLOW_CUDA_EARLY_START=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
-      --concurrency 1 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
-    # Batch 1 with add_rms_norm and qkv_prepare launched instead of done in the output and
-    # down GEMVs' last blocks and in the attention blocks: what the fusions win (same bits).
-    run_step "f7. fallow bench engine, separate norm and RoPE launches" 90 "$WORK/fallow-bench-separate-norm.log" \
-      env FALLOW_CUDA_FUSED_NORM=0 FALLOW_CUDA_FUSED_ROPE=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
-      --concurrency 1 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
-    # Batch 1 and 8 with no weights asked into L2 before a GEMV's wait (and no KV rows before
-    # the attention's): what the prefetches win while attention and norms leave memory idle.
-    run_step "f8. fallow bench engine, no L2 prefetch" 90 "$WORK/fallow-bench-no-prefetch.log" \
-      env FALLOW_CUDA_L2_PREFETCH=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
-      --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
-    # Batch 1 and 8 with the down GEMV activating the [gate | up] rows it stages instead of
-    # the gate/up GEMV writing the activation (same bits): what the paired rows win.
-    run_step "f9. fallow bench engine, activation in the down GEMV" 90 "$WORK/fallow-bench-gated-down.log" \
-      env FALLOW_CUDA_FUSED_GLU=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
-      --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
     # Batch 1 and 8 with decode attention split only past 256 keys (before session 13: one
     # block per KV head at short contexts) instead of 64 (FALLOW_CUDA_SPLIT_MIN_KEYS).
-    run_step "f10. fallow bench engine, attention split from 256 keys" 90 "$WORK/fallow-bench-split256.log" \
-      env FALLOW_CUDA_SPLIT_MIN_KEYS=256 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
-      --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+    bench_with "f10. fallow bench engine, attention split from 256 keys" "fallow-bench-split256.log" 1,8 FALLOW_CUDA_SPLIT_MIN_KEYS=256
+    # Batch 1 and 8 with the GEMV timed among the CUDA-core variants only: what the
+    # tensor-core GEMV (m16n8k16 tiles) wins where the summary's choices name it.
+    bench_with "f11. fallow bench engine, CUDA-core GEMVs only" "fallow-bench-cuda-cores.log" 1,8 FALLOW_CUDA_TENSOR_GEMV=0
+    # Batch 1 and 8 with no weights asked into L2 before a GEMV's wait (and no KV rows before
+    # the attention's): what the prefetches win while attention and norms leave memory idle.
+    bench_with "f8. fallow bench engine, no L2 prefetch" "fallow-bench-no-prefetch.log" 1,8 FALLOW_CUDA_L2_PREFETCH=0
+    # Batch 1 and 8 with the down GEMV activating the [gate | up] rows it stages instead of
+    # the gate/up GEMV writing the activation (same bits): what the paired rows win.
+    bench_with "f9. fallow bench engine, activation in the down GEMV" "fallow-bench-gated-down.log" 1,8 FALLOW_CUDA_FUSED_GLU=0
+    # Batch 1 with every kernel launched only once the previous one has finished (no
+    # programmatic dependent launch): what early starts win at the roofline's end.
+    bench_with "f5. fallow bench engine, plain launches" "fallow-bench-plain.log" 1 FALLOW_CUDA_EARLY_START=0
+    # Batch 1 with add_rms_norm and qkv_prepare launched instead of done in the output and
+    # down GEMVs' last blocks and in the attention blocks: what the fusions win (same bits).
+    bench_with "f7. fallow bench engine, separate norm and RoPE launches" "fallow-bench-separate-norm.log" 1 FALLOW_CUDA_FUSED_NORM=0 FALLOW_CUDA_FUSED_ROPE=0
     # One long prompt, prefill attention on the tensor cores (the default) and on the f32
     # kernel: attention grows with the square of the prompt, so it dominates long prefills.
     run_step "f6. long-prompt prefill, tensor cores vs f32" 120 - \
@@ -421,6 +424,7 @@ main() {
     --separate-norm-log "$WORK/fallow-bench-separate-norm.log" \
     --no-prefetch-log "$WORK/fallow-bench-no-prefetch.log" \
     --gated-down-log "$WORK/fallow-bench-gated-down.log" --split256-log "$WORK/fallow-bench-split256.log" \
+    --cuda-cores-log "$WORK/fallow-bench-cuda-cores.log" \
     --prefill-mma-log "$WORK/prefill-mma.log" \
     --prefill-f32-log "$WORK/prefill-f32.log" --out "$OUT/summary.txt" ||
     echo "summary: FAILED rc=$?" | tee "$OUT/summary.txt"

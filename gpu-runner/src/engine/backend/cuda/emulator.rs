@@ -354,7 +354,7 @@ fn kernels_source() -> String {
     let mut source = String::from("#line 1 \"emulator.hpp\"\n");
     source.push_str(PRELUDE);
     source.push_str(
-        "\n#line 1 \"kernels (kernels.cu + attention.cu + prefill_mma.cu + pick.cu + quant.cu)\"\n",
+        "\n#line 1 \"kernels (kernels.cu + attention.cu + prefill_mma.cu + gemv_mma.cu + pick.cu + quant.cu)\"\n",
     );
     source.push_str(SOURCE);
     source.push('\n');

@@ -107,6 +107,8 @@ impl Gemm {
                     let kernel = GemvKernel {
                         name: part.kernels.gemv,
                         warps: QUANT_GEMV_WARPS,
+                        rows_per_block: QUANT_GEMV_WARPS,
+                        pairs_per_block: QUANT_GEMV_WARPS / 2,
                         shared_bytes: 0,
                         l2: None,
                         glu: None,
@@ -217,15 +219,20 @@ impl Gemm {
         GEMV_VARIANTS
             .iter()
             .find(|o| {
-                o.warps == v.warps && o.unroll == v.unroll && self.gemv_usable(o, n, cols, gated)
+                o.warps == v.warps
+                    && o.unroll == v.unroll
+                    && (o.tensor_cores, o.ksplit) == (v.tensor_cores, v.ksplit)
+                    && self.gemv_usable(o, n, cols, gated)
             })
             .unwrap_or(&GEMV_VARIANTS[DEFAULT_VARIANT])
     }
 
-    /// Whether variant `v` can serve `n` rows of `cols` inputs here: its x fits, and the
-    /// driver's compile of its kernel (plain or `gated`) launches blocks of its size.
+    /// Whether variant `v` can serve `n` rows of `cols` inputs here: its x fits, it has the
+    /// kernel (plain or `gated`), and the driver's compile of it launches blocks of its size.
     pub(super) fn gemv_usable(&self, v: &GemvVariant, n: usize, cols: usize, gated: bool) -> bool {
-        v.fits(n, cols) && self.launcher.fits(v.kernel(gated), (v.warps * 32) as u32)
+        v.fits(n, cols)
+            && v.kernel(gated)
+                .is_some_and(|k| self.launcher.fits(k, (v.warps * 32) as u32))
     }
 
     /// `out[n, rows] = x · wᵀ` through bf16 GEMV `pick` (a variant of [`GEMV_VARIANTS`] and
@@ -252,13 +259,19 @@ impl Gemm {
         let v = self.gemv_variant_run(pick.variant, n, cols, gated);
         // Nothing overlaps a plain launch: nothing to prefetch for before the wait.
         let before_wait = if self.launcher.early_start() {
-            self.l2_prefetch.row_bytes(rows, cols * 2)
+            self.l2_prefetch
+                .row_bytes(rows, cols * 2, v.rows_per_warp())
         } else {
             0
         };
+        let name = v
+            .kernel(gated)
+            .ok_or_else(|| CudaError::Failure(format!("GEMV {} has no gated form", v.name)))?;
         let kernel = GemvKernel {
-            name: v.kernel(gated),
+            name,
             warps: v.warps,
+            rows_per_block: v.rows_per_block(),
+            pairs_per_block: v.pairs_per_block(),
             shared_bytes: v.shared_bytes(n, cols) as u32,
             l2: Some([before_wait, pick.ahead]),
             glu,
@@ -354,7 +367,7 @@ pub struct NormAfter {
     pub eps: f32,
 }
 
-/// One GEMV kernel, its output columns per block and the dynamic shared memory it takes;
+/// One GEMV kernel, its warps and rows per block and the dynamic shared memory it takes;
 /// `l2` for the bf16 variants, which take a [`NormAfter`] (its fields) and then what they
 /// ask L2 for (kernels.cu's GemvL2): the bytes of each row before the wait ([`L2Prefetch`])
 /// and the distance kept ahead of the loads ([`GemvPick::ahead`]); `glu` for the plain bf16
@@ -362,6 +375,9 @@ pub struct NormAfter {
 struct GemvKernel {
     name: &'static str,
     warps: usize,
+    /// Weight rows a block serves in a plain product, and gate rows in a GLU-output one.
+    rows_per_block: usize,
+    pairs_per_block: usize,
     shared_bytes: u32,
     l2: Option<[u32; 2]>,
     glu: Option<i32>,
@@ -384,8 +400,12 @@ impl GemvKernel {
         norm: Option<&NormAfter>,
     ) -> Result<(), CudaError> {
         let (m, k, n_rows, ldo) = (rows as i32, cols as i32, n as i32, ldo as i32);
+        let blocks = match self.glu {
+            Some(act) if act >= 0 => (rows / 2).div_ceil(self.pairs_per_block),
+            _ => rows.div_ceil(self.rows_per_block),
+        };
         let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(self.warps) as u32, 1, 1),
+            grid_dim: (blocks as u32, 1, 1),
             block_dim: ((self.warps * 32) as u32, 1, 1),
             shared_mem_bytes: self.shared_bytes,
         };

@@ -3,13 +3,18 @@
 //! lane, with or without the next tile's loads issued before the current tile is summed, x
 //! staged tile by tile or all at once), and each can keep L2 asked for [`AHEAD_BYTES`] of its
 //! weight row past the tile it loads (bulk prefetches: more bytes in flight than its
-//! registers hold); all compute the same bits. Which one streams a matrix fastest depends on
+//! registers hold); all compute the same bits. The tensor-core GEMV (`m8s4`, …, gemv_mma.cu:
+//! 16 rows per warp in m16n8k16 tiles, where the CUDA cores' FMAs per weight would set a
+//! few-row product's pace) sums in the hardware's order instead: close, not the same bits,
+//! and only plain products (no gated form) of inputs in whole 32s. Which one streams a
+//! matrix fastest depends on
 //! the GPU and on the matrix (how many blocks fill the SMs, how long each walks K), so at
 //! load the backend times every variant at every distance on the model's own matrices at 1,
 //! 4 and 8 token rows and keeps the fastest per shape ([`CudaBackend::tune_gemv`]); a product
 //! of `n` rows uses the choice made for the smallest tuned row count ≥ `n`.
 //! `FALLOW_CUDA_GEMV=w8u4` (a variant's name, optionally with a distance: `w8u4:2048`) skips
-//! the timing and uses that everywhere.
+//! the timing and uses that everywhere; `FALLOW_CUDA_TENSOR_GEMV=0` times the CUDA-core
+//! variants only.
 
 use std::collections::HashMap;
 
@@ -20,13 +25,20 @@ use super::gemm::{GemvForm, GEMV_MAX_ROWS};
 use super::weights::{DeviceMatrix, Storage};
 use super::{CudaBackend, CudaError};
 
-/// One instantiation of kernels.cu's `GEMV_BF16(W, U)`.
+/// One instantiation of kernels.cu's `GEMV_BF16(W, U)`, or of gemv_mma.cu's `GEMV_MMA(W, S)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemvVariant {
     pub name: &'static str,
-    /// Output columns (warps) per block.
+    /// Warps per block.
     pub warps: usize,
-    /// 16-byte loads of W in flight per lane.
+    /// On the tensor cores (gemv_mma.cu): a warp's tile is [`MMA_TILE_ROWS`] weight rows
+    /// (on the CUDA cores a warp computes one row).
+    pub tensor_cores: bool,
+    /// On the tensor cores, whether the block's warps share one tile, each summing a share
+    /// of K (else each warp has its own tile and walks all of K).
+    pub ksplit: bool,
+    /// 16-byte loads of W in flight per lane (on the tensor cores: 32-input steps, two
+    /// loads each).
     pub unroll: usize,
     /// Whether the next tile's loads go out before the current tile is summed.
     pub prefetch: bool,
@@ -34,8 +46,15 @@ pub struct GemvVariant {
     /// only for products whose x fits ([`GemvVariant::fits`]).
     pub resident: bool,
     pub plain: &'static str,
-    pub gated: &'static str,
+    /// The down projection activating [gate | up] rows as it stages them (none on the tensor
+    /// cores).
+    pub gated: Option<&'static str>,
 }
+
+/// Weight rows of a tensor-core GEMV's tile (MMA_ROWS in gemv_mma.cu): one m16n8k16 tile.
+pub const MMA_TILE_ROWS: usize = 16;
+/// Inputs per step of the tensor-core GEMV (MMA_STEP): K must be a multiple.
+const MMA_STEP: usize = 32;
 
 /// Shared memory a resident variant may take (GEMV_RESIDENT_BYTES in kernels.cu: of the 48 KiB
 /// a block gets without opting in to more, what the kernel's static shared memory leaves).
@@ -51,17 +70,48 @@ impl GemvVariant {
         }
     }
 
-    /// Whether this variant's shared memory can serve `n` rows of `cols` inputs.
+    /// Whether this variant can serve `n` rows of `cols` inputs: its shared memory holds
+    /// them, and on the tensor cores `cols` is whole steps.
     pub fn fits(&self, n: usize, cols: usize) -> bool {
         self.shared_bytes(n, cols) <= RESIDENT_BYTES
+            && (!self.on_tensor_cores() || cols.is_multiple_of(MMA_STEP))
     }
 
-    /// The kernel: the plain product, or the down projection with the activation fused.
-    pub fn kernel(&self, gated: bool) -> &'static str {
+    /// Whether this is the tensor-core GEMV. Its sums are the hardware's, in its own order:
+    /// close to the CUDA-core variants', not their bits (which all variants there share).
+    pub fn on_tensor_cores(&self) -> bool {
+        self.tensor_cores
+    }
+
+    /// Weight rows one block of a plain product serves.
+    pub fn rows_per_block(&self) -> usize {
+        match (self.tensor_cores, self.ksplit) {
+            (false, _) => self.warps,
+            (true, false) => self.warps * MMA_TILE_ROWS,
+            (true, true) => MMA_TILE_ROWS,
+        }
+    }
+
+    /// Gate rows (each with its up row) one block of a GLU-output product serves.
+    pub fn pairs_per_block(&self) -> usize {
+        match (self.tensor_cores, self.ksplit) {
+            (true, true) => MMA_TILE_ROWS,
+            _ => self.rows_per_block() / 2,
+        }
+    }
+
+    /// Weight rows per warp, as resident warps hold rows: 1 on the CUDA cores.
+    pub fn rows_per_warp(&self) -> usize {
+        (self.rows_per_block() / self.warps).max(1)
+    }
+
+    /// The kernel: the plain product, or the down projection with the activation fused
+    /// (`None` where the variant has none).
+    pub fn kernel(&self, gated: bool) -> Option<&'static str> {
         if gated {
             self.gated
         } else {
-            self.plain
+            Some(self.plain)
         }
     }
 }
@@ -75,17 +125,40 @@ const fn variant(
     GemvVariant {
         name,
         warps,
+        tensor_cores: false,
+        ksplit: false,
         unroll,
         prefetch,
         resident,
         plain,
-        gated,
+        gated: Some(gated),
+    }
+}
+
+/// A tensor-core variant: `warps` per block, `steps` in flight per lane (and as many more
+/// requested before they are summed), K split over the block's warps or not.
+const fn mma_variant(
+    name: &'static str,
+    (warps, steps, ksplit): (usize, usize, bool),
+    plain: &'static str,
+) -> GemvVariant {
+    GemvVariant {
+        name,
+        warps,
+        tensor_cores: true,
+        ksplit,
+        unroll: steps,
+        prefetch: true,
+        resident: false,
+        plain,
+        gated: None,
     }
 }
 
 /// Every instantiation, as kernels.cu's `GEMV_BF16` lines make them: each shape plain, with
-/// prefetching (suffix `p`), and with x resident (suffix `r`).
-pub const GEMV_VARIANTS: [GemvVariant; 18] = [
+/// prefetching (suffix `p`), and with x resident (suffix `r`); then gemv_mma.cu's
+/// (`m<warps>s<steps>`, `k` where the warps split K).
+pub const GEMV_VARIANTS: [GemvVariant; 26] = [
     variant(
         "w4u4",
         (4, 4, false, false),
@@ -194,6 +267,14 @@ pub const GEMV_VARIANTS: [GemvVariant; 18] = [
         "gemv_bf16_w16u8r",
         "gemv_bf16_gated_w16u8r",
     ),
+    mma_variant("m4s2", (4, 2, false), "gemv_mma_w4s2"),
+    mma_variant("m4s4", (4, 4, false), "gemv_mma_w4s4"),
+    mma_variant("m8s2", (8, 2, false), "gemv_mma_w8s2"),
+    mma_variant("m8s4", (8, 4, false), "gemv_mma_w8s4"),
+    mma_variant("m4s2k", (4, 2, true), "gemv_mma_w4s2k"),
+    mma_variant("m4s4k", (4, 4, true), "gemv_mma_w4s4k"),
+    mma_variant("m8s2k", (8, 2, true), "gemv_mma_w8s2k"),
+    mma_variant("m8s4k", (8, 4, true), "gemv_mma_w8s4k"),
 ];
 
 /// The variant used for a shape no timing chose (8 columns per block, 4 loads per lane).
@@ -267,6 +348,9 @@ pub struct GemvShape {
 pub struct GemvChoice {
     forced: Option<GemvPick>,
     tuned: HashMap<GemvShape, GemvPick>,
+    /// Whether timing leaves the tensor-core variants out (`FALLOW_CUDA_TENSOR_GEMV=0`: what
+    /// they win, measured against the CUDA cores alone).
+    cuda_cores_only: bool,
 }
 
 impl GemvChoice {
@@ -279,8 +363,23 @@ impl GemvChoice {
         };
         Ok(GemvChoice {
             forced,
-            tuned: HashMap::new(),
+            ..GemvChoice::default()
         })
+    }
+
+    /// Leaves the tensor-core variants out of the timing or not (`setting`:
+    /// `FALLOW_CUDA_TENSOR_GEMV`, `0` leaves them out).
+    pub fn with_tensor_cores(mut self, setting: Option<&str>) -> Self {
+        self.cuda_cores_only = setting == Some("0");
+        self
+    }
+
+    /// The variants at every distance timing chooses among, in the order they are timed.
+    pub fn candidates(&self) -> Vec<GemvPick> {
+        candidates()
+            .into_iter()
+            .filter(|p| !(self.cuda_cores_only && GEMV_VARIANTS[p.variant].on_tensor_cores()))
+            .collect()
     }
 
     /// Whether the choice is left to timing.
@@ -402,7 +501,7 @@ impl CudaBackend {
                 GemvForm::Plain
             };
             for batch in TUNED_ROWS {
-                let picks = candidates();
+                let picks = self.gemm.gemv_choice.candidates();
                 let mut times = Vec::with_capacity(picks.len());
                 for pick in &picks {
                     let variant = &GEMV_VARIANTS[pick.variant];
@@ -461,18 +560,29 @@ mod tests {
     fn every_variant_is_a_compiled_kernel_pair_with_a_unique_name() {
         for v in GEMV_VARIANTS {
             assert!(NAMES.contains(&v.plain), "{} missing from NAMES", v.plain);
-            assert!(NAMES.contains(&v.gated), "{} missing from NAMES", v.gated);
-            let suffix = match (v.prefetch, v.resident) {
-                (_, true) => "r",
-                (true, false) => "p",
-                (false, false) => "",
-            };
-            let name = format!("w{}u{}{suffix}", v.warps, v.unroll);
-            assert_eq!(v.name, name);
-            assert_eq!(v.plain, format!("gemv_bf16_{name}"));
-            assert_eq!(v.gated, format!("gemv_bf16_gated_{name}"));
+            if let Some(gated) = v.gated {
+                assert!(NAMES.contains(&gated), "{gated} missing from NAMES");
+            }
+            if v.on_tensor_cores() {
+                let k = if v.ksplit { "k" } else { "" };
+                assert_eq!(v.name, format!("m{}s{}{k}", v.warps, v.unroll));
+                assert_eq!(v.plain, format!("gemv_mma_w{}s{}{k}", v.warps, v.unroll));
+                assert_eq!(v.gated, None, "no gated form on the tensor cores");
+            } else {
+                let suffix = match (v.prefetch, v.resident) {
+                    (_, true) => "r",
+                    (true, false) => "p",
+                    (false, false) => "",
+                };
+                let name = format!("w{}u{}{suffix}", v.warps, v.unroll);
+                assert_eq!(v.name, name);
+                assert_eq!(v.plain, format!("gemv_bf16_{name}"));
+                assert_eq!(v.gated, Some(format!("gemv_bf16_gated_{name}").as_str()));
+            }
             assert_eq!(variant_named(v.name).map(|i| GEMV_VARIANTS[i]), Some(v));
         }
+        // A GLU pair's block splits its warps in two halves.
+        assert!(GEMV_VARIANTS.iter().all(|v| v.warps % 2 == 0));
         assert_eq!(GEMV_VARIANTS[DEFAULT_VARIANT].name, "w8u4");
     }
 
@@ -488,6 +598,31 @@ mod tests {
         assert!(!resident.fits(8, 4096));
         assert!(resident.fits(4, 4096));
         assert!(tiled.fits(8, 14336) && tiled.shared_bytes(8, 14336) == 0);
+    }
+
+    #[test]
+    fn a_tensor_core_variant_serves_plain_products_of_inputs_in_whole_steps() {
+        let mma = GEMV_VARIANTS[variant_named("m8s4").expect("listed")];
+        assert!(mma.on_tensor_cores());
+        assert!(mma.fits(8, 14336) && mma.fits(1, 576) && mma.fits(8, 4096));
+        assert!(!mma.fits(1, 264), "264 inputs are not whole 32-input steps");
+        assert_eq!(mma.kernel(false), Some("gemv_mma_w8s4"));
+        assert_eq!(mma.kernel(true), None);
+        let cuda_cores = GEMV_VARIANTS[DEFAULT_VARIANT];
+        assert!(!cuda_cores.on_tensor_cores() && cuda_cores.fits(1, 264));
+    }
+
+    #[test]
+    fn blocks_serve_a_warp_per_row_a_tile_per_warp_or_one_tile_split_over_k() {
+        let rows = |name| {
+            let v = GEMV_VARIANTS[variant_named(name).expect("listed")];
+            (v.rows_per_block(), v.pairs_per_block(), v.rows_per_warp())
+        };
+        assert_eq!(rows("w8u4"), (8, 4, 1));
+        assert_eq!(rows("m8s4"), (128, 64, 16));
+        // Llama-3 8B's output projection: 256 blocks of 8 warps instead of 32.
+        assert_eq!(rows("m8s4k"), (16, 16, 2));
+        assert_eq!(rows("m4s2k"), (16, 16, 4));
     }
 
     #[test]
@@ -550,6 +685,16 @@ mod tests {
         assert_eq!(picks.len(), GEMV_VARIANTS.len() * AHEAD_BYTES.len());
         assert!(picks.contains(&GemvPick::DEFAULT));
         assert!(AHEAD_BYTES.iter().all(|a| a % 16 == 0));
+        let timed = GemvChoice::from_setting(None).expect("auto");
+        assert_eq!(timed.candidates(), picks);
+        let cuda_cores = timed.with_tensor_cores(Some("0")).candidates();
+        assert!(cuda_cores.contains(&GemvPick::DEFAULT));
+        assert!(cuda_cores
+            .iter()
+            .all(|p| !GEMV_VARIANTS[p.variant].on_tensor_cores()));
+        assert!(cuda_cores.len() < picks.len());
+        let with = GemvChoice::from_setting(None).expect("auto");
+        assert_eq!(with.with_tensor_cores(Some("1")).candidates(), picks);
     }
 
     #[test]

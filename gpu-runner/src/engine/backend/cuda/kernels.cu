@@ -405,6 +405,18 @@ __device__ __forceinline__ bool last_block(int* counter, int blocks) {
     return last;
 }
 
+// With `norm` (its counter set), the GEMV's last block to finish ends the sub-block: the n
+// output rows added to the residual stream and normalised (add_rms_norm's arithmetic). Every
+// thread of the block calls it.
+__device__ __forceinline__ void gemv_end_norm(const GemvNorm& norm, const float* out, int ldo,
+                                              int M, int n) {
+    if (norm.done && last_block(norm.done, (int)gridDim.x)) {
+        for (int j = 0; j < n; j++)
+            add_rms_norm_row(norm.x + (size_t)j * M, out + (size_t)j * ldo, norm.post_w,
+                             norm.next_w, norm.out + (size_t)j * M, M, norm.eps);
+    }
+}
+
 #define GEMV_RESIDENT_BYTES (40 * 1024)
 
 // This lane's UNROLL chunks (of `chunks`) of one tile of a weight row.
@@ -624,11 +636,7 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
         return;
     }
     gemv_write(acc, out + m, (size_t)ldo, m < M, n);
-    if (norm.done && last_block(norm.done, (int)gridDim.x)) {
-        for (int j = 0; j < n; j++)
-            add_rms_norm_row(norm.x + (size_t)j * M, out + (size_t)j * ldo, norm.post_w,
-                             norm.next_w, norm.out + (size_t)j * M, M, norm.eps);
-    }
+    gemv_end_norm(norm, out, ldo, M, n);
 }
 
 // The kernels take GemvNorm's fields one by one (plain parameters, as every launch passes).

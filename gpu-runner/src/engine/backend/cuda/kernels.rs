@@ -10,18 +10,19 @@ use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
 /// The kernel source (also compiled by the PTX test on machines without a GPU): the step's
-/// row kernels and GEMV with the helpers all share, attention, token picking, and the
-/// kernels that read GGUF block formats.
+/// row kernels and GEMV with the helpers all share, attention, the tensor-core GEMV, token
+/// picking, and the kernels that read GGUF block formats.
 pub const SOURCE: &str = concat!(
     include_str!("kernels.cu"),
     include_str!("attention.cu"),
     include_str!("prefill_mma.cu"),
+    include_str!("gemv_mma.cu"),
     include_str!("pick.cu"),
     include_str!("quant.cu")
 );
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 72] = [
+pub const NAMES: [&str; 80] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -76,6 +77,14 @@ pub const NAMES: [&str; 72] = [
     "gemv_bf16_gated_w16u4r",
     "gemv_bf16_w16u8r",
     "gemv_bf16_gated_w16u8r",
+    "gemv_mma_w4s2",
+    "gemv_mma_w4s4",
+    "gemv_mma_w8s2",
+    "gemv_mma_w8s4",
+    "gemv_mma_w4s2k",
+    "gemv_mma_w4s4k",
+    "gemv_mma_w8s2k",
+    "gemv_mma_w8s4k",
     "mask_rows",
     "pick_rows",
     "gemv_q4_0",
@@ -542,7 +551,7 @@ mod tests {
         use super::super::prefill::PrefillKernel;
         if let Some(v) = GEMV_VARIANTS
             .iter()
-            .find(|v| v.plain == name || v.gated == name)
+            .find(|v| v.plain == name || v.gated == Some(name))
         {
             let dynamic = if v.resident { RESIDENT_BYTES } else { 0 };
             return ((v.warps * 32) as u32, dynamic as u32);

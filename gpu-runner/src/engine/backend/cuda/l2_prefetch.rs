@@ -49,10 +49,11 @@ impl L2Prefetch {
         }
     }
 
-    /// Bytes of each row a GEMV over `rows` rows of `row_bytes` prefetches: the equal
-    /// share of the budget of the rows resident together, whole pieces, at most the row.
-    pub fn row_bytes(&self, rows: usize, row_bytes: usize) -> u32 {
-        let together = rows.min(self.resident_warps);
+    /// Bytes of each row a GEMV over `rows` rows of `row_bytes` prefetches, `rows_per_warp`
+    /// rows to a warp: the equal share of the budget of the rows resident together, whole
+    /// pieces, at most the row.
+    pub fn row_bytes(&self, rows: usize, row_bytes: usize, rows_per_warp: usize) -> u32 {
+        let together = rows.min(self.resident_warps * rows_per_warp.max(1));
         if together == 0 {
             return 0;
         }
@@ -82,25 +83,29 @@ mod tests {
     #[test]
     fn a_small_matrix_is_prefetched_whole_and_a_large_one_within_half_the_l2() {
         // Llama-3 8B's output projection: 4096 rows of 8 KiB (32 MiB) — 6.25 KiB of each.
-        let o = h200().row_bytes(4096, 8192);
+        let o = h200().row_bytes(4096, 8192, 1);
         assert_eq!(o, 6400);
         assert!(4096 * o as usize <= 25 << 20);
         // SmolLM2's (576 rows of 1152 bytes): all of it.
-        assert_eq!(h200().row_bytes(576, 1152), 1152);
+        assert_eq!(h200().row_bytes(576, 1152, 1), 1152);
         // The gate/up rows (28672 of 8 KiB): the 8448 resident warps' share.
-        let gate_up = h200().row_bytes(28672, 8192) as usize;
+        let gate_up = h200().row_bytes(28672, 8192, 1) as usize;
         assert_eq!(gate_up % 16, 0);
         assert!(8448 * gate_up <= 25 << 20 && 8448 * (gate_up + 16) > 25 << 20);
+        // On the tensor cores a warp holds 16 rows: all 28672 are resident together, each
+        // with its share of the same half of L2.
+        let mma = h200().row_bytes(28672, 8192, 16) as usize;
+        assert!(28672 * mma <= 25 << 20 && 28672 * (mma + 16) > 25 << 20);
     }
 
     #[test]
     fn the_setting_turns_prefetching_off() {
         let off = L2Prefetch::new(50 << 20, 132, 2048, Some("0"));
-        assert_eq!(off.row_bytes(4096, 8192), 0);
+        assert_eq!(off.row_bytes(4096, 8192, 1), 0);
         assert_eq!(off.attention_keys(), 0);
         assert_eq!(h200().attention_keys(), ATTENTION_KEYS);
-        assert_eq!(L2Prefetch::default().row_bytes(4096, 8192), 0);
-        assert_eq!(h200().row_bytes(0, 8192), 0);
+        assert_eq!(L2Prefetch::default().row_bytes(4096, 8192, 1), 0);
+        assert_eq!(h200().row_bytes(0, 8192, 1), 0);
         assert_eq!(
             L2Prefetch::new(50 << 20, 132, 2048, Some("1")),
             h200(),

@@ -198,7 +198,8 @@ impl CudaBackend {
         );
         gemm.gemv_choice =
             GemvChoice::from_setting(std::env::var("FALLOW_CUDA_GEMV").ok().as_deref())
-                .map_err(CudaError::Failure)?;
+                .map_err(CudaError::Failure)?
+                .with_tensor_cores(std::env::var("FALLOW_CUDA_TENSOR_GEMV").ok().as_deref());
         let split_min_keys = attention_split::min_partition_from_setting(
             std::env::var("FALLOW_CUDA_SPLIT_MIN_KEYS").ok().as_deref(),
         )

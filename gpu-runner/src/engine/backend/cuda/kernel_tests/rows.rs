@@ -3,7 +3,7 @@
 
 use super::{assert_close, from_bf16, Values};
 use crate::engine::backend::cuda::emulator::{Arg, Emulator};
-use crate::engine::backend::cuda::gemv_tune::GEMV_VARIANTS;
+use crate::engine::backend::cuda::gemv_tune::{GemvVariant, GEMV_VARIANTS};
 
 #[test]
 fn gemv_matches_a_plain_matrix_product_for_every_row_count() {
@@ -223,17 +223,32 @@ fn the_fused_down_projection_equals_the_activation_then_the_gemv() {
 fn a_gate_up_gemv_writing_the_activation_equals_the_product_then_gated_act() {
     let Some(emu) = Emulator::get() else { return };
     let mut values = Values(31);
-    // 37 pairs: a multiple of no block's half (2, 4 or 8 pairs).
-    let (f, k) = (37usize, 264usize);
+    // 37 pairs: a multiple of no block's half (2, 4 or 8 pairs; 32 or 64 on the tensor
+    // cores). K in whole 32-input steps, for those too.
+    let (f, k) = (37usize, 288usize);
     let mut w = values.bf16s(2 * f * k);
     for (act, n) in [(0i32, 1usize), (1, 3), (0, 8)] {
         let mut x = values.bf16s(n * k);
         for v in GEMV_VARIANTS {
-            let shape = GemvShape::new(2 * f, k, n, v.warps);
+            assert!(v.fits(n, k), "{}", v.name);
+            let shape = GemvShape::of(&v, 2 * f, k, n);
             let mut product = shape.run(emu, v.plain, &mut w, Arg::buf(&mut x), None);
             let want = gated_act(emu, &mut product, (n, f), act);
             let got = shape.run_glu(emu, v.plain, &mut w, Arg::buf(&mut x), act);
-            assert_eq!(got, want, "{}: act {act}, {n} rows", v.name);
+            let what = format!("{}: act {act}, {n} rows", v.name);
+            if v.ksplit {
+                // K shared by half the warps here, by all of them in the plain product: the
+                // same terms summed in other groups, within a bf16 rounding.
+                for (g, w) in got.iter().zip(&want) {
+                    let (g, w) = (from_bf16(*g), from_bf16(*w));
+                    assert!(
+                        (g - w).abs() <= w.abs() / 128.0 + 1e-6,
+                        "{what}: {g} vs {w}"
+                    );
+                }
+            } else {
+                assert_eq!(got, want, "{what}");
+            }
         }
     }
 }
@@ -250,7 +265,7 @@ fn every_gemv_variant_gives_the_same_bits() {
             let mut x = values.bf16s(n * k);
             let mut gate_up: Vec<f32> = values.vec(n * 2 * k);
             let mut want: Option<(Vec<f32>, Vec<f32>)> = None;
-            for v in GEMV_VARIANTS {
+            for v in GEMV_VARIANTS.iter().filter(|v| !v.on_tensor_cores()) {
                 // (Every case fits a resident x: 7 rows of 2056 are 28 KiB.)
                 assert!(v.fits(n, k), "{} at {n}x{k}", v.name);
                 // What each row asks of L2 (before the wait, ahead of the loads): nothing,
@@ -261,7 +276,9 @@ fn every_gemv_variant_gives_the_same_bits() {
                         ..GemvShape::new(m, k, n, v.warps)
                     };
                     let plain = shape.run(emu, v.plain, &mut w, Arg::buf(&mut x), None);
-                    let gated = shape.run(emu, v.gated, &mut w, Arg::buf(&mut gate_up), Some(1));
+                    let gated_kernel = v.gated.expect("a gated form on the CUDA cores");
+                    let gated =
+                        shape.run(emu, gated_kernel, &mut w, Arg::buf(&mut gate_up), Some(1));
                     match &want {
                         None => want = Some((plain, gated)),
                         Some((p, g)) => {
@@ -276,6 +293,43 @@ fn every_gemv_variant_gives_the_same_bits() {
     }
 }
 
+/// The tensor-core GEMV computes the product to f32 rounding (its sums in the hardware's
+/// order), for any token rows up to 8, M not a multiple of a warp's 16 rows or a block's, K
+/// of one step and of many (past two passes of loads), with whatever it asks of L2.
+#[test]
+fn every_tensor_core_gemv_computes_the_product() {
+    let Some(emu) = Emulator::get() else { return };
+    let mut values = Values(41);
+    for (m, k) in [(37usize, 2080usize), (19, 96), (70, 32)] {
+        let w = values.bf16s(m * k);
+        for n in [1usize, 3, 8] {
+            let x = values.bf16s(n * k);
+            let want: Vec<f32> = (0..n)
+                .flat_map(|j| (0..m).map(move |r| (j, r)))
+                .map(|(j, r)| {
+                    (0..k)
+                        .map(|i| {
+                            f64::from(from_bf16(w[r * k + i])) * f64::from(from_bf16(x[j * k + i]))
+                        })
+                        .sum::<f64>() as f32
+                })
+                .collect();
+            for v in GEMV_VARIANTS.iter().filter(|v| v.on_tensor_cores()) {
+                for l2 in [[0, 0], [0, 48], [-16, 0]] {
+                    let shape = GemvShape {
+                        l2,
+                        ..GemvShape::of(v, m, k, n)
+                    };
+                    let (mut w, mut x) = (w.clone(), x.clone());
+                    let got = shape.run(emu, v.plain, &mut w, Arg::buf(&mut x), None);
+                    let what = format!("{} at {m}x{k}, {n} rows, L2 {l2:?}", v.name);
+                    assert_close(&got, &want, 1e-3, &what);
+                }
+            }
+        }
+    }
+}
+
 /// Every bf16 GEMV variant, plain and gated, with the residual add and the next norm fused
 /// (its last block doing them) leaves the bits a GEMV then the `add_rms_norm` launch leave,
 /// with and without Gemma's post-norm, for the last block of a model (no next norm) too; and
@@ -284,8 +338,9 @@ fn every_gemv_variant_gives_the_same_bits() {
 fn a_gemv_with_the_norm_fused_leaves_the_bits_of_the_gemv_then_add_rms_norm() {
     let Some(emu) = Emulator::get() else { return };
     let mut values = Values(29);
-    // hidden (M) not a multiple of any block's columns, and past the 1024 sum slots.
-    let (m, k, eps) = (1100usize, 264usize, 1e-6f32);
+    // hidden (M) not a multiple of any block's columns, and past the 1024 sum slots; K in
+    // whole 32-input steps (the tensor cores' too).
+    let (m, k, eps) = (1100usize, 288usize, 1e-6f32);
     let mut w = values.bf16s(m * k);
     let mut post = values.vec(m);
     let mut next = values.vec(m);
@@ -294,11 +349,12 @@ fn a_gemv_with_the_norm_fused_leaves_the_bits_of_the_gemv_then_add_rms_norm() {
         let mut gate_up: Vec<f32> = values.vec(n * 2 * k);
         let residual = values.vec(n * m);
         for v in GEMV_VARIANTS {
-            let shape = GemvShape::new(m, k, n, v.warps);
-            for (name, input, act) in [
-                (v.plain, Arg::buf(&mut x_in), None),
-                (v.gated, Arg::buf(&mut gate_up), Some(0)),
-            ] {
+            let shape = GemvShape::of(&v, m, k, n);
+            let forms = [
+                Some((v.plain, Arg::buf(&mut x_in), None)),
+                v.gated.map(|g| (g, Arg::buf(&mut gate_up), Some(0))),
+            ];
+            for (name, input, act) in forms.into_iter().flatten() {
                 let what = format!("{name}, {n} rows, post-norm {sandwich}, last {last}");
                 // Separately: the product, then add_rms_norm over its rows.
                 let mut product = shape.run(emu, name, &mut w, input, act);
@@ -345,12 +401,15 @@ fn a_gemv_with_the_norm_fused_leaves_the_bits_of_the_gemv_then_add_rms_norm() {
     }
 }
 
-/// A GEMV launch of `n` rows through an `m`×`k` matrix, `warps` columns per block.
+/// A GEMV launch of `n` rows through an `m`×`k` matrix, `warps` per block serving
+/// `rows_per_block` output columns (`pairs_per_block` gate columns in a GLU-output product).
 struct GemvShape {
     m: usize,
     k: usize,
     n: usize,
     warps: usize,
+    rows_per_block: usize,
+    pairs_per_block: usize,
     /// What a bf16 kernel asks L2 for (kernels.cu's GemvL2, as i32 bits): bytes of each row
     /// before the wait, bytes ahead of the loads.
     l2: [i32; 2],
@@ -390,7 +449,18 @@ impl GemvShape {
             k,
             n,
             warps,
+            rows_per_block: warps,
+            pairs_per_block: warps / 2,
             l2: [-16, 0],
+        }
+    }
+
+    /// [`GemvShape::new`] for bf16 variant `v`.
+    fn of(v: &GemvVariant, m: usize, k: usize, n: usize) -> Self {
+        GemvShape {
+            rows_per_block: v.rows_per_block(),
+            pairs_per_block: v.pairs_per_block(),
+            ..GemvShape::new(m, k, n, v.warps)
         }
     }
 
@@ -458,7 +528,7 @@ impl GemvShape {
         if let Form::Gated(act) = form {
             args.push(Arg::I32(act));
         }
-        if name.starts_with("gemv_bf16") {
+        if name.starts_with("gemv_bf16") || name.starts_with("gemv_mma") {
             match norm {
                 Some(norm) => args.extend(norm.args()),
                 None => args.extend([Arg::Ptr(0); 5].into_iter().chain([Arg::F32(0.0)])),
@@ -470,7 +540,10 @@ impl GemvShape {
                 Form::Gated(_) => {}
             }
         }
-        let blocks = self.m.div_ceil(self.warps) as u32;
+        let blocks = match form {
+            Form::Glu(_) => (self.m / 2).div_ceil(self.pairs_per_block),
+            _ => self.m.div_ceil(self.rows_per_block),
+        } as u32;
         emu.launch(name, (blocks, 1, 1), 32 * self.warps as u32, &args);
     }
 }
