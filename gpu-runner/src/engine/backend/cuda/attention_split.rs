@@ -182,15 +182,7 @@ mod tests {
 
     #[test]
     fn the_kernel_is_built_for_the_splits_heads_and_keys_planned_here() {
-        let defines = |name: &str| -> Vec<String> {
-            super::super::kernels::SOURCE
-                .lines()
-                .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
-                    ["#define", n, value, ..] if n == name => Some(value.to_string()),
-                    _ => None,
-                })
-                .collect()
-        };
+        use super::super::kernels::source_defines;
         let per_warp: usize = 4;
         for (name, value) in [
             ("ATTN_MAX_SPLITS", MAX_SPLITS),
@@ -198,7 +190,11 @@ mod tests {
             ("ATTN_KEYS", per_warp),
             ("ATTN_WARPS", KEYS_PER_ITERATION / per_warp),
         ] {
-            assert_eq!(defines(name), [value.to_string()], "{name} in attention.cu");
+            assert_eq!(
+                source_defines(name),
+                [value.to_string()],
+                "{name} in attention.cu"
+            );
         }
     }
 

@@ -5,7 +5,8 @@
 // per weight and lane (at 8 rows the instructions, not the memory, set its pace); one mma
 // does 16 rows × 8 token rows × 16 inputs.
 //
-// A warp owns 16 weight rows and walks K in steps of 32 inputs. Lane l = 4g + q loads 16 bytes
+// A tile is 16 weight rows, walked over K in steps of 32 inputs (by one warp, or split over
+// a block's warps, see gemv_mma_t). Lane l = 4g + q loads 16 bytes
 // (8 inputs) of rows g and g + 8 and of x's token row g, at inputs 8q..8q+7 of the step, and
 // feeds them to two mmas as they are: a dot product may take its terms in any order, so the
 // fragments' 16 "columns" of the first mma are the step's inputs 8q + {0,1,2,3} of every q
@@ -13,11 +14,12 @@
 // memory for x (it stays in L1: every warp of the block reads the same bytes), and a warp's
 // weight load is 8 rows × 64 contiguous bytes.
 
-#define MMA_ROWS 16  // weight rows per warp (MMA_ROWS_PER_WARP in gemv_tune.rs)
-#define MMA_STEP 32  // inputs per step: two m16n8k16
+#define MMA_ROWS 16  // weight rows of a tile (MMA_TILE_ROWS in gemv_tune.rs)
+#define MMA_STEP 32  // inputs per step: two m16n8k16 (MMA_STEP in gemv_tune.rs)
 
-// The row this lane loads for tile row r (0..15) of a warp whose first row is m0, and
-// whether the row is the matrix's: rows past `last` read row `last` (results unused).
+// The row this lane loads for row r (0..15) of the tile from row `first` (`offset` rows on:
+// a GLU pair's up rows), and whether it is the matrix's: rows past `last` read row `last`
+// (their sums unused).
 struct MmaRow {
     const uint4* at;
     bool real;
@@ -45,6 +47,7 @@ template <int WARPS, int STEPS, bool KSPLIT>
 __device__ void gemv_mma_t(const bf16* __restrict__ w, const bf16* __restrict__ x,
                            float* __restrict__ out, int M, int K, int n, int ldo,
                            GemvNorm norm, GemvL2 l2, int glu) {
+    static_assert(WARPS % 2 == 0, "a GLU block pairs its two halves of warps");
     constexpr int HALF = WARPS / 2;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     // The warp's tile (its first row; a GLU pair's gate rows run to F, its up rows F on),

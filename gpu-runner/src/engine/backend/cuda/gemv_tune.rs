@@ -613,6 +613,18 @@ mod tests {
     }
 
     #[test]
+    fn the_tensor_core_kernel_is_built_for_the_tile_and_step_planned_here() {
+        use crate::engine::backend::cuda::kernels::source_defines;
+        for (name, value) in [("MMA_ROWS", MMA_TILE_ROWS), ("MMA_STEP", MMA_STEP)] {
+            assert_eq!(
+                source_defines(name),
+                [value.to_string()],
+                "{name} in gemv_mma.cu"
+            );
+        }
+    }
+
+    #[test]
     fn blocks_serve_a_warp_per_row_a_tile_per_warp_or_one_tile_split_over_k() {
         let rows = |name| {
             let v = GEMV_VARIANTS[variant_named(name).expect("listed")];

@@ -21,6 +21,19 @@ pub const SOURCE: &str = concat!(
     include_str!("quant.cu")
 );
 
+/// The values `#define NAME value` lines of [`SOURCE`] give `name` (tests check the constants
+/// the Rust side plans with against the kernels').
+#[cfg(test)]
+pub(super) fn source_defines(name: &str) -> Vec<&'static str> {
+    SOURCE
+        .lines()
+        .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            ["#define", n, value, ..] if n == name => Some(value),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Every kernel the backend launches, by name.
 pub const NAMES: [&str; 80] = [
     "embed",
