@@ -215,9 +215,15 @@ fn every_tiny_architecture_matches_the_cpu_backend_with_a_cached_prefix() {
         let artifacts = tiny(name);
         let vocab = artifacts.config.vocab_size;
         let (mut cpu, mut cuda) = backends(&artifacts);
-        // The GEMV variants timed as at load (the emulated driver's runs force one).
+        // The GEMV variants checked and timed as at load (the emulated driver's runs force
+        // one): every one computes the product here.
         cuda.set_gemv_variant("auto")
             .expect("the GEMV variants timed");
+        assert_eq!(
+            cuda.gemv_variants_rejected(),
+            Vec::<&str>::new(),
+            "{name}: GEMV variants whose product is wrong on this GPU"
+        );
         let tokens: Vec<u32> = (0..26u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
         let blocks = table(0, tokens.len());
         let split = 9;

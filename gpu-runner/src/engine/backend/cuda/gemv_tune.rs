@@ -351,6 +351,9 @@ pub struct GemvChoice {
     /// Whether timing leaves the tensor-core variants out (`FALLOW_CUDA_TENSOR_GEMV=0`: what
     /// they win, measured against the CUDA cores alone).
     cuda_cores_only: bool,
+    /// Variants whose product disagreed with the default's on this GPU
+    /// ([`super::gemv_check`]): never timed, never chosen.
+    rejected: Vec<usize>,
 }
 
 impl GemvChoice {
@@ -379,6 +382,20 @@ impl GemvChoice {
         candidates()
             .into_iter()
             .filter(|p| !(self.cuda_cores_only && GEMV_VARIANTS[p.variant].on_tensor_cores()))
+            .filter(|p| !self.rejected.contains(&p.variant))
+            .collect()
+    }
+
+    /// Leaves `variants` out of the timing (they computed the product wrongly here).
+    pub fn reject(&mut self, variants: &[usize]) {
+        self.rejected.extend_from_slice(variants);
+    }
+
+    /// The names of the variants left out because they computed the product wrongly here.
+    pub fn rejected(&self) -> Vec<&'static str> {
+        self.rejected
+            .iter()
+            .map(|&v| GEMV_VARIANTS[v].name)
             .collect()
     }
 
@@ -451,7 +468,8 @@ pub fn fastest(times: &[f32]) -> Option<usize> {
 }
 
 impl CudaBackend {
-    /// Times every GEMV variant at every distance on this model's bf16 matrices (QKV,
+    /// Checks every GEMV variant's product here ([`super::gemv_check`]), then times those
+    /// that agree at every distance on this model's bf16 matrices (QKV,
     /// output, gate/up, the down projection gated and plain, the LM head) at each of
     /// [`TUNED_ROWS`] and keeps the fastest per shape. Inputs are zeros: the time depends on
     /// shapes, not values. Well under a second at load; nothing when a variant is forced.
@@ -477,6 +495,24 @@ impl CudaBackend {
             ms.first()
                 .is_some_and(|m| matches!(m.storage, Storage::Bf16(_)) && m.cols.is_multiple_of(8))
         });
+        // Only variants that compute the product here are timed: checked on the smallest
+        // plain product's matrix.
+        let smallest = products
+            .iter()
+            .filter(|(_, gated, _)| !gated)
+            .filter_map(|(_, _, ms)| ms.first().copied())
+            .min_by_key(|m| m.rows * m.cols);
+        if let Some(m) = smallest {
+            let wrong = self.gemv_variants_that_disagree(m)?;
+            for &v in &wrong {
+                tracing::warn!(
+                    variant = GEMV_VARIANTS[v].name,
+                    "a GEMV variant's product disagrees with the default variant's on this GPU; \
+                     it is never chosen"
+                );
+            }
+            self.gemm.gemv_choice.reject(&wrong);
+        }
         let widest = products
             .iter()
             .filter_map(|(_, _, ms)| ms.first())
@@ -707,6 +743,13 @@ mod tests {
         assert!(cuda_cores.len() < picks.len());
         let with = GemvChoice::from_setting(None).expect("auto");
         assert_eq!(with.with_tensor_cores(Some("1")).candidates(), picks);
+        // A variant whose product was wrong here is never timed.
+        let mut checked = GemvChoice::from_setting(None).expect("auto");
+        let wrong = variant_named("m8s4").expect("listed");
+        checked.reject(&[wrong]);
+        assert!(checked.candidates().iter().all(|p| p.variant != wrong));
+        assert_eq!(checked.candidates().len(), picks.len() - AHEAD_BYTES.len());
+        assert_eq!(checked.rejected(), ["m8s4"]);
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod device;
 pub mod emulator;
 mod forward;
 mod gemm;
+mod gemv_check;
 mod gemv_tune;
 mod graphs;
 #[cfg(test)]
@@ -324,6 +325,13 @@ impl CudaBackend {
         self.gemm.gemv_choice = GemvChoice::from_setting(Some(name)).map_err(CudaError::Failure)?;
         self.graphs.clear();
         self.tune_gemv()
+    }
+
+    /// The bf16 GEMV variants left out at load because their product disagreed with the
+    /// default variant's on this GPU ([`gemv_check`]); empty where every kernel computes
+    /// what it should (the GPU conformance suite asserts so).
+    pub fn gemv_variants_rejected(&self) -> Vec<&'static str> {
+        self.gemm.gemv_choice.rejected()
     }
 
     /// Turns early starts (programmatic dependent launch, [`launch`]) on or off: on by
