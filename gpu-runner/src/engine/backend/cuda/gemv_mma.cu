@@ -83,12 +83,8 @@ __device__ void gemv_mma_t(const bf16* __restrict__ w, const bf16* __restrict__ 
     constexpr unsigned int PASS_BYTES = STEPS * MMA_STEP * 2u;
     unsigned int row_bytes = (unsigned int)K * 2u;
     if (q == 0 && live && part == 0) {
-        unsigned int lo = min(parts * PASS_BYTES, row_bytes);
-        unsigned int hi = min(max(l2.before_wait, lo + l2.ahead), row_bytes);
-        if (hi > lo) {
-            if (ra.real) l2_prefetch((const char*)(ra.at) + lo, hi - lo);
-            if (rb.real) l2_prefetch((const char*)(rb.at) + lo, hi - lo);
-        }
+        if (ra.real) l2.row_start(ra.at, parts * PASS_BYTES, row_bytes);
+        if (rb.real) l2.row_start(rb.at, parts * PASS_BYTES, row_bytes);
     }
     grid_dependency_sync();
 
@@ -119,13 +115,9 @@ __device__ void gemv_mma_t(const bf16* __restrict__ w, const bf16* __restrict__ 
         // warp's next one ends at pass + parts + 1: the tile's warps together ask for
         // consecutive ranges).
         if (l2.ahead > 0 && q == 0 && live) {
-            unsigned int hi = (unsigned int)(pass + parts + 1) * PASS_BYTES + l2.ahead;
-            unsigned int lo = hi - PASS_BYTES;
-            hi = min(hi, row_bytes);
-            if (lo < hi) {
-                if (ra.real) l2_prefetch((const char*)ra.at + lo, hi - lo);
-                if (rb.real) l2_prefetch((const char*)rb.at + lo, hi - lo);
-            }
+            unsigned int loaded = (unsigned int)(pass + parts + 1) * PASS_BYTES;
+            if (ra.real) l2.row_ahead(ra.at, loaded, PASS_BYTES, row_bytes);
+            if (rb.real) l2.row_ahead(rb.at, loaded, PASS_BYTES, row_bytes);
         }
 #pragma unroll
         for (int s = 0; s < STEPS; s++) {

@@ -4,8 +4,9 @@
 //! staged tile by tile or all at once), and each can keep L2 asked for [`AHEAD_BYTES`] of its
 //! weight row past the tile it loads (bulk prefetches: more bytes in flight than its
 //! registers hold); all compute the same bits. The tensor-core GEMV (`m8s4`, …, gemv_mma.cu:
-//! 16 rows per warp in m16n8k16 tiles, where the CUDA cores' FMAs per weight would set a
-//! few-row product's pace) sums in the hardware's order instead: close, not the same bits,
+//! m16n8k16 tiles of 16 rows, a warp's or a block's, where the CUDA cores' FMAs per weight
+//! would set a few-row product's pace) sums in the hardware's order instead: close, not the
+//! same bits,
 //! and only plain products (no gated form) of inputs in whole 32s. Which one streams a
 //! matrix fastest depends on
 //! the GPU and on the matrix (how many blocks fill the SMs, how long each walks K), so at

@@ -521,6 +521,24 @@ struct Bf16Rows {
 // depends on the GPU and the shape, so gemv_tune.rs times it with each variant). 0: none.
 struct GemvL2 {
     unsigned int before_wait, ahead;
+
+    // Before the wait: a row's bytes from `loaded` (what the first loads cover) up to
+    // `before_wait`, at least `ahead` of them.
+    __device__ __forceinline__ void row_start(const void* row, unsigned int loaded,
+                                              unsigned int row_bytes) const {
+        unsigned int lo = min(loaded, row_bytes);
+        unsigned int hi = min(max(before_wait, lo + ahead), row_bytes);
+        if (hi > lo) l2_prefetch((const char*)row + lo, hi - lo);
+    }
+
+    // In the loop: one pass's `pass` bytes of a row, `ahead` past `loaded` (the end of the
+    // loads in flight), so that consecutive passes ask for consecutive ranges.
+    __device__ __forceinline__ void row_ahead(const void* row, unsigned int loaded,
+                                              unsigned int pass, unsigned int row_bytes) const {
+        unsigned int hi = loaded + ahead, lo = hi - pass;
+        hi = min(hi, row_bytes);
+        if (lo < hi) l2_prefetch((const char*)row + lo, hi - lo);
+    }
 };
 
 // With `glu` >= 0 (an activation: 0 = SiLU, 1 = GELU) the product is the feed-forward's
@@ -561,12 +579,7 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
     uint4 wv[UNROLL];
     gemv_load_w<UNROLL>(wv, wrow, lane, min(TILE, K) / PER_CHUNK);
     constexpr unsigned int TILE_BYTES = TILE / PER_CHUNK * 16u;
-    if (lane == 0 && live) {
-        unsigned int row_bytes = (unsigned int)(K / PER_CHUNK) * 16u;
-        unsigned int first = min(TILE_BYTES, row_bytes);
-        unsigned int upto = min(max(l2.before_wait, first + l2.ahead), row_bytes);
-        if (upto > first) l2_prefetch((const char*)wrow + first, upto - first);
-    }
+    if (lane == 0 && live) l2.row_start(wrow, TILE_BYTES, (unsigned int)(K / PER_CHUNK) * 16u);
     grid_dependency_sync();
     if constexpr (RESIDENT) {
         // (Two gated chunks at a time: four hold 64 floats, past a 16-warp block's registers.)
@@ -612,11 +625,8 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
         // loses half its occupancy past 64).
         if (l2.ahead > 0 && lane == 0 && live) {
             unsigned int row_bytes = (unsigned int)(K / PER_CHUNK) * 16u;
-            unsigned int hi = (unsigned int)(k0 / PER_CHUNK) * 16u +
-                              (PREFETCH ? 2u : 1u) * TILE_BYTES + l2.ahead;
-            unsigned int lo = hi - TILE_BYTES;
-            hi = min(hi, row_bytes);
-            if (lo < hi) l2_prefetch((const char*)wrow + lo, hi - lo);
+            unsigned int loaded = (unsigned int)(k0 / PER_CHUNK) * 16u + (PREFETCH ? 2u : 1u) * TILE_BYTES;
+            l2.row_ahead(wrow, loaded, TILE_BYTES, row_bytes);
         }
         if constexpr (PREFETCH) {
 #pragma unroll
