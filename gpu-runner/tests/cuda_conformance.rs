@@ -88,19 +88,20 @@ fn runs_on() -> Option<Runs> {
             return None;
         } else {
             match emulator::install_driver() {
-                Ok(true) => {
-                    // Timing the GEMV variants at every load says nothing here and costs
-                    // seconds per tiny model: one variant (every one is compared bitwise in
-                    // the kernel tests; the tiny-architecture test times them as at load).
-                    if std::env::var_os("FALLOW_CUDA_GEMV").is_none() {
-                        std::env::set_var("FALLOW_CUDA_GEMV", "w8u4");
-                    }
-                    Runs::Emulated
-                }
+                Ok(true) => Runs::Emulated,
                 Ok(false) => return None,
                 Err(e) => panic!("emulated CUDA driver: {e}"),
             }
         };
+        // One GEMV variant for every backend the suite makes, on the GPU too: most tests
+        // compare two backends' logits bit for bit, and timing at each load may pick a
+        // tensor-core variant (sums in the hardware's order) in one and a CUDA-core one in
+        // the other. On the emulator timing also says nothing and costs seconds per model.
+        // The tiny-architecture test checks and times them as at load; the variant tests
+        // force each in turn.
+        if std::env::var_os("FALLOW_CUDA_GEMV").is_none() {
+            std::env::set_var("FALLOW_CUDA_GEMV", "w8u4");
+        }
         match device::probe(0) {
             Ok(info) => {
                 eprintln!("running on {info}");
@@ -215,8 +216,8 @@ fn every_tiny_architecture_matches_the_cpu_backend_with_a_cached_prefix() {
         let artifacts = tiny(name);
         let vocab = artifacts.config.vocab_size;
         let (mut cpu, mut cuda) = backends(&artifacts);
-        // The GEMV variants checked and timed as at load (the emulated driver's runs force
-        // one): every one computes the product here.
+        // The GEMV variants checked and timed as at load (the suite forces one, `runs_on`):
+        // every one computes the product here.
         cuda.set_gemv_variant("auto")
             .expect("the GEMV variants timed");
         assert_eq!(

@@ -11,7 +11,7 @@
 use cudarc::driver::LaunchConfig;
 
 use super::attention_split::{head_blocks, AttentionSplit};
-use super::gemm::NormAfter;
+use super::gemm::{GemvForm, NormAfter};
 use super::launch::KernelArgs;
 use super::step::{addr, grow, LOGPROB_STRIDE};
 use super::weights::DeviceMatrix;
@@ -297,10 +297,15 @@ impl CudaBackend {
     /// Whether the product of `n` rows through `w` ends its sub-block in the GEMV's last block
     /// ([`NormAfter`]) rather than with an `add_rms_norm` launch.
     fn norm_in_gemv(&self, w: &DeviceMatrix, n: usize, gated: bool) -> bool {
+        let form = if gated {
+            GemvForm::GatedInput(0)
+        } else {
+            GemvForm::Plain
+        };
         self.fused_norm
             && n <= FUSED_NORM_MAX_ROWS
             && self.gemm.fuses_into_gemv(w, n)
-            && last_block_ends_rows_of(self.config.hidden, self.gemm.gemv_threads(w, n, gated))
+            && last_block_ends_rows_of(self.config.hidden, self.gemm.gemv_threads(w, n, form))
     }
 
     /// The last product of a sub-block (`what` of `layer`, from `input`) into `proj`, then

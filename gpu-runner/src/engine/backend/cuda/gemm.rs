@@ -94,8 +94,8 @@ impl Gemm {
         let decode = n <= self.gemv_max_rows && w.cols.is_multiple_of(8);
         match &w.storage {
             Storage::Bf16(buf) if decode => {
-                let pick = self.gemv_choice.pick(w.rows, w.cols, false, n);
                 let form = GemvForm::Plain;
+                let pick = self.gemv_choice.pick(w.rows, w.cols, form, n);
                 self.gemv_bf16(pick, buf.ptr(), w.rows, w.cols, x, n, out, form, None)
             }
             Storage::Bf16(buf) => self.cublas(buf.ptr(), w.rows, w.cols, x, n, out),
@@ -164,8 +164,8 @@ impl Gemm {
         norm: Option<&NormAfter>,
     ) -> Result<(), CudaError> {
         let weights = self.fused_weights(w, n)?;
-        let pick = self.gemv_choice.pick(w.rows, w.cols, act.is_some(), n);
         let form = act.map_or(GemvForm::Plain, GemvForm::GatedInput);
+        let pick = self.gemv_choice.pick(w.rows, w.cols, form, n);
         self.gemv_bf16(pick, weights, w.rows, w.cols, x, n, out, form, norm)
     }
 
@@ -182,8 +182,8 @@ impl Gemm {
         act: i32,
     ) -> Result<(), CudaError> {
         let weights = self.fused_weights(w, n)?;
-        let pick = self.gemv_choice.pick(w.rows, w.cols, false, n);
         let form = GemvForm::GluOutput(act);
+        let pick = self.gemv_choice.pick(w.rows, w.cols, form, n);
         self.gemv_bf16(pick, weights, w.rows, w.cols, x, n, out, form, None)
     }
 
@@ -200,11 +200,12 @@ impl Gemm {
             })
     }
 
-    /// Threads per block of the bf16 GEMV that serves `n` rows through `w` (`gated`: the
-    /// down projection of [gate | up] rows).
-    pub fn gemv_threads(&self, w: &DeviceMatrix, n: usize, gated: bool) -> usize {
-        let chosen = self.gemv_choice.pick(w.rows, w.cols, gated, n).variant;
-        self.gemv_variant_run(chosen, n, w.cols, gated).warps * 32
+    /// Threads per block of the bf16 GEMV that serves `n` rows through `w` in `form`.
+    pub fn gemv_threads(&self, w: &DeviceMatrix, n: usize, form: GemvForm) -> usize {
+        let chosen = self.gemv_choice.pick(w.rows, w.cols, form, n).variant;
+        self.gemv_variant_run(chosen, n, w.cols, form.gated_input())
+            .warps
+            * 32
     }
 
     /// The variant that serves `n` rows of `cols` inputs when `variant` is asked for: itself
@@ -339,7 +340,7 @@ impl Gemm {
 }
 
 /// What a bf16 GEMV computes besides its product.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GemvForm {
     /// `out` = f32 rows of `x · wᵀ`, `x` bf16 rows.
     Plain,
@@ -349,6 +350,24 @@ pub enum GemvForm {
     /// `w` is the fused [gate | up] matrix and `out` bf16 rows of act(gate)·up, half as wide
     /// ([`Gemm::matmul_glu`]).
     GluOutput(i32),
+}
+
+impl GemvForm {
+    /// Whether the input is [gate | up] rows activated as they are staged: the gated
+    /// kernels (CUDA cores only).
+    pub fn gated_input(self) -> bool {
+        matches!(self, GemvForm::GatedInput(_))
+    }
+
+    /// The form as the tuner keys its choices: the activation does not change which variant
+    /// is fastest, the form does (a GLU-output block pairs gate and up rows).
+    pub fn timed_as(self) -> GemvForm {
+        match self {
+            GemvForm::Plain => GemvForm::Plain,
+            GemvForm::GatedInput(_) => GemvForm::GatedInput(0),
+            GemvForm::GluOutput(_) => GemvForm::GluOutput(0),
+        }
+    }
 }
 
 /// The end of a sub-block that a bf16 GEMV's last block performs after the product (kernels.cu's

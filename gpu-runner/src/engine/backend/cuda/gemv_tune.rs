@@ -11,7 +11,8 @@
 //! matrix fastest depends on
 //! the GPU and on the matrix (how many blocks fill the SMs, how long each walks K), so at
 //! load the backend times every variant at every distance on the model's own matrices at 1,
-//! 4 and 8 token rows and keeps the fastest per shape ([`CudaBackend::tune_gemv`]); a product
+//! 4 and 8 token rows, in each form a step runs them (plain, gated input, GLU output), and
+//! keeps the fastest per shape and form ([`CudaBackend::tune_gemv`]); a product
 //! of `n` rows uses the choice made for the smallest tuned row count ≥ `n`.
 //! `FALLOW_CUDA_GEMV=w8u4` (a variant's name, optionally with a distance: `w8u4:2048`) skips
 //! the timing and uses that everywhere; `FALLOW_CUDA_TENSOR_GEMV=0` times the CUDA-core
@@ -334,13 +335,13 @@ pub fn variant_named(name: &str) -> Option<usize> {
     GEMV_VARIANTS.iter().position(|v| v.name == name)
 }
 
-/// A product's shape as the choice is keyed: `[rows, cols]` weights, the gated down
-/// projection or not, and the tuned row count.
+/// A product's shape as the choice is keyed: `[rows, cols]` weights, the form (as
+/// [`GemvForm::timed_as`] keys it) and the tuned row count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GemvShape {
     pub rows: usize,
     pub cols: usize,
-    pub gated: bool,
+    pub form: GemvForm,
     pub batch: usize,
 }
 
@@ -405,21 +406,25 @@ impl GemvChoice {
         self.forced.is_none()
     }
 
-    /// The variant and distance for `n` rows through `[rows, cols]` weights.
-    pub fn pick(&self, rows: usize, cols: usize, gated: bool, n: usize) -> GemvPick {
+    /// The variant and distance for `n` rows through `[rows, cols]` weights in `form`.
+    pub fn pick(&self, rows: usize, cols: usize, form: GemvForm, n: usize) -> GemvPick {
         if let Some(p) = self.forced {
             return p;
         }
         let shape = GemvShape {
             rows,
             cols,
-            gated,
+            form: form.timed_as(),
             batch: bucket(n),
         };
         self.tuned.get(&shape).copied().unwrap_or(GemvPick::DEFAULT)
     }
 
     pub fn record(&mut self, shape: GemvShape, pick: GemvPick) {
+        let shape = GemvShape {
+            form: shape.form.timed_as(),
+            ..shape
+        };
         self.tuned.insert(shape, pick);
     }
 }
@@ -470,41 +475,50 @@ pub fn fastest(times: &[f32]) -> Option<usize> {
 
 impl CudaBackend {
     /// Checks every GEMV variant's product here ([`super::gemv_check`]), then times those
-    /// that agree at every distance on this model's bf16 matrices (QKV,
-    /// output, gate/up, the down projection gated and plain, the LM head) at each of
-    /// [`TUNED_ROWS`] and keeps the fastest per shape. Inputs are zeros: the time depends on
+    /// that agree at every distance on this model's bf16 matrices, in each form a decode
+    /// step runs them (QKV, output, gate/up plain and writing the activation, the down
+    /// projection gated and plain, the LM head) at each of [`TUNED_ROWS`] and keeps the
+    /// fastest per shape and form. Inputs are zeros: the time depends on
     /// shapes, not values. Well under a second at load; nothing when a variant is forced.
     pub(super) fn tune_gemv(&mut self) -> Result<(), CudaError> {
         if !self.gemm.gemv_choice.is_timed() {
             return Ok(());
         }
         let layers = &self.weights.layers;
-        let mut products: Vec<(&str, bool, Vec<&DeviceMatrix>)> = vec![
-            ("qkv", false, layers.iter().map(|l| &l.wqkv).collect()),
-            ("o", false, layers.iter().map(|l| &l.wo).collect()),
+        let gate_up: Vec<&DeviceMatrix> = layers.iter().map(|l| &l.w_gate_up).collect();
+        let down: Vec<&DeviceMatrix> = layers.iter().map(|l| &l.w_down).collect();
+        let mut products: Vec<(&str, GemvForm, Vec<&DeviceMatrix>)> = vec![
             (
-                "gate_up",
-                false,
-                layers.iter().map(|l| &l.w_gate_up).collect(),
+                "qkv",
+                GemvForm::Plain,
+                layers.iter().map(|l| &l.wqkv).collect(),
             ),
-            ("down", true, layers.iter().map(|l| &l.w_down).collect()),
-            // Of the activation the gate/up GEMV wrote (forward.rs's fused GLU).
-            ("down", false, layers.iter().map(|l| &l.w_down).collect()),
+            ("o", GemvForm::Plain, layers.iter().map(|l| &l.wo).collect()),
+            ("gate_up", GemvForm::Plain, gate_up.clone()),
+            // Writing act(gate)·up (forward.rs's fused GLU): blocks of paired gate and up
+            // rows, half as many of them (a tensor-core `k` block takes 16 pairs), so timed
+            // as such.
+            ("gate_up+act", GemvForm::GluOutput(0), gate_up),
+            ("down+act", GemvForm::GatedInput(0), down.clone()),
+            // Of the activation the gate/up GEMV wrote.
+            ("down", GemvForm::Plain, down),
         ];
-        products.push(("lm_head", false, vec![self.weights.lm_head()]));
+        products.push(("lm_head", GemvForm::Plain, vec![self.weights.lm_head()]));
         products.retain(|(_, _, ms)| {
             ms.first()
                 .is_some_and(|m| matches!(m.storage, Storage::Bf16(_)) && m.cols.is_multiple_of(8))
         });
         // Only variants that compute the product here are timed: checked on the smallest
-        // plain product's matrix.
-        let smallest = products
-            .iter()
-            .filter(|(_, gated, _)| !gated)
-            .filter_map(|(_, _, ms)| ms.first().copied())
-            .min_by_key(|m| m.rows * m.cols);
-        if let Some(m) = smallest {
-            let wrong = self.gemv_variants_that_disagree(m)?;
+        // plain product's matrix, and writing the activation through the gate/up matrix.
+        let first = |wanted: GemvForm| {
+            products
+                .iter()
+                .filter(|(_, form, _)| *form == wanted)
+                .filter_map(|(_, _, ms)| ms.first().copied())
+                .min_by_key(|m| m.rows * m.cols)
+        };
+        if let Some(m) = first(GemvForm::Plain) {
+            let wrong = self.gemv_variants_that_disagree(m, first(GemvForm::GluOutput(0)))?;
             for &v in &wrong {
                 tracing::warn!(
                     variant = GEMV_VARIANTS[v].name,
@@ -520,7 +534,7 @@ impl CudaBackend {
             .fold((0, 0), |(r, c), m| (r.max(m.rows), c.max(m.cols)));
         let n_max = GEMV_MAX_ROWS;
         let x = DeviceBuf::<u16>::zeros(&self.stream, n_max * widest.1)?;
-        let gate_up = DeviceBuf::<f32>::zeros(&self.stream, n_max * 2 * widest.1)?;
+        let gate_up_rows = DeviceBuf::<f32>::zeros(&self.stream, n_max * 2 * widest.1)?;
         let out = DeviceBuf::<f32>::zeros(&self.stream, n_max * widest.0)?;
         let event = || {
             self.ctx
@@ -529,20 +543,16 @@ impl CudaBackend {
         };
         let (start, stop) = (event()?, event()?);
         let mut choices = Vec::new();
-        for (what, gated, matrices) in &products {
-            let (rows, cols) = (matrices[0].rows, matrices[0].cols);
-            let input = if *gated { gate_up.ptr() } else { x.ptr() };
-            let form = if *gated {
-                GemvForm::GatedInput(0)
-            } else {
-                GemvForm::Plain
-            };
+        for (what, form, matrices) in &products {
+            let (rows, cols, form) = (matrices[0].rows, matrices[0].cols, *form);
+            let gated = form.gated_input();
+            let input = if gated { gate_up_rows.ptr() } else { x.ptr() };
             for batch in TUNED_ROWS {
                 let picks = self.gemm.gemv_choice.candidates();
                 let mut times = Vec::with_capacity(picks.len());
                 for pick in &picks {
                     let variant = &GEMV_VARIANTS[pick.variant];
-                    if !self.gemm.gemv_usable(variant, batch, cols, *gated) {
+                    if !self.gemm.gemv_usable(variant, batch, cols, gated) {
                         times.push(f32::NAN); // never chosen
                         continue;
                     }
@@ -568,7 +578,7 @@ impl CudaBackend {
                 let shape = GemvShape {
                     rows,
                     cols,
-                    gated: *gated,
+                    form,
                     batch,
                 };
                 self.gemm.gemv_choice.record(shape, picks[best]);
@@ -684,26 +694,44 @@ mod tests {
         let shape = |batch| GemvShape {
             rows: 6144,
             cols: 4096,
-            gated: false,
+            form: GemvForm::Plain,
             batch,
         };
         let pick = |variant, ahead| GemvPick { variant, ahead };
         choice.record(shape(1), pick(5, 2048));
         choice.record(shape(4), pick(1, 0));
-        assert_eq!(choice.pick(6144, 4096, false, 1), pick(5, 2048));
-        assert_eq!(choice.pick(6144, 4096, false, 3), pick(1, 0));
+        assert_eq!(choice.pick(6144, 4096, GemvForm::Plain, 1), pick(5, 2048));
+        assert_eq!(choice.pick(6144, 4096, GemvForm::Plain, 3), pick(1, 0));
         assert_eq!(
-            choice.pick(6144, 4096, false, 8),
+            choice.pick(6144, 4096, GemvForm::Plain, 8),
             GemvPick::DEFAULT,
             "untimed"
         );
         assert_eq!(
-            choice.pick(6144, 4096, true, 1),
+            choice.pick(6144, 4096, GemvForm::GatedInput(0), 1),
             GemvPick::DEFAULT,
             "the gated kernel is timed apart"
         );
+        // A GLU-output block pairs rows: timed apart from the plain product, for either
+        // activation.
+        choice.record(
+            GemvShape {
+                form: GemvForm::GluOutput(1),
+                ..shape(1)
+            },
+            pick(20, 0),
+        );
+        assert_eq!(
+            choice.pick(6144, 4096, GemvForm::GluOutput(0), 1),
+            pick(20, 0)
+        );
+        assert_eq!(
+            choice.pick(6144, 4096, GemvForm::GluOutput(1), 1),
+            pick(20, 0)
+        );
+        assert_eq!(choice.pick(6144, 4096, GemvForm::Plain, 1), pick(5, 2048));
         let forced = GemvChoice::from_setting(Some(GEMV_VARIANTS[3].name)).expect("a variant");
-        assert_eq!(forced.pick(6144, 4096, false, 1), pick(3, 0));
+        assert_eq!(forced.pick(6144, 4096, GemvForm::Plain, 1), pick(3, 0));
         assert!(!forced.is_timed());
     }
 
@@ -712,16 +740,16 @@ mod tests {
         assert!(GemvChoice::from_setting(None).is_ok_and(|c| c.is_timed()));
         assert!(GemvChoice::from_setting(Some("auto")).is_ok_and(|c| c.is_timed()));
         let c = GemvChoice::from_setting(Some("w16u8")).expect("a variant");
-        assert_eq!(c.pick(1, 8, false, 1).variant, 5);
+        assert_eq!(c.pick(1, 8, GemvForm::Plain, 1).variant, 5);
         let c = GemvChoice::from_setting(Some("w16u8:2048")).expect("a variant and distance");
         assert_eq!(
-            c.pick(1, 8, false, 1),
+            c.pick(1, 8, GemvForm::Plain, 1),
             GemvPick {
                 variant: 5,
                 ahead: 2048
             }
         );
-        assert_eq!(c.pick(1, 8, false, 1).name(), "w16u8:2048");
+        assert_eq!(c.pick(1, 8, GemvForm::Plain, 1).name(), "w16u8:2048");
         let err = GemvChoice::from_setting(Some("w3u3")).expect_err("no such variant");
         assert!(err.contains("w8u4"), "{err}");
         let err = GemvChoice::from_setting(Some("w8u4:100")).expect_err("not whole pieces");
