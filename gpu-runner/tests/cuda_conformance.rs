@@ -7,13 +7,14 @@
 //!   the second attends to a cached prefix, agree within bf16 tolerance;
 //! - a batch mixing prefill chunks and decodes of several sequences gives each sequence the
 //!   logits it gets alone (block tables, slots and per-token sequence indices line up);
-//! - the default model (SmolLM2 Q4_1) against llama.cpp's exact-math fixture (the CUDA
-//!   backend dequantizes, so that is its reference; see [`Case`]): 16 teacher-forced steps of
-//!   every reference prompt pick llama.cpp's token unless llama.cpp is within `NEAR_TIE` of a
-//!   tie, and llama.cpp's top-5 logprobs agree within `NEAR_TIE`;
+//! - the default model (SmolLM2 Q4_1) and Gemma 3 270M (Q4_K_M) against llama.cpp's
+//!   exact-math fixtures (the CUDA backend dequantizes, so that is its reference; see
+//!   [`Case`]): 16 teacher-forced steps of every reference prompt pick llama.cpp's token unless
+//!   llama.cpp is within `NEAR_TIE` of a tie, and llama.cpp's top-5 logprobs agree within
+//!   `NEAR_TIE`;
 //! - the whole engine on CUDA (continuous batching, chunked prefill, greedy tokens picked on
 //!   the device) generates llama.cpp's greedy tokens for concurrent requests up to the first
-//!   near tie;
+//!   near tie, on both models;
 //! - the device argmax equals the host argmax of the same logits; the GEMV kernel (decode)
 //!   equals cuBLAS; graph replays, split-K attention and early-started launches (sm_90)
 //!   compute what eager, unsplit, plainly launched steps do; the tensor-core prefill
@@ -21,8 +22,11 @@
 //!   (masks uploaded while the step runs, graphs ending before the picks) pick what the
 //!   host picks under the same masks.
 //!
-//! Without a usable GPU every test prints SKIPPED and passes: CI has none. The GPU machine
-//! runs this binary through `gpu-runner/scripts/gpu-check.sh`.
+//! Without a GPU (CI has none) the suite runs on the emulated driver, the kernels compiled
+//! for the CPU (`runs_on`): the real models' tests only with `FALLOW_CUDA_EMULATOR=all`
+//! (minutes each), but for Gemma 3's teacher-forced steps, which no GPU check carries; with
+//! neither a driver nor NVRTC every test prints SKIPPED. The GPU machine runs this binary
+//! through `gpu-runner/scripts/gpu-check.sh`.
 
 use std::path::PathBuf;
 
@@ -361,6 +365,12 @@ fn a_mixed_batch_gives_each_sequence_its_own_logits() {
 /// emulated driver a test that runs the default model takes minutes, so there only with
 /// `FALLOW_CUDA_EMULATOR=all`; the tiny fixtures run every path of the backend there.
 fn default_model_path_on_gpu() -> Option<PathBuf> {
+    model_path_on_gpu(&SMOLLM2)
+}
+
+/// `reference`'s file where the suite runs on a GPU, or on the emulated driver with
+/// `FALLOW_CUDA_EMULATOR=all` (real models take minutes there).
+fn model_path_on_gpu(reference: &Reference) -> Option<PathBuf> {
     if !gpu() {
         return None;
     }
@@ -368,11 +378,12 @@ fn default_model_path_on_gpu() -> Option<PathBuf> {
         && std::env::var("FALLOW_CUDA_EMULATOR").as_deref() != Ok("all")
     {
         eprintln!(
-            "SKIPPED: the default model on the emulated driver (FALLOW_CUDA_EMULATOR=all runs it)"
+            "SKIPPED: {} on the emulated driver (FALLOW_CUDA_EMULATOR=all runs it)",
+            reference.name
         );
         return None;
     }
-    default_model()
+    model_file(reference)
 }
 
 /// The default model's artifacts, where [`default_model_path_on_gpu`] gives its file.
@@ -408,22 +419,54 @@ fn spread_prompt(len: u32, vocab: u32) -> Vec<u32> {
 }
 
 fn default_model() -> Option<PathBuf> {
+    model_file(&SMOLLM2)
+}
+
+/// A model llama.cpp's exact-math fixture was made from: its GGUF (in `models/`, or
+/// `FALLOW_MODELS_DIR`) and the fixture.
+struct Reference {
+    name: &'static str,
+    file: &'static str,
+    fixture: &'static str,
+    /// How `scripts/fetch-models.sh` fetches it.
+    fetch: &'static str,
+}
+
+/// The default model.
+const SMOLLM2: Reference = Reference {
+    name: "SmolLM2",
+    file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    fixture: "smollm2_logits_f32.json",
+    fetch: "scripts/fetch-models.sh",
+};
+
+/// Gemma 3 270M: sliding-window layers, q/k norms, sandwich norms, GELU, a 262144-token
+/// vocabulary, K-quant blocks.
+const GEMMA3: Reference = Reference {
+    name: "Gemma 3 270M",
+    file: "gemma-3-270m-Q4_K_M.gguf",
+    fixture: "gemma3_logits_f32.json",
+    fetch: "scripts/fetch-models.sh --gemma",
+};
+
+fn model_file(reference: &Reference) -> Option<PathBuf> {
     let dir = std::env::var("FALLOW_MODELS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|_| repo_root().join("models"));
-    let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let path = dir.join(reference.file);
     if path.exists() {
         Some(path)
     } else {
         eprintln!(
-            "SKIPPED: {} is absent (scripts/fetch-models.sh)",
-            path.display()
+            "SKIPPED: {} is absent ({})",
+            path.display(),
+            reference.fetch
         );
         None
     }
 }
 
-/// One case of llama.cpp's exact-math fixture (`smollm2_logits_f32.json`: the GGUF's
+/// One case of llama.cpp's exact-math fixture (`smollm2_logits_f32.json`, …: the GGUF's
 /// weights dequantized to f32, f32 activations and KV cache). The CUDA backend computes
 /// with the same dequantized weights (rounded to bf16) and bf16 activations, so this is its
 /// reference; the CPU backend quantizes activations like llama.cpp's quantized run and
@@ -437,8 +480,10 @@ struct Case {
     top: Vec<Vec<(u32, f32)>>,
 }
 
-fn exact_cases() -> Vec<Case> {
-    let path = repo_root().join("gpu-runner/tests/fixtures/smollm2_logits_f32.json");
+fn exact_cases(reference: &Reference) -> Vec<Case> {
+    let path = repo_root()
+        .join("gpu-runner/tests/fixtures")
+        .join(reference.fixture);
     let text = std::fs::read_to_string(&path).expect("fixture is committed");
     let json: serde_json::Value = serde_json::from_str(&text).expect("fixture parses");
     let ids = |v: &serde_json::Value| -> Vec<u32> {
@@ -500,14 +545,38 @@ fn the_default_model_follows_llama_cpp_exact_math_for_16_teacher_forced_steps() 
     let artifacts = model::open(&path).expect("model opens");
     // Prefills of many tokens: bf16 weights, or the file's blocks expanded per product.
     for storage in [CudaWeights::Bf16, CudaWeights::Quantized] {
-        follows_llama_cpp_exact_math(&artifacts, storage);
+        follows_llama_cpp_exact_math(&SMOLLM2, &artifacts, storage);
     }
 }
 
-fn follows_llama_cpp_exact_math(artifacts: &ModelArtifacts, storage: CudaWeights) {
+#[test]
+fn gemma_3_follows_llama_cpp_exact_math_for_16_teacher_forced_steps() {
+    // On the emulated driver too (about a minute; CI runs it): Gemma's file is too large to
+    // carry to the GPU machine, so this is where its kernels meet a real Gemma 3.
+    if !gpu() {
+        return;
+    }
+    let Some(path) = model_file(&GEMMA3) else {
+        return;
+    };
+    let artifacts = model::open(&path).expect("model opens");
+    // Prompts shorter than the 512-token window: every layer attends to all of them.
+    for storage in [CudaWeights::Bf16, CudaWeights::Quantized] {
+        follows_llama_cpp_exact_math(&GEMMA3, &artifacts, storage);
+    }
+}
+
+/// `reference`'s prompts, each with its first greedy tokens, prefilled through the CUDA
+/// backend: at each step the logprobs of llama.cpp's top 5 within `NEAR_TIE`, and the argmax
+/// llama.cpp's token unless it was near a tie there.
+fn follows_llama_cpp_exact_math(
+    reference: &Reference,
+    artifacts: &ModelArtifacts,
+    storage: CudaWeights,
+) {
     let mut worst_lp = 0f32;
     let mut flips = 0;
-    for (case_no, case) in exact_cases().iter().enumerate() {
+    for (case_no, case) in exact_cases(reference).iter().enumerate() {
         let mut cuda = cuda_with(artifacts, storage);
         // Prompt + the first STEPS-1 greedy tokens in one prefill, all positions' logits:
         // row prompt_len-1+i predicts greedy_ids[i].
@@ -533,8 +602,9 @@ fn follows_llama_cpp_exact_math(artifacts: &ModelArtifacts, storage: CudaWeights
             if ours != case.greedy_ids[i] {
                 assert!(
                     case.gaps[i] < NEAR_TIE,
-                    "prompt {case_no}, step {i}: CUDA picked {ours}, llama.cpp {} with a gap \
-                     of {}",
+                    "{} prompt {case_no}, step {i}: CUDA picked {ours}, llama.cpp {} with a \
+                     gap of {}",
+                    reference.name,
                     case.greedy_ids[i],
                     case.gaps[i]
                 );
@@ -543,12 +613,14 @@ fn follows_llama_cpp_exact_math(artifacts: &ModelArtifacts, storage: CudaWeights
         }
     }
     eprintln!(
-        "SmolLM2 ({storage:?}) vs llama.cpp f32: max |Δ logprob| over llama.cpp's top-5 = \
-         {worst_lp:.4}; {flips} near-tie flips in {STEPS} steps of every prompt"
+        "{} ({storage:?}) vs llama.cpp f32: max |Δ logprob| over llama.cpp's top-5 = \
+         {worst_lp:.4}; {flips} near-tie flips in {STEPS} steps of every prompt",
+        reference.name
     );
     assert!(
         worst_lp <= NEAR_TIE,
-        "{storage:?}: top-5 logprobs differ by {worst_lp}"
+        "{} ({storage:?}): top-5 logprobs differ by {worst_lp}",
+        reference.name
     );
 }
 
@@ -634,19 +706,27 @@ fn generate_all(device: Device, prompts: &[Vec<u32>], path: &std::path::Path) ->
 
 #[test]
 fn the_engine_on_cuda_generates_llama_cpp_exact_greedy_tokens_for_concurrent_requests() {
-    let Some(path) = default_model_path_on_gpu() else {
-        return;
-    };
-    let cases = exact_cases();
+    for reference in [&SMOLLM2, &GEMMA3] {
+        if let Some(path) = model_path_on_gpu(reference) {
+            generates_llama_cpp_greedy_tokens(reference, &path);
+        }
+    }
+}
+
+/// The engine on CUDA, given every prompt of `reference`'s fixture at once, generates
+/// llama.cpp's greedy tokens up to llama.cpp's first near tie.
+fn generates_llama_cpp_greedy_tokens(reference: &Reference, path: &std::path::Path) {
+    let cases = exact_cases(reference);
     let prompts: Vec<Vec<u32>> = cases.iter().map(|c| c.prompt_ids.clone()).collect();
     // Eight at a time with 32-token steps: chunked prefill beside decodes, greedy tokens
     // picked on the device.
-    let got = generate_all(Device::Cuda(0), &prompts, &path);
+    let got = generate_all(Device::Cuda(0), &prompts, path);
+    let name = reference.name;
     for (i, (case, ours)) in cases.iter().zip(&got).enumerate() {
         assert_eq!(
             ours.len(),
             STEPS,
-            "request {i} generated {} tokens",
+            "{name} request {i} generated {} tokens",
             ours.len()
         );
         // Free-running paths are compared up to llama.cpp's first near tie.
@@ -659,10 +739,11 @@ fn the_engine_on_cuda_generates_llama_cpp_exact_greedy_tokens_for_concurrent_req
             .zip(&case.greedy_ids)
             .take_while(|(a, b)| a == b)
             .count();
-        eprintln!("request {i}: {same} identical tokens, {comparable} before a near tie");
+        eprintln!("{name} request {i}: {same} identical tokens, {comparable} before a near tie");
         assert!(
             same >= comparable,
-            "request {i}: diverged at {same}, before llama.cpp's first near tie at {comparable}"
+            "{name} request {i}: diverged at {same}, before llama.cpp's first near tie at \
+             {comparable}"
         );
     }
 }
