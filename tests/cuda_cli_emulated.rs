@@ -124,7 +124,8 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
     let qwen = tiny("qwen3");
     let schema = schema.to_string_lossy().into_owned();
     let runs: Vec<(Env, Vec<String>)> = vec![
-        // f.: the GEMV variants timed at load, sampled decoding, the step clock (graphs on).
+        // f.: the GEMV variants (and cuBLAS) timed at load, sampled decoding, the step clock
+        // (graphs on).
         (
             vec![("FALLOW_CUDA_STEP_CLOCK", "1")],
             bench(&gemma, &["--temperature", "0.8"]),
@@ -157,6 +158,15 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
             ],
             bench(&qwen, &[]),
         ),
+        // f11 and f12: the GEMV timed among the CUDA-core variants only, and cuBLAS not
+        // timed against it.
+        (
+            vec![
+                ("FALLOW_CUDA_TENSOR_GEMV", "0"),
+                ("FALLOW_CUDA_GEMV_CUBLAS", "0"),
+            ],
+            bench(&qwen, &[]),
+        ),
     ];
     for (env, args) in &runs {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -181,6 +191,16 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
                     && stderr.contains("decode n=1 ")
                     && stderr.contains("decode n=8 "),
                 "no step clock for the decode steps of 1 and 8 sequences:\n{stderr}"
+            );
+        }
+        if env.contains(&("FALLOW_CUDA_GEMV_CUBLAS", "0")) {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains("GEMV variants timed")
+                    && !stderr.contains("cuBLAS multiplies faster")
+                    && !stderr.contains(": m4s")
+                    && !stderr.contains(": m8s"),
+                "a tensor-core GEMV or cuBLAS chosen for a decode product:\n{stderr}"
             );
         }
         if env.contains(&("FALLOW_CUDA_PROFILE", "1")) {

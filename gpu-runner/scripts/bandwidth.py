@@ -114,6 +114,16 @@ def gemv_choices(text):
     return found
 
 
+def cublas_products(text):
+    """The decode-sized products the GEMV tuning gave to cuBLAS ("... products=[(4096, 4096,
+    8), ...] decode-sized bf16 products ... cuBLAS multiplies faster ..."), the last line's."""
+    found = None
+    for line in text.splitlines():
+        if "cuBLAS multiplies faster" in line and "products=" in line:
+            found = line.split("products=", 1)[1].split("]", 1)[0] + "]"
+    return found
+
+
 HF_LINE = re.compile(r"^hf batch=(\d+) (.*)$")
 
 
@@ -214,6 +224,10 @@ def summary(args):
         say("bf16 GEMV variants timed at load (fastest per shape; f.):")
         for choice in gemv:
             say(f"  {choice}")
+    cublas = cublas_products(read_text(args.fallow_log))
+    if gemv or cublas:
+        say("decode-sized products through cuBLAS instead ([rows, cols, tuned rows]): "
+            f"{cublas or 'none'}")
 
     # Other storages of the same models, and the 8B shape launched without early starts.
     for title, base_log, other_log, base_name, other in [
@@ -233,6 +247,8 @@ def summary(args):
          args.fallow_log, args.split256_log, "64 keys", "256 keys"),
         ("8B shape: GEMVs timed with the tensor-core variants vs CUDA cores only (f. vs f11.)",
          args.fallow_log, args.cuda_cores_log, "with mma", "cores only"),
+        ("8B shape: decode products timed against cuBLAS vs GEMVs only (f. vs f12.)",
+         args.fallow_log, args.gemv_only_log, "w/ cuBLAS", "GEMV only"),
     ]:
         base, alt = parse_fallow(read_text(base_log)), parse_fallow(read_text(other_log))
         if not base and not alt:
@@ -302,6 +318,8 @@ def main():
                    help="f10.: the 8B shape's bench with FALLOW_CUDA_SPLIT_MIN_KEYS=256")
     s.add_argument("--cuda-cores-log",
                    help="f11.: the 8B shape's bench with FALLOW_CUDA_TENSOR_GEMV=0")
+    s.add_argument("--gemv-only-log",
+                   help="f12.: the 8B shape's bench with FALLOW_CUDA_GEMV_CUBLAS=0")
     s.add_argument("--prefill-mma-log", help="f6.: a long prompt, tensor-core prefill attention")
     s.add_argument("--prefill-f32-log", help="f6.: the same prompt, f32 prefill attention")
     s.add_argument("--out", help="also write the summary here")

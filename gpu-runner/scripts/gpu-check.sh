@@ -14,6 +14,7 @@
 #      f9: batch 1 and 8 with the activation in the down GEMV, FALLOW_CUDA_FUSED_GLU=0;
 #      f10: batch 1 and 8 with attention split only past 256 keys, FALLOW_CUDA_SPLIT_MIN_KEYS;
 #      f11: batch 1 and 8 with the GEMV chosen among CUDA-core variants, FALLOW_CUDA_TENSOR_GEMV=0;
+#      f12: batch 1 and 8 with no decode-sized product given to cuBLAS, FALLOW_CUDA_GEMV_CUBLAS=0;
 #      f6: a 4096-token
 #      prompt's prefill, attention on tensor cores vs f32; f4: its matrices quantized to Q8_0
 #      at load; f2: without CUDA graphs)
@@ -380,6 +381,9 @@ main() {
     # Batch 1 and 8 with the GEMV timed among the CUDA-core variants only: what the
     # tensor-core GEMV (m16n8k16 tiles) wins where the summary's choices name it.
     bench_with "f11. fallow bench engine, CUDA-core GEMVs only" "fallow-bench-cuda-cores.log" 1,8 FALLOW_CUDA_TENSOR_GEMV=0
+    # Batch 1 and 8 with every decode-sized bf16 product a GEMV (cuBLAS not timed against
+    # them): what cuBLAS wins where the summary lists products given to it.
+    bench_with "f12. fallow bench engine, GEMVs only" "fallow-bench-gemv-only.log" 1,8 FALLOW_CUDA_GEMV_CUBLAS=0
     # Batch 1 and 8 with no weights asked into L2 before a GEMV's wait (and no KV rows before
     # the attention's): what the prefetches win while attention and norms leave memory idle.
     bench_with "f8. fallow bench engine, no L2 prefetch" "fallow-bench-no-prefetch.log" 1,8 FALLOW_CUDA_L2_PREFETCH=0
@@ -425,6 +429,7 @@ main() {
     --no-prefetch-log "$WORK/fallow-bench-no-prefetch.log" \
     --gated-down-log "$WORK/fallow-bench-gated-down.log" --split256-log "$WORK/fallow-bench-split256.log" \
     --cuda-cores-log "$WORK/fallow-bench-cuda-cores.log" \
+    --gemv-only-log "$WORK/fallow-bench-gemv-only.log" \
     --prefill-mma-log "$WORK/prefill-mma.log" \
     --prefill-f32-log "$WORK/prefill-f32.log" --out "$OUT/summary.txt" ||
     echo "summary: FAILED rc=$?" | tee "$OUT/summary.txt"

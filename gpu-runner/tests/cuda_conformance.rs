@@ -1460,6 +1460,32 @@ fn a_gate_up_gemv_writing_the_activation_computes_exactly_what_the_gated_down_ge
 }
 
 #[test]
+fn decode_products_given_to_cublas_compute_what_their_gemvs_do() {
+    // Timing at load may give any decode-sized product to cuBLAS: the step then runs it
+    // unfused (no activation written by the gate/up GEMV, no norm in a GEMV's last block)
+    // beside GEMVs that still fuse. cuBLAS sums in its own order: close, not the bits.
+    for (name, artifacts) in every_model() {
+        let vocab = artifacts.config.vocab_size;
+        let run = |product: Option<&str>| {
+            let mut cuda = cuda_with(&artifacts, CudaWeights::Bf16);
+            if let Some(product) = product {
+                cuda.decode_through_cublas(product).expect("a product");
+            }
+            prefill_mixed_step_and_decodes(&mut cuda, vocab as u32)
+        };
+        let gemvs = run(None);
+        for product in ["qkv", "o", "gate_up", "down", "lm_head"] {
+            let diff = relative_diff(&run(Some(product)), &gemvs, vocab);
+            eprintln!("{name}: {product} through cuBLAS vs a GEMV: max relative |Δ| {diff:.6}");
+            assert!(
+                diff <= 1e-2,
+                "{name}: {product} through cuBLAS differs by {diff}"
+            );
+        }
+    }
+}
+
+#[test]
 fn dropping_a_cuda_model_gives_its_device_memory_back() {
     if !gpu() {
         return;

@@ -2,7 +2,8 @@
 //! residual stream and everything normalised after a GEMM stay f32). Decode-sized products
 //! (a few token rows) run our own GEMV kernel, which streams each weight once at close to
 //! the memory bandwidth (in the instantiation timed fastest for the shape at load,
-//! [`super::gemv_tune`]); larger ones go through cuBLAS.
+//! [`super::gemv_tune`]); larger ones go through cuBLAS, and so do decode-sized ones that
+//! timing found cuBLAS clearly faster at.
 
 use std::sync::Arc;
 
@@ -92,8 +93,9 @@ impl Gemm {
             return Ok(());
         }
         let decode = n <= self.gemv_max_rows && w.cols.is_multiple_of(8);
+        let cublas = self.gemv_choice.prefers_cublas(w.rows, w.cols, n);
         match &w.storage {
-            Storage::Bf16(buf) if decode => {
+            Storage::Bf16(buf) if decode && !cublas => {
                 let form = GemvForm::Plain;
                 let pick = self.gemv_choice.pick(w.rows, w.cols, form, n);
                 self.gemv_bf16(pick, buf.ptr(), w.rows, w.cols, x, n, out, form, None)
@@ -141,13 +143,14 @@ impl Gemm {
     }
 
     /// Whether the product of `n` rows through `w` is one of our bf16 GEMVs (a decode-sized
-    /// product of bf16 weights), which can take the feed-forward's [gate | up] rows directly
+    /// product of bf16 weights that timing did not give to cuBLAS), which can take the feed-forward's [gate | up] rows directly
     /// ([`Gemm::matmul_fused`]) and end the sub-block ([`NormAfter`]).
     pub fn fuses_into_gemv(&self, w: &DeviceMatrix, n: usize) -> bool {
         n > 0
             && n <= self.gemv_max_rows
             && w.cols.is_multiple_of(8)
             && matches!(w.storage, Storage::Bf16(_))
+            && !self.gemv_choice.prefers_cublas(w.rows, w.cols, n)
     }
 
     /// `out[n, w.rows] = x · wᵀ` through a bf16 GEMV, with `act` `x` being [gate | up] rows
@@ -300,7 +303,7 @@ impl Gemm {
 
     /// Row-major `W[out, in]` is column-major `Wᵀ`, so cuBLAS computes the column-major
     /// `outᵀ = op(W) · xᵀ` with `op = T`: m = out, n = tokens, k = in.
-    fn cublas(
+    pub(super) fn cublas(
         &self,
         weights: u64,
         rows: usize,

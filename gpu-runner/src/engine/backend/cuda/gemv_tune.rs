@@ -18,7 +18,7 @@
 //! the timing and uses that everywhere; `FALLOW_CUDA_TENSOR_GEMV=0` times the CUDA-core
 //! variants only.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use cudarc::driver::sys::CUevent_flags;
 
@@ -356,7 +356,18 @@ pub struct GemvChoice {
     /// Variants whose product disagreed with the default's on this GPU
     /// ([`super::gemv_check`]): never timed, never chosen.
     rejected: Vec<usize>,
+    /// Whether timing leaves cuBLAS out (`FALLOW_CUDA_GEMV_CUBLAS=0`: every decode-sized
+    /// bf16 product a GEMV, as before cuBLAS was timed with them).
+    gemv_only: bool,
+    /// `[rows, cols]` matrices and tuned row counts that cuBLAS multiplies faster than any
+    /// GEMV form timed ([`CUBLAS_MARGIN`]): those products go through cuBLAS, unfused.
+    cublas: HashSet<(usize, usize, usize)>,
 }
+
+/// How much faster than the fastest GEMV cuBLAS must be to serve a decode-sized product: a
+/// GEMV can end the sub-block or write the activation itself, and cuBLAS then needs the
+/// launches it saves.
+pub const CUBLAS_MARGIN: f32 = 0.9;
 
 impl GemvChoice {
     /// One variant for every product (`FALLOW_CUDA_GEMV=<name>[:<bytes ahead>]`), or, with
@@ -377,6 +388,29 @@ impl GemvChoice {
     pub fn with_tensor_cores(mut self, setting: Option<&str>) -> Self {
         self.cuda_cores_only = setting == Some("0");
         self
+    }
+
+    /// Times cuBLAS against the GEMVs or not (`setting`: `FALLOW_CUDA_GEMV_CUBLAS`, `0`
+    /// leaves it out).
+    pub fn with_cublas(mut self, setting: Option<&str>) -> Self {
+        self.gemv_only = setting == Some("0");
+        self
+    }
+
+    /// Whether cuBLAS is timed against the GEMVs.
+    pub fn times_cublas(&self) -> bool {
+        !self.gemv_only && self.is_timed()
+    }
+
+    /// Whether `n` rows through `[rows, cols]` weights go through cuBLAS rather than a
+    /// GEMV: where timing found it faster for [`bucket`]`(n)` rows (or a test said so).
+    pub fn prefers_cublas(&self, rows: usize, cols: usize, n: usize) -> bool {
+        self.cublas.contains(&(rows, cols, bucket(n)))
+    }
+
+    /// Records that cuBLAS serves `[rows, cols]` at `batch` tuned rows ([`TUNED_ROWS`]).
+    pub fn record_cublas(&mut self, rows: usize, cols: usize, batch: usize) {
+        self.cublas.insert((rows, cols, batch));
     }
 
     /// The variants at every distance timing chooses among, in the order they are timed.
@@ -473,6 +507,12 @@ pub fn fastest(times: &[f32]) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
+/// Whether cuBLAS, taking `cublas` ms, serves a product whose fastest GEMV takes `gemv`
+/// ([`CUBLAS_MARGIN`]; NaN never wins).
+pub fn cublas_wins(cublas: f32, gemv: f32) -> bool {
+    cublas < CUBLAS_MARGIN * gemv
+}
+
 impl CudaBackend {
     /// Checks every GEMV variant's product here ([`super::gemv_check`]), then times those
     /// that agree at every distance on this model's bf16 matrices, in each form a decode
@@ -542,12 +582,41 @@ impl CudaBackend {
                 .map_err(CudaError::driver)
         };
         let (start, stop) = (event()?, event()?);
+        // The mean time of TIMED_LAUNCHES launches `launch(i)` (each on another layer's
+        // matrix), after an untimed one.
+        let time = |launch: &dyn Fn(usize) -> Result<(), CudaError>| -> Result<f32, CudaError> {
+            launch(TIMED_LAUNCHES)?;
+            start.record(&self.stream).map_err(CudaError::driver)?;
+            for i in 0..TIMED_LAUNCHES {
+                launch(i)?;
+            }
+            stop.record(&self.stream).map_err(CudaError::driver)?;
+            stop.synchronize().map_err(CudaError::driver)?;
+            let ms = start.elapsed_ms(&stop).map_err(CudaError::driver)?;
+            Ok(ms / TIMED_LAUNCHES as f32)
+        };
         let mut choices = Vec::new();
+        // Per [rows, cols] and row count: the fastest GEMV that could stand in for cuBLAS
+        // (plain or writing the activation), and cuBLAS's time.
+        let mut fastest_gemv: HashMap<(usize, usize, usize), f32> = HashMap::new();
+        let mut cublas: HashMap<(usize, usize, usize), f32> = HashMap::new();
         for (what, form, matrices) in &products {
             let (rows, cols, form) = (matrices[0].rows, matrices[0].cols, *form);
             let gated = form.gated_input();
             let input = if gated { gate_up_rows.ptr() } else { x.ptr() };
+            let weights = |i: usize| matrices[i % matrices.len()].bf16_ptr().unwrap_or(0);
             for batch in TUNED_ROWS {
+                let key = (rows, cols, batch);
+                if form == GemvForm::Plain
+                    && self.gemm.gemv_choice.times_cublas()
+                    && !cublas.contains_key(&key)
+                {
+                    let launch = |i: usize| {
+                        self.gemm
+                            .cublas(weights(i), rows, cols, input, batch, out.ptr())
+                    };
+                    cublas.insert(key, time(&launch)?);
+                }
                 let picks = self.gemm.gemv_choice.candidates();
                 let mut times = Vec::with_capacity(picks.len());
                 for pick in &picks {
@@ -557,20 +626,20 @@ impl CudaBackend {
                         continue;
                     }
                     let launch = |i: usize| {
-                        let w = matrices[i % matrices.len()].bf16_ptr().unwrap_or(0);
                         let (pick, out) = (*pick, out.ptr());
-                        self.gemm
-                            .gemv_bf16(pick, w, rows, cols, input, batch, out, form, None)
+                        self.gemm.gemv_bf16(
+                            pick,
+                            weights(i),
+                            rows,
+                            cols,
+                            input,
+                            batch,
+                            out,
+                            form,
+                            None,
+                        )
                     };
-                    launch(TIMED_LAUNCHES)?;
-                    start.record(&self.stream).map_err(CudaError::driver)?;
-                    for i in 0..TIMED_LAUNCHES {
-                        launch(i)?;
-                    }
-                    stop.record(&self.stream).map_err(CudaError::driver)?;
-                    stop.synchronize().map_err(CudaError::driver)?;
-                    let ms = start.elapsed_ms(&stop).map_err(CudaError::driver)?;
-                    times.push(ms / TIMED_LAUNCHES as f32);
+                    times.push(time(&launch)?);
                 }
                 let Some(best) = fastest(&times) else {
                     continue;
@@ -582,16 +651,39 @@ impl CudaBackend {
                     batch,
                 };
                 self.gemm.gemv_choice.record(shape, picks[best]);
+                if !gated {
+                    let t = fastest_gemv.entry(key).or_insert(f32::INFINITY);
+                    *t = t.min(times[best]);
+                }
                 let micros = times[best] * 1e3;
                 let bytes = (rows * cols * 2) as f64;
                 let default = picks.iter().position(|p| *p == GemvPick::DEFAULT);
+                let cublas = cublas
+                    .get(&key)
+                    .map_or(String::new(), |t| format!("; cuBLAS {:.1} µs", t * 1e3));
                 choices.push(format!(
-                    "{what} {rows}x{cols} n={batch}: {} {micros:.1} µs ({:.0} GB/s; default {:.1} µs)",
+                    "{what} {rows}x{cols} n={batch}: {} {micros:.1} µs ({:.0} GB/s; default {:.1} µs{cublas})",
                     picks[best].name(),
                     bytes / f64::from(times[best]) / 1e6,
                     default.map_or(f32::NAN, |d| times[d] * 1e3),
                 ));
             }
+        }
+        // cuBLAS serves the products it multiplies clearly faster than every GEMV.
+        let mut to_cublas: Vec<_> = cublas
+            .iter()
+            .filter(|(key, &t)| fastest_gemv.get(*key).is_some_and(|&g| cublas_wins(t, g)))
+            .map(|(&key, _)| key)
+            .collect();
+        to_cublas.sort_unstable();
+        for &(rows, cols, batch) in &to_cublas {
+            self.gemm.gemv_choice.record_cublas(rows, cols, batch);
+        }
+        if !to_cublas.is_empty() {
+            tracing::info!(
+                products = ?to_cublas,
+                "decode-sized bf16 products ([rows, cols, tuned rows]) that cuBLAS multiplies faster than a GEMV"
+            );
         }
         tracing::info!(choices = ?choices, "bf16 GEMV variants timed on this GPU");
         Ok(())
@@ -779,6 +871,30 @@ mod tests {
         assert!(checked.candidates().iter().all(|p| p.variant != wrong));
         assert_eq!(checked.candidates().len(), picks.len() - AHEAD_BYTES.len());
         assert_eq!(checked.rejected(), ["m8s4"]);
+    }
+
+    #[test]
+    fn cublas_serves_a_product_only_where_it_is_clearly_faster_than_every_gemv() {
+        assert!(cublas_wins(8.0, 10.0));
+        assert!(
+            !cublas_wins(9.5, 10.0),
+            "within the margin: the GEMV and its fusions"
+        );
+        assert!(!cublas_wins(12.0, 10.0));
+        assert!(!cublas_wins(f32::NAN, 10.0) && !cublas_wins(8.0, f32::NAN));
+        let mut choice = GemvChoice::from_setting(None).expect("auto");
+        assert!(choice.times_cublas());
+        choice.record_cublas(4096, 4096, 8);
+        // Recorded for 8 tuned rows: 5 to 8 rows go through cuBLAS, 1 to 4 not.
+        assert!((5..=8).all(|n| choice.prefers_cublas(4096, 4096, n)));
+        assert!((1..=4).all(|n| !choice.prefers_cublas(4096, 4096, n)));
+        assert!(!choice.prefers_cublas(4096, 14336, 8), "another shape");
+        let gemv_only = GemvChoice::from_setting(None)
+            .expect("auto")
+            .with_cublas(Some("0"));
+        assert!(!gemv_only.times_cublas());
+        let forced = GemvChoice::from_setting(Some("w8u4")).expect("a variant");
+        assert!(!forced.times_cublas(), "a forced variant times nothing");
     }
 
     #[test]

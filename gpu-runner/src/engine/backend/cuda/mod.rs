@@ -197,10 +197,7 @@ impl CudaBackend {
                 .max(0) as usize,
             std::env::var("FALLOW_CUDA_L2_PREFETCH").ok().as_deref(),
         );
-        gemm.gemv_choice =
-            GemvChoice::from_setting(std::env::var("FALLOW_CUDA_GEMV").ok().as_deref())
-                .map_err(CudaError::Failure)?
-                .with_tensor_cores(std::env::var("FALLOW_CUDA_TENSOR_GEMV").ok().as_deref());
+        gemm.gemv_choice = gemv_choice(std::env::var("FALLOW_CUDA_GEMV").ok().as_deref())?;
         let split_min_keys = attention_split::min_partition_from_setting(
             std::env::var("FALLOW_CUDA_SPLIT_MIN_KEYS").ok().as_deref(),
         )
@@ -322,9 +319,31 @@ impl CudaBackend {
     /// product instead of the ones timed at load (tests compare them); `auto` times them
     /// again now, as at load.
     pub fn set_gemv_variant(&mut self, name: &str) -> Result<(), CudaError> {
-        self.gemm.gemv_choice = GemvChoice::from_setting(Some(name)).map_err(CudaError::Failure)?;
+        self.gemm.gemv_choice = gemv_choice(Some(name))?;
         self.graphs.clear();
         self.tune_gemv()
+    }
+
+    /// Has cuBLAS serve every decode-sized product through `product`'s matrices (`qkv`, `o`,
+    /// `gate_up`, `down`, `lm_head`; where bf16), as timing does for products cuBLAS
+    /// multiplies faster than a GEMV ([`gemv_tune`]): the step then runs them unfused. Tests
+    /// compare the two.
+    pub fn decode_through_cublas(&mut self, product: &str) -> Result<(), CudaError> {
+        let layer = self.weights.layers.first();
+        let w = match product {
+            "qkv" => layer.map(|l| &l.wqkv),
+            "o" => layer.map(|l| &l.wo),
+            "gate_up" => layer.map(|l| &l.w_gate_up),
+            "down" => layer.map(|l| &l.w_down),
+            "lm_head" => Some(self.weights.lm_head()),
+            _ => None,
+        }
+        .ok_or_else(|| CudaError::Failure(format!("no product {product:?}")))?;
+        for batch in gemv_tune::TUNED_ROWS {
+            self.gemm.gemv_choice.record_cublas(w.rows, w.cols, batch);
+        }
+        self.graphs.clear();
+        Ok(())
     }
 
     /// The bf16 GEMV variants left out at load because their product disagreed with the
@@ -525,4 +544,15 @@ fn rope_style_code(style: RopeStyle) -> i32 {
         RopeStyle::Interleaved => 0,
         RopeStyle::Neox => 1,
     }
+}
+
+/// The GEMV choice `setting` asks for (`FALLOW_CUDA_GEMV`: a variant, or timing), with what
+/// timing may choose among as this process's settings say (`FALLOW_CUDA_TENSOR_GEMV`,
+/// `FALLOW_CUDA_GEMV_CUBLAS`).
+fn gemv_choice(setting: Option<&str>) -> Result<GemvChoice, CudaError> {
+    let setting_of = |name| std::env::var(name).ok();
+    Ok(GemvChoice::from_setting(setting)
+        .map_err(CudaError::Failure)?
+        .with_tensor_cores(setting_of("FALLOW_CUDA_TENSOR_GEMV").as_deref())
+        .with_cublas(setting_of("FALLOW_CUDA_GEMV_CUBLAS").as_deref()))
 }
