@@ -14,9 +14,11 @@
 //! 4 and 8 token rows, in each form a step runs them (plain, gated input, GLU output), and
 //! keeps the fastest per shape and form ([`CudaBackend::tune_gemv`]); a product
 //! of `n` rows uses the choice made for the smallest tuned row count ≥ `n`.
+//! cuBLAS is timed on the same plain products, and takes those it multiplies clearly faster
+//! than every GEMV ([`GemvChoice::prefers_cublas`]; they then run unfused).
 //! `FALLOW_CUDA_GEMV=w8u4` (a variant's name, optionally with a distance: `w8u4:2048`) skips
 //! the timing and uses that everywhere; `FALLOW_CUDA_TENSOR_GEMV=0` times the CUDA-core
-//! variants only.
+//! variants only, `FALLOW_CUDA_GEMV_CUBLAS=0` leaves cuBLAS out.
 
 use std::collections::{HashMap, HashSet};
 
@@ -519,7 +521,9 @@ impl CudaBackend {
     /// step runs them (QKV, output, gate/up plain and writing the activation, the down
     /// projection gated and plain, the LM head) at each of [`TUNED_ROWS`] and keeps the
     /// fastest per shape and form. Inputs are zeros: the time depends on
-    /// shapes, not values. Well under a second at load; nothing when a variant is forced.
+    /// shapes, not values. cuBLAS is timed on each plain shape too, and serves those it
+    /// multiplies clearly faster than every GEMV ([`cublas_wins`]). By estimate a second or
+    /// so at load for an 8B model (some 1600 timings); nothing when a variant is forced.
     pub(super) fn tune_gemv(&mut self) -> Result<(), CudaError> {
         if !self.gemm.gemv_choice.is_timed() {
             return Ok(());
