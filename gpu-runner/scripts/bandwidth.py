@@ -235,6 +235,8 @@ def summary(args):
          "q8_0"),
         ("SmolLM2 Q4_1: bf16 vs its own blocks (c2.)", args.smol_bf16_log, args.smol_quant_log,
          "bf16", "quantized"),
+        ("SmolLM2 bf16: greedy vs sampled, temperature 0.8, top-p 0.9 (c2. vs c4.)",
+         args.smol_bf16_log, args.smol_sampled_log, "greedy", "top-p"),
         ("8B shape: early-start vs plain launches (f. vs f5.)", args.fallow_log, args.plain_log,
          "early", "plain"),
         ("8B shape: fused norms and RoPE vs add_rms_norm and qkv_prepare launches (f. vs f7.)",
@@ -307,6 +309,7 @@ def main():
     s.add_argument("--smol-bf16-log", help="c2.: SmolLM2's bench with bf16 weights")
     s.add_argument("--smol-quant-log", help="c2.: SmolLM2's bench with its own blocks")
     s.add_argument("--smol-json-log", help="c3.: SmolLM2's bench with --json-schema")
+    s.add_argument("--smol-sampled-log", help="c4.: SmolLM2's bench sampled with top-p 0.9")
     s.add_argument("--plain-log", help="f5.: the 8B shape's bench without early starts")
     s.add_argument("--separate-norm-log",
                    help="f7.: the 8B shape's bench with add_rms_norm and qkv_prepare launched")

@@ -4,7 +4,8 @@
 #   a. environment: nvidia-smi, the CUDA 13 libraries cudarc opens (LD_LIBRARY_PATH)
 #   b. the prebuilt cargo test executables in .gpu/tests/, on device cuda
 #   c. `fallow generate` with SmolLM2-135M on cuda and on cpu; its decode speed with bf16
-#      and with quantized (the file's blocks) weights, and under a JSON schema (c3)
+#      and with quantized (the file's blocks) weights, under a JSON schema (c3), and sampled
+#      with top-p 0.9 (c4)
 #   d. a random-weight Llama-3.1-8B shaped bf16 checkpoint (make_random_llama.py)
 #   e. the GPU's memory read bandwidth (bandwidth.py)
 #   f. `fallow bench engine` on that checkpoint (f3: per-kernel GPU time, FALLOW_CUDA_PROFILE;
@@ -328,6 +329,11 @@ step_generate() {
   run_step "c3. SmolLM2 bench, JSON schema" 60 "$WORK/smol-bench-json.log" \
     "$FALLOW" bench engine --model "$SMOL" --device cuda --concurrency 1,16 \
     --prompt-tokens 32 --gen-tokens 64 --kv-cache-mib 2048 --json-schema bench/schema.json
+  # Sampled decoding with top-p (the threshold searched among gathered tokens on the GPU)
+  # against c2's greedy decoding of the same model.
+  run_step "c4. SmolLM2 bench, top-p sampling" 60 "$WORK/smol-bench-sampled.log" \
+    "$FALLOW" bench engine --model "$SMOL" --device cuda --concurrency 1,8 \
+    --prompt-tokens 32 --gen-tokens 64 --kv-cache-mib 2048 --temperature 0.8 --top-p 0.9
 }
 
 main() {
@@ -339,7 +345,7 @@ main() {
   if [ "${GPU_CHECK_ONLY:-}" = model ]; then
     timeout 30 "$PY" gpu-runner/scripts/bandwidth.py summary --steps "$OUT/steps.tsv" \
       --smol-bf16-log "$WORK/smol-bench-bf16.log" --smol-quant-log "$WORK/smol-bench-quantized.log" \
-      --smol-json-log "$WORK/smol-bench-json.log" \
+      --smol-json-log "$WORK/smol-bench-json.log" --smol-sampled-log "$WORK/smol-bench-sampled.log" \
       --out "$OUT/summary.txt" || echo "summary: FAILED rc=$?"
     echo "gpu-check: GPU_CHECK_ONLY=model, done in $((SECONDS - START_S))s"
     if grep -qE $'\t(FAILED|TIMEOUT)' "$OUT/steps.tsv"; then return 1; fi
@@ -424,7 +430,8 @@ main() {
     --bytes-per-step "$LLAMA_DIR/bytes_per_step.txt" ${bw:+--bandwidth-gbs "$bw"} \
     --steps "$OUT/steps.tsv" --q8-log "$WORK/fallow-bench-q8_0.log" \
     --smol-bf16-log "$WORK/smol-bench-bf16.log" --smol-quant-log "$WORK/smol-bench-quantized.log" \
-    --smol-json-log "$WORK/smol-bench-json.log" --plain-log "$WORK/fallow-bench-plain.log" \
+    --smol-json-log "$WORK/smol-bench-json.log" --smol-sampled-log "$WORK/smol-bench-sampled.log" \
+    --plain-log "$WORK/fallow-bench-plain.log" \
     --separate-norm-log "$WORK/fallow-bench-separate-norm.log" \
     --no-prefetch-log "$WORK/fallow-bench-no-prefetch.log" \
     --gated-down-log "$WORK/fallow-bench-gated-down.log" --split256-log "$WORK/fallow-bench-split256.log" \

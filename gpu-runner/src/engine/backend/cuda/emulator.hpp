@@ -511,3 +511,6 @@ inline int atomicMax(int* p, int v) {
 inline unsigned atomicAdd(unsigned* p, unsigned v) {
     return std::atomic_ref<unsigned>(*p).fetch_add(v);
 }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+    return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
+}

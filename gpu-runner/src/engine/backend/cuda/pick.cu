@@ -63,23 +63,39 @@ __device__ __forceinline__ float weight_of(float l, float max, float inv_t) {
     return (l == l && x >= -87.0f) ? __expf(x) : 0.0f;
 }
 
-// Tokens of a row whose weight is >= bits `t` (positive floats order like their bits): their
-// count and their mass.
-__device__ int count_at_least(const float* row, int vocab, float max, float inv_t, unsigned t) {
+// Masses in fixed point, 2^-43 of a weight (<= 1): a vocabulary of up to 2^21 tokens sums
+// without overflow, and sums are exact whatever their order — the same whether a pass visits
+// a whole row or the candidates a pass gathered in no particular order.
+#define MASS_ONE 8796093022208.0
+
+__device__ __forceinline__ unsigned long long fixed_mass(unsigned bits) {
+    return (unsigned long long)((double)__uint_as_float(bits) * MASS_ONE + 0.5);
+}
+
+// Of the tokens `each` visits (each(f) calls f(weight bits) for this thread's share; positive
+// floats order like their bits): how many weigh >= bits `t`, and their mass.
+template <class Each>
+__device__ int count_at_least(Each each, unsigned t) {
     int c = 0;
-    for_each_logit(row, vocab,
-                   [&](int, float l) { c += __float_as_uint(weight_of(l, max, inv_t)) >= t; });
+    each([&](unsigned b) { c += b >= t; });
     return block_total(c);
 }
 
-__device__ double mass_at_least(const float* row, int vocab, float max, float inv_t, unsigned t) {
-    double m = 0.0;
-    for_each_logit(row, vocab, [&](int, float l) {
-        float w = weight_of(l, max, inv_t);
-        if (__float_as_uint(w) >= t) m += w;
+template <class Each>
+__device__ unsigned long long mass_at_least(Each each, unsigned t) {
+    unsigned long long m = 0;
+    each([&](unsigned b) {
+        if (b >= t) m += fixed_mass(b);
     });
     return block_total(m);
 }
+
+// What a draw keeps: every token weighing more than bits `t`, and the first `ties` (in id
+// order) of those weighing exactly t.
+struct Cut {
+    unsigned t;
+    int ties;
+};
 
 #define ONE_BITS 0x3f800000u
 #define PICK_PARAMS 7
@@ -128,6 +144,123 @@ __device__ __forceinline__ float logprob_of(float l, float normaliser) {
     return lp > NEG_INF ? lp : MIN_LOGPROB;
 }
 
+// Top-k, then top-p, over the tokens `each` visits — every token of the row weighing at least
+// bits `lo` (>= cut.t), where the answers lie: at least top_k of them when `by_k`, and with
+// top-p alone at least `need` of mass. Thresholds found by bisection over the weights' bits.
+// `kept_mass`: the mass of the tokens weighing at least cut.t (all of them: top-p alone).
+template <class Each>
+__device__ Cut top_k_and_p_over(Each each, Cut cut, unsigned lo, bool by_k, int top_k,
+                                float top_p, unsigned long long kept_mass) {
+    if (by_k) {
+        unsigned a = lo, b = ONE_BITS;  // count(w >= a) >= top_k throughout
+        while (a < b) {
+            unsigned mid = a + (b - a + 1) / 2;
+            if (count_at_least(each, mid) >= top_k) a = mid; else b = mid - 1;
+        }
+        cut.t = a;
+        cut.ties = top_k - count_at_least(each, a + 1);
+    }
+    if (top_p < 1.0f) {
+        unsigned long long total = kept_mass;
+        if (by_k) {
+            int at_t = count_at_least(each, cut.t) - count_at_least(each, cut.t + 1);
+            total = mass_at_least(each, cut.t + 1) +
+                    (unsigned long long)min(cut.ties, at_t) * fixed_mass(cut.t);
+        }
+        double need = (double)(top_p * (float)((double)total / MASS_ONE)) * MASS_ONE;
+        unsigned a = max(lo, cut.t), b = ONE_BITS;  // the mass from a up reaches `need`
+        while (a < b) {
+            unsigned mid = a + (b - a + 1) / 2;
+            if ((double)mass_at_least(each, mid) >= need) a = mid; else b = mid - 1;
+        }
+        if (a > cut.t) {
+            cut.t = a;
+            cut.ties = 0x7fffffff;
+        }
+        double above = (double)mass_at_least(each, cut.t + 1);
+        int wanted = (int)ceil((need - above) / ((double)__uint_as_float(cut.t) * MASS_ONE));
+        cut.ties = min(cut.ties, max(wanted, 1));
+    }
+    return cut;
+}
+
+// Tokens a block gathers to search top-k's and top-p's thresholds among (16 KiB of shared
+// memory): a typical cut keeps a few of a vocabulary's ~10^5 tokens.
+#define PICK_CANDIDATES 4096
+#define WEIGHT_EXPONENTS 128
+
+// Top-k then top-p cuts of a row (kept so far: `cut`). A whole-row pass per bisection step
+// would be ~30 passes per search; instead one pass counts the tokens and their mass per
+// exponent of their weight, the heaviest exponents that hold the answers are chosen, one
+// pass gathers their tokens into shared memory, and the bisections run there. A row whose
+// answers need more than PICK_CANDIDATES tokens (a flat one) is searched pass by pass.
+__device__ Cut cut_top_k_and_p(const float* row, int vocab, float best, float inv_t, Cut cut,
+                               int top_k, float top_p) {
+    __shared__ int counts[WEIGHT_EXPONENTS];
+    __shared__ unsigned long long masses[WEIGHT_EXPONENTS];
+    __shared__ unsigned candidates[PICK_CANDIDATES];
+    __shared__ int gathered;
+    __shared__ unsigned from;
+    auto whole_row = [&](auto f) {
+        for_each_logit(row, vocab, [&](int, float l) { f(__float_as_uint(weight_of(l, best, inv_t))); });
+    };
+    for (int e = threadIdx.x; e < WEIGHT_EXPONENTS; e += blockDim.x) {
+        counts[e] = 0;
+        masses[e] = 0;
+    }
+    if (threadIdx.x == 0) gathered = 0;
+    __syncthreads();
+    whole_row([&](unsigned b) {
+        if (b < cut.t) return;
+        atomicAdd(&counts[b >> 23], 1);  // weights <= 1: exponents < 128
+        atomicAdd(&masses[b >> 23], fixed_mass(b));
+    });
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int kept = 0;
+        unsigned long long kept_mass = 0;
+        for (int e = 0; e < WEIGHT_EXPONENTS; e++) {
+            kept += counts[e];
+            kept_mass += masses[e];
+        }
+        bool by_k = top_k > 0 && top_k < kept;
+        double need = (double)(top_p * (float)((double)kept_mass / MASS_ONE)) * MASS_ONE;
+        // The heaviest exponents whose tokens hold the answers (else all of them).
+        int e = WEIGHT_EXPONENTS - 1, count = counts[e];
+        unsigned long long mass = masses[e];
+        while (e > 0 && (by_k ? count < top_k : (double)mass < need)) {
+            e--;
+            count += counts[e];
+            mass += masses[e];
+        }
+        from = max((unsigned)e << 23, cut.t);
+        gathered = count;  // how many the gathering pass will find
+        masses[0] = kept_mass;
+        counts[0] = kept;
+    }
+    __syncthreads();
+    unsigned lo = from;
+    int expected = gathered;
+    unsigned long long kept_mass = masses[0];
+    bool by_k = top_k > 0 && top_k < counts[0];
+    __syncthreads();
+    if (!by_k && top_p >= 1.0f) return cut;
+    if (expected > PICK_CANDIDATES) return top_k_and_p_over(whole_row, cut, cut.t, by_k, top_k, top_p, kept_mass);
+    if (threadIdx.x == 0) gathered = 0;
+    __syncthreads();
+    whole_row([&](unsigned b) {
+        if (b >= lo) candidates[atomicAdd(&gathered, 1)] = b;
+    });
+    __syncthreads();
+    int n = gathered;
+    auto gathered_tokens = [&](auto f) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) f(candidates[i]);
+    };
+    Cut result = top_k_and_p_over(gathered_tokens, cut, lo, by_k, top_k, top_p, kept_mass);
+    __syncthreads();
+    return result;
+}
+
 // The sampled token of a row whose best logit is `best` (at `best_i`): see pick_rows.
 __device__ int draw_token(const float* row, int vocab, float best, float temperature, int top_k,
                           float top_p, float min_p, float u, int best_i) {
@@ -136,38 +269,10 @@ __device__ int draw_token(const float* row, int vocab, float best, float tempera
     // min-p: every token weighing at least min_p (the best weighs 1); at least the smallest
     // positive weight.
     float min_w = fminf(fmaxf(min_p, 0.0f), 1.0f);
-    unsigned t = min_w > 0.0f ? __float_as_uint(min_w) : 1u;
-    int ties = 0x7fffffff;  // tokens weighing exactly t that are kept, in id order
-    int kept = count_at_least(row, vocab, best, inv_t, t);
-    if (top_k > 0 && top_k < kept) {
-        unsigned a = t, b = ONE_BITS;  // count(w >= a) >= top_k throughout
-        while (a < b) {
-            unsigned mid = a + (b - a + 1) / 2;
-            if (count_at_least(row, vocab, best, inv_t, mid) >= top_k) a = mid; else b = mid - 1;
-        }
-        t = a;
-        ties = top_k - count_at_least(row, vocab, best, inv_t, t + 1);
-    }
-    if (top_p < 1.0f) {
-        float wt = __uint_as_float(t);
-        double above = mass_at_least(row, vocab, best, inv_t, t + 1);
-        int at_t = count_at_least(row, vocab, best, inv_t, t) - count_at_least(row, vocab, best, inv_t, t + 1);
-        double total = above + (double)min(ties, at_t) * wt;
-        double need = (double)(top_p * (float)total);
-        unsigned a = t, b = ONE_BITS;  // the kept mass from a up reaches `need` throughout
-        while (a < b) {
-            unsigned mid = a + (b - a + 1) / 2;
-            if (mass_at_least(row, vocab, best, inv_t, mid) >= need) a = mid; else b = mid - 1;
-        }
-        if (a > t) {
-            t = a;
-            ties = 0x7fffffff;
-            above = mass_at_least(row, vocab, best, inv_t, t + 1);
-            wt = __uint_as_float(t);
-        }
-        int wanted = (int)ceil((need - above) / (double)wt);
-        ties = min(ties, max(wanted, 1));
-    }
+    Cut cut = {min_w > 0.0f ? __float_as_uint(min_w) : 1u, 0x7fffffff};
+    if (top_k > 0 || top_p < 1.0f) cut = cut_top_k_and_p(row, vocab, best, inv_t, cut, top_k, top_p);
+    unsigned t = cut.t;
+    int ties = cut.ties;
 
     // The draw: each thread owns a contiguous run of ids, so that id order is thread order.
     float wt = __uint_as_float(t);
@@ -238,7 +343,8 @@ extern "C" __global__ void mask_rows(float* logits, int first, int vocab, const 
 // the tokens ordered by weight (ties by id), as the host sampler defines them, and u picks
 // in token order among the kept ones, by their weights. The kept prefix is "weight above t,
 // and the first m tokens weighing exactly t"; top-k's and top-p's thresholds are found by
-// bisection over the weights' bits. With logprobs, logprobs[r] = {the token's logprob, then
+// bisection over the weights' bits, among the tokens of the heaviest weight exponents that
+// hold them, gathered in shared memory (cut_top_k_and_p). With logprobs, logprobs[r] = {the token's logprob, then
 // (id as float bits, logprob) of the top_logprobs best tokens}: log-softmax of the raw row.
 extern "C" __global__ void pick_rows(const float* logits, int first, int vocab,
                                      const int* params, int* ids, float* logprobs) {

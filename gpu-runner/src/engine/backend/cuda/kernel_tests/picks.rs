@@ -183,6 +183,56 @@ fn pick_rows_draws_what_the_host_definition_draws() {
 }
 
 #[test]
+fn top_k_and_top_p_cuts_of_a_large_vocabulary_are_the_host_definitions_whether_searched_among_gathered_tokens_or_whole_rows(
+) {
+    // 12000 tokens, more than the kernel gathers (PICK_CANDIDATES): sharp rows whose cuts
+    // keep a few tokens (searched among the tokens of the heaviest weight exponents), flat
+    // ones whose cuts keep thousands (searched pass by pass over the row), and a row of a
+    // few thousand tokens well above the rest (gathered, close to the limit).
+    let Some(emu) = Emulator::get() else { return };
+    let vocab = 12_000usize;
+    let mut values = Values(77);
+    let sharp: Vec<f32> = values.vec(vocab).iter().map(|v| v * 8.0).collect();
+    let flat: Vec<f32> = values.vec(vocab).iter().map(|v| v * 0.05).collect();
+    let shelf: Vec<f32> = values
+        .vec(vocab)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| if i % 4 == 1 { 6.0 + v * 0.5 } else { v * 0.5 })
+        .collect();
+    let cases = [
+        (&sharp, 40, 1.0, 0.0),
+        (&sharp, 0, 0.9, 0.0),
+        (&sharp, 40, 0.8, 0.0),
+        (&sharp, 0, 0.95, 0.05),
+        (&flat, 0, 0.9, 0.0),
+        (&flat, 6000, 1.0, 0.0),
+        (&flat, 100, 0.5, 0.0),
+        (&shelf, 0, 0.5, 0.0),
+        (&shelf, 2500, 0.99, 0.0),
+    ];
+    let mut rows = Vec::new();
+    let mut draws = Vec::new();
+    for (row, top_k, top_p, min_p) in cases {
+        for u in [0.1f32, 0.6, 0.95] {
+            rows.push(row.clone());
+            draws.push(TokenDraw {
+                temperature: 1.0,
+                top_k,
+                top_p,
+                min_p,
+                u,
+                logprobs: None,
+            });
+        }
+    }
+    let got = emulated_picks(emu, &rows, &draws, 256);
+    for (i, (row, d)) in rows.iter().zip(&draws).enumerate() {
+        assert_eq!(got[i].token, d.pick(row), "row {i}: {d:?}");
+    }
+}
+
+#[test]
 fn pick_rows_reports_the_logprobs_the_host_sampler_reports() {
     let Some(emu) = Emulator::get() else { return };
     let vocab = 700usize;
