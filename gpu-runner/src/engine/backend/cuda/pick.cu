@@ -184,79 +184,111 @@ __device__ Cut top_k_and_p_over(Each each, Cut cut, unsigned lo, bool by_k, int 
     return cut;
 }
 
-// Tokens a block gathers to search top-k's and top-p's thresholds among (16 KiB of shared
-// memory): a typical cut keeps a few of a vocabulary's ~10^5 tokens.
+// Tokens a block gathers to search among (16 KiB of shared memory): a typical top-k or top-p
+// cut keeps a few of a vocabulary's ~10^5 tokens, top_logprobs at most 20.
 #define PICK_CANDIDATES 4096
 #define WEIGHT_EXPONENTS 128
 
+// What the passes that weigh a row per exponent of its weights and gather its heaviest
+// tokens share (one row per block).
+__shared__ int exponent_counts[WEIGHT_EXPONENTS];
+__shared__ unsigned long long exponent_masses[WEIGHT_EXPONENTS];
+__shared__ unsigned gathered_ids[PICK_CANDIDATES];
+__shared__ int gathered_count;
+__shared__ unsigned gathered_from;
+
+// Tokens and their mass.
+struct Weighed {
+    int count;
+    unsigned long long mass;
+};
+
+// One pass: how many of the row's tokens weigh at least bits `t` (weights
+// exp((l - best)·inv_t)), and their mass, per exponent of their weight (exponent_counts and
+// exponent_masses, which stay for gather_heaviest) and in all.
+__device__ Weighed weigh_by_exponent(const float* row, int vocab, float best, float inv_t,
+                                     unsigned t) {
+    for (int e = threadIdx.x; e < WEIGHT_EXPONENTS; e += blockDim.x) {
+        exponent_counts[e] = 0;
+        exponent_masses[e] = 0;
+    }
+    __syncthreads();
+    int count = 0;
+    unsigned long long mass = 0;
+    for_each_logit(row, vocab, [&](int, float l) {
+        unsigned b = __float_as_uint(weight_of(l, best, inv_t));
+        if (b < t) return;
+        atomicAdd(&exponent_counts[b >> 23], 1);  // weights <= 1: exponents < 128
+        atomicAdd(&exponent_masses[b >> 23], fixed_mass(b));
+        count++;
+        mass += fixed_mass(b);
+    });
+    return {block_total(count), block_total(mass)};
+}
+
+// After weigh_by_exponent: the tokens of the heaviest exponents, down to the first at which
+// enough(count, mass) holds of those counted from the top (else all that were weighed), into
+// gathered_ids in no order, in one pass — where they number at most PICK_CANDIDATES. Returns
+// how many they are (more than PICK_CANDIDATES: none gathered) and in *from the least weight
+// bits among them.
+template <class Enough>
+__device__ int gather_heaviest(const float* row, int vocab, float best, float inv_t, unsigned t,
+                               Enough enough, unsigned* from) {
+    if (threadIdx.x == 0) {
+        int e = WEIGHT_EXPONENTS - 1, count = exponent_counts[e];
+        unsigned long long mass = exponent_masses[e];
+        while (e > 0 && !enough(count, mass)) {
+            e--;
+            count += exponent_counts[e];
+            mass += exponent_masses[e];
+        }
+        gathered_from = max((unsigned)e << 23, t);
+        gathered_count = count;
+    }
+    __syncthreads();
+    unsigned lo = gathered_from;
+    int expected = gathered_count;
+    *from = lo;
+    __syncthreads();
+    if (expected > PICK_CANDIDATES) return expected;
+    if (threadIdx.x == 0) gathered_count = 0;
+    __syncthreads();
+    for_each_logit(row, vocab, [&](int i, float l) {
+        if (__float_as_uint(weight_of(l, best, inv_t)) >= lo)
+            gathered_ids[atomicAdd(&gathered_count, 1)] = i;
+    });
+    __syncthreads();
+    return gathered_count;
+}
+
 // Top-k then top-p cuts of a row (kept so far: `cut`). A whole-row pass per bisection step
-// would be ~30 passes per search; instead one pass counts the tokens and their mass per
-// exponent of their weight, the heaviest exponents that hold the answers are chosen, one
-// pass gathers their tokens into shared memory, and the bisections run there. A row whose
+// would be ~30 passes per search; instead one pass weighs the row per exponent of its
+// weights, one gathers the tokens of the heaviest exponents that hold the answers (at least
+// top_k tokens, or top_p of the mass), and the bisections run among those. A row whose
 // answers need more than PICK_CANDIDATES tokens (a flat one) is searched pass by pass.
 __device__ Cut cut_top_k_and_p(const float* row, int vocab, float best, float inv_t, Cut cut,
                                int top_k, float top_p) {
-    __shared__ int counts[WEIGHT_EXPONENTS];
-    __shared__ unsigned long long masses[WEIGHT_EXPONENTS];
-    __shared__ unsigned candidates[PICK_CANDIDATES];
-    __shared__ int gathered;
-    __shared__ unsigned from;
-    auto whole_row = [&](auto f) {
-        for_each_logit(row, vocab, [&](int, float l) { f(__float_as_uint(weight_of(l, best, inv_t))); });
-    };
-    for (int e = threadIdx.x; e < WEIGHT_EXPONENTS; e += blockDim.x) {
-        counts[e] = 0;
-        masses[e] = 0;
-    }
-    if (threadIdx.x == 0) gathered = 0;
-    __syncthreads();
-    whole_row([&](unsigned b) {
-        if (b < cut.t) return;
-        atomicAdd(&counts[b >> 23], 1);  // weights <= 1: exponents < 128
-        atomicAdd(&masses[b >> 23], fixed_mass(b));
-    });
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int kept = 0;
-        unsigned long long kept_mass = 0;
-        for (int e = 0; e < WEIGHT_EXPONENTS; e++) {
-            kept += counts[e];
-            kept_mass += masses[e];
-        }
-        bool by_k = top_k > 0 && top_k < kept;
-        double need = (double)(top_p * (float)((double)kept_mass / MASS_ONE)) * MASS_ONE;
-        // The heaviest exponents whose tokens hold the answers (else all of them).
-        int e = WEIGHT_EXPONENTS - 1, count = counts[e];
-        unsigned long long mass = masses[e];
-        while (e > 0 && (by_k ? count < top_k : (double)mass < need)) {
-            e--;
-            count += counts[e];
-            mass += masses[e];
-        }
-        from = max((unsigned)e << 23, cut.t);
-        gathered = count;  // how many the gathering pass will find
-        masses[0] = kept_mass;
-        counts[0] = kept;
-    }
-    __syncthreads();
-    unsigned lo = from;
-    int expected = gathered;
-    unsigned long long kept_mass = masses[0];
-    bool by_k = top_k > 0 && top_k < counts[0];
-    __syncthreads();
+    Weighed kept = weigh_by_exponent(row, vocab, best, inv_t, cut.t);
+    bool by_k = top_k > 0 && top_k < kept.count;
     if (!by_k && top_p >= 1.0f) return cut;
-    if (expected > PICK_CANDIDATES) return top_k_and_p_over(whole_row, cut, cut.t, by_k, top_k, top_p, kept_mass);
-    if (threadIdx.x == 0) gathered = 0;
-    __syncthreads();
-    whole_row([&](unsigned b) {
-        if (b >= lo) candidates[atomicAdd(&gathered, 1)] = b;
-    });
-    __syncthreads();
-    int n = gathered;
-    auto gathered_tokens = [&](auto f) {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) f(candidates[i]);
+    double need = (double)(top_p * (float)((double)kept.mass / MASS_ONE)) * MASS_ONE;
+    auto enough = [&](int count, unsigned long long mass) {
+        return by_k ? count >= top_k : (double)mass >= need;
     };
-    Cut result = top_k_and_p_over(gathered_tokens, cut, lo, by_k, top_k, top_p, kept_mass);
+    unsigned lo;
+    int n = gather_heaviest(row, vocab, best, inv_t, cut.t, enough, &lo);
+    if (n > PICK_CANDIDATES) {
+        auto whole_row = [&](auto f) {
+            for_each_logit(row, vocab,
+                           [&](int, float l) { f(__float_as_uint(weight_of(l, best, inv_t))); });
+        };
+        return top_k_and_p_over(whole_row, cut, cut.t, by_k, top_k, top_p, kept.mass);
+    }
+    auto gathered = [&](auto f) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            f(__float_as_uint(weight_of(row[gathered_ids[i]], best, inv_t)));
+    };
+    Cut result = top_k_and_p_over(gathered, cut, lo, by_k, top_k, top_p, kept.mass);
     __syncthreads();
     return result;
 }
@@ -380,13 +412,29 @@ extern "C" __global__ void pick_rows(const float* logits, int first, int vocab,
     float normaliser = finite ? best + logf((float)sum) : 0.0f;
     float* out = logprobs + (size_t)blockIdx.x * LOGPROB_STRIDE;
     if (threadIdx.x == 0) out[0] = logprob_of(row[token], normaliser);
-    // The best tokens one pass each: the next in (logit desc, id asc) after the last one.
+    // The best tokens one pass each: the next in (logit desc, id asc) after the last one,
+    // among the tokens of the heaviest exponents of exp(l - best) that number at least as
+    // many as asked (a logit above another's weighs at least as much), gathered in one pass;
+    // else over the whole row.
+    int wanted = min(top_logprobs, MAX_TOP_LOGPROBS);
+    int n = PICK_CANDIDATES + 1;
+    if (finite && wanted > 0 && weigh_by_exponent(row, vocab, best, 1.0f, 1u).count >= wanted) {
+        unsigned from;
+        auto enough = [&](int count, unsigned long long) { return count >= wanted; };
+        n = gather_heaviest(row, vocab, best, 1.0f, 1u, enough, &from);
+    }
+    auto tokens = [&](auto f) {
+        if (n <= PICK_CANDIDATES)
+            for (int c = threadIdx.x; c < n; c += blockDim.x) f(gathered_ids[c], row[gathered_ids[c]]);
+        else
+            for_each_logit(row, vocab, f);
+    };
     float prev = -NEG_INF;
     int prev_i = -1;
-    for (int k = 0; k < min(top_logprobs, MAX_TOP_LOGPROBS); k++) {
+    for (int k = 0; k < wanted; k++) {
         float v = NEG_INF;
         int vi = 0x7fffffff;
-        for_each_logit(row, vocab, [&](int i, float raw) {
+        tokens([&](int i, float raw) {
             float l = clean_logit(raw);
             bool after = l < prev || (l == prev && i > prev_i);
             if (after && (l > v || (l == v && i < vi))) {
