@@ -90,6 +90,12 @@ __device__ unsigned long long mass_at_least(Each each, unsigned t) {
     return block_total(m);
 }
 
+// The mass top-p keeps of `total` (fixed point): top_p times it in f32, as the host sampler
+// computes its nucleus.
+__device__ __forceinline__ double nucleus_need(float top_p, unsigned long long total) {
+    return (double)(top_p * (float)((double)total / MASS_ONE)) * MASS_ONE;
+}
+
 // What a draw keeps: every token weighing more than bits `t`, and the first `ties` (in id
 // order) of those weighing exactly t.
 struct Cut {
@@ -167,7 +173,7 @@ __device__ Cut top_k_and_p_over(Each each, Cut cut, unsigned lo, bool by_k, int 
             total = mass_at_least(each, cut.t + 1) +
                     (unsigned long long)min(cut.ties, at_t) * fixed_mass(cut.t);
         }
-        double need = (double)(top_p * (float)((double)total / MASS_ONE)) * MASS_ONE;
+        double need = nucleus_need(top_p, total);
         unsigned a = max(lo, cut.t), b = ONE_BITS;  // the mass from a up reaches `need`
         while (a < b) {
             unsigned mid = a + (b - a + 1) / 2;
@@ -271,7 +277,7 @@ __device__ Cut cut_top_k_and_p(const float* row, int vocab, float best, float in
     Weighed kept = weigh_by_exponent(row, vocab, best, inv_t, cut.t);
     bool by_k = top_k > 0 && top_k < kept.count;
     if (!by_k && top_p >= 1.0f) return cut;
-    double need = (double)(top_p * (float)((double)kept.mass / MASS_ONE)) * MASS_ONE;
+    double need = nucleus_need(top_p, kept.mass);
     auto enough = [&](int count, unsigned long long mass) {
         return by_k ? count >= top_k : (double)mass >= need;
     };
