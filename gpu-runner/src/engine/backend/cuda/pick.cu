@@ -224,10 +224,11 @@ __device__ Weighed weigh_by_exponent(const float* row, int vocab, float best, fl
     for_each_logit(row, vocab, [&](int, float l) {
         unsigned b = __float_as_uint(weight_of(l, best, inv_t));
         if (b < t) return;
+        unsigned long long m = fixed_mass(b);
         atomicAdd(&exponent_counts[b >> 23], 1);  // weights <= 1: exponents < 128
-        atomicAdd(&exponent_masses[b >> 23], fixed_mass(b));
+        atomicAdd(&exponent_masses[b >> 23], m);
         count++;
-        mass += fixed_mass(b);
+        mass += m;
     });
     return {block_total(count), block_total(mass)};
 }
