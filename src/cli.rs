@@ -81,8 +81,9 @@ pub struct ServiceArgs {
     #[arg(long, env = "FALLOW_DEVICE")]
     pub device: Option<String>,
     /// How CUDA runners store a model's matrices: bf16 (default), quantized (a GGUF's
-    /// blocks, read by dequantizing kernels) or q8_0 (those, and float matrices quantized to
-    /// Q8_0 at load).
+    /// blocks, read by dequantizing kernels), q8_0 (those, and float matrices quantized to
+    /// Q8_0 at load) or q4_k (as q8_0, with Q4_K where rows are whole 256-element
+    /// super-blocks).
     #[arg(long, env = "FALLOW_CUDA_WEIGHTS")]
     pub cuda_weights: Option<String>,
     /// KV cache per model, in MiB. Unset or 0: automatic (512 MiB on the CPU; on CUDA room
@@ -328,8 +329,9 @@ pub struct BenchEngineArgs {
     /// Where the model runs: cpu, cuda, cuda:N, or auto (a GPU when one is usable).
     #[arg(long, default_value = "cpu")]
     pub device: fallow_runner::engine::runtime::Device,
-    /// On CUDA, how the model's matrices are stored: bf16, quantized (a GGUF's blocks) or
-    /// q8_0 (and float matrices quantized to Q8_0 at load).
+    /// On CUDA, how the model's matrices are stored: bf16, quantized (a GGUF's blocks),
+    /// q8_0 (and float matrices quantized to Q8_0 at load) or q4_k (Q4_K at load where rows
+    /// are whole super-blocks, else Q8_0).
     #[arg(long, default_value = "bf16")]
     pub cuda_weights: fallow_runner::engine::backend::cuda::CudaWeights,
     /// Also run every concurrency under this JSON schema (constrained decoding) and print

@@ -143,6 +143,11 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
                 &["--cuda-weights", "q8_0", "--json-schema", schema.as_str()],
             ),
         ),
+        // f13: Q4_K at load (the tiny model's rows are narrower than a super-block: Q8_0).
+        (
+            vec![("FALLOW_CUDA_GEMV", "w8u4")],
+            bench(&qwen, &["--cuda-weights", "q4_k"]),
+        ),
         // f5, f7, f8, f9 and f10: plain launches, the fusions off, no L2 prefetches,
         // attention split only from 256 keys, no graphs.
         (

@@ -233,6 +233,8 @@ def summary(args):
     for title, base_log, other_log, base_name, other in [
         ("8B shape: bf16 vs Q8_0 at load (f. vs f4.)", args.fallow_log, args.q8_log, "bf16",
          "q8_0"),
+        ("8B shape: bf16 vs Q4_K at load (f. vs f13.)", args.fallow_log, args.q4k_log, "bf16",
+         "q4_k"),
         ("SmolLM2 Q4_1: bf16 vs its own blocks (c2.)", args.smol_bf16_log, args.smol_quant_log,
          "bf16", "quantized"),
         ("SmolLM2 bf16: greedy vs sampled, temperature 0.8, top-p 0.9 (c2. vs c4.)",
@@ -262,9 +264,10 @@ def summary(args):
             d0 = base[b][1] if b in base else None
             d1 = alt[b][1] if b in alt else None
             say(f"{b:>5} {fmt(d0):>12} {fmt(d1):>16} {fmt(ratio(d1, d0), '.2f'):>6}")
-        if other == "q8_0" and roof and 1 in alt:
-            # Q8_0 keeps 34 bytes per 32 weights against bf16's 64.
-            say(f"  Q8_0 batch 1 = {pct(alt[1][1] * 34 / 64)} % of its own roofline")
+        # Bytes per weight against bf16's 2: Q8_0 keeps 34 per 32 weights, Q4_K 144 per 256.
+        share = {"q8_0": 34 / 64, "q4_k": 144 / 512}.get(other)
+        if share and roof and 1 in alt:
+            say(f"  {other} batch 1 = {pct(alt[1][1] * share)} % of its own roofline")
 
     # Constrained decoding: the bench's own ratio lines.
     ratios = [l.strip() for l in read_text(args.smol_json_log).splitlines()
@@ -306,6 +309,7 @@ def main():
     s.add_argument("--bandwidth-gbs", type=float)
     s.add_argument("--steps", help="TSV of step name and status")
     s.add_argument("--q8-log", help="f4.: the 8B shape's bench with Q8_0 weights")
+    s.add_argument("--q4k-log", help="f13.: the 8B shape's bench with Q4_K weights")
     s.add_argument("--smol-bf16-log", help="c2.: SmolLM2's bench with bf16 weights")
     s.add_argument("--smol-quant-log", help="c2.: SmolLM2's bench with its own blocks")
     s.add_argument("--smol-json-log", help="c3.: SmolLM2's bench with --json-schema")

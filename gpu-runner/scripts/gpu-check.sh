@@ -18,7 +18,7 @@
 #      f12: batch 1 and 8 with no decode-sized product given to cuBLAS, FALLOW_CUDA_GEMV_CUBLAS=0;
 #      f6: a 4096-token
 #      prompt's prefill, attention on tensor cores vs f32; f4: its matrices quantized to Q8_0
-#      at load; f2: without CUDA graphs)
+#      at load; f13: to Q4_K at load, batch 1 and 8; f2: without CUDA graphs)
 #   g. transformers generate() on it (hf_bench.py)
 #   h. a summary: Fallow vs transformers, and batch 1 against the bandwidth roofline
 #
@@ -413,6 +413,11 @@ main() {
     run_step "f4. fallow bench engine, Q8_0 weights" 150 "$WORK/fallow-bench-q8_0.log" \
       "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda --cuda-weights q8_0 \
       --concurrency 1,8,64 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+    # Quantized to Q4_K at load (0.28 of bf16's bytes): the K-quant GEMV (16-byte loads of
+    # super-blocks in the bf16 GEMV's loop) at decode sizes only.
+    run_step "f13. fallow bench engine, Q4_K weights" 120 "$WORK/fallow-bench-q4_k.log" \
+      "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda --cuda-weights q4_k \
+      --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
     run_step "f2. fallow bench engine, no CUDA graphs" 120 "$WORK/fallow-bench-nographs.log" \
       env FALLOW_CUDA_GRAPHS=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
       --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
@@ -429,6 +434,7 @@ main() {
     --fallow-log "$OUT/fallow-bench.log" --hf-log "$OUT/hf-bench.log" \
     --bytes-per-step "$LLAMA_DIR/bytes_per_step.txt" ${bw:+--bandwidth-gbs "$bw"} \
     --steps "$OUT/steps.tsv" --q8-log "$WORK/fallow-bench-q8_0.log" \
+    --q4k-log "$WORK/fallow-bench-q4_k.log" \
     --smol-bf16-log "$WORK/smol-bench-bf16.log" --smol-quant-log "$WORK/smol-bench-quantized.log" \
     --smol-json-log "$WORK/smol-bench-json.log" --smol-sampled-log "$WORK/smol-bench-sampled.log" \
     --plain-log "$WORK/fallow-bench-plain.log" \

@@ -15,6 +15,9 @@
 //! - the whole engine on CUDA (continuous batching, chunked prefill, greedy tokens picked on
 //!   the device) generates llama.cpp's greedy tokens for concurrent requests up to the first
 //!   near tie, on both models;
+//! - float matrices quantized at load stay close to bf16 (Q8_0, tiny fixtures), and Q4_K at
+//!   load (a Llama as wide as its super-blocks) stores the host's blocks and computes their
+//!   exact math within bf16 tolerance;
 //! - the device argmax equals the host argmax of the same logits; the GEMV kernel (decode)
 //!   equals cuBLAS; graph replays, split-K attention and early-started launches (sm_90)
 //!   compute what eager, unsplit, plainly launched steps do; the tensor-core prefill
@@ -37,7 +40,8 @@ use fallow_runner::engine::backend::cuda::{
 use fallow_runner::engine::backend::{Backend, LogitsMode, NoMasks, ReadyMasks, SeqSlice};
 use fallow_runner::engine::footprint::KvPoolSize;
 use fallow_runner::engine::llm::EngineRequest;
-use fallow_runner::engine::model::{self, ModelArtifacts};
+use fallow_runner::engine::model::{self, LayerWeights, ModelArtifacts, Weights};
+use fallow_runner::engine::quant::{GgmlType, QMatrix};
 use fallow_runner::engine::runtime::{load, Device, LoadOptions};
 use fallow_runner::engine::sampler::{mask_disallowed, Sampled, TokenDraw};
 use fallow_scheduler::job::Sampling;
@@ -211,6 +215,33 @@ fn forward_both(
     (a, b)
 }
 
+/// The largest relative |Δ logit| between the backends over one 26-token sequence: two
+/// prefill chunks (the second attends to the first as a cached prefix; logits at every
+/// position), then three one-token decode steps (the GEMVs, graphs).
+fn chunked_prefill_then_decodes_diff(
+    cpu: &mut CpuBackend,
+    cuda: &mut CudaBackend,
+    vocab: usize,
+) -> f32 {
+    let tokens: Vec<u32> = (0..26u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
+    let blocks = table(0, tokens.len());
+    let split = 9;
+    let mut worst = 0f32;
+    let mut steps = vec![(0, &tokens[..split]), (split, &tokens[split..23])];
+    steps.extend((23..26).map(|p| (p, &tokens[p..p + 1])));
+    for (start, chunk) in steps {
+        let batch = [SeqSlice {
+            tokens: chunk,
+            start_pos: start,
+            block_table: &blocks,
+            logits: LogitsMode::All,
+        }];
+        let (want, got) = forward_both(cpu, cuda, &batch);
+        worst = worst.max(relative_diff(&got, &want, vocab));
+    }
+    worst
+}
+
 #[test]
 fn every_tiny_architecture_matches_the_cpu_backend_with_a_cached_prefix() {
     if !gpu() {
@@ -229,23 +260,7 @@ fn every_tiny_architecture_matches_the_cpu_backend_with_a_cached_prefix() {
             Vec::<&str>::new(),
             "{name}: GEMV variants whose product is wrong on this GPU"
         );
-        let tokens: Vec<u32> = (0..26u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
-        let blocks = table(0, tokens.len());
-        let split = 9;
-        let mut worst = 0f32;
-        // Two prefill chunks, then three one-token decode steps (the GEMVs, graphs).
-        let mut steps = vec![(0, &tokens[..split]), (split, &tokens[split..23])];
-        steps.extend((23..26).map(|p| (p, &tokens[p..p + 1])));
-        for (start, chunk) in steps {
-            let batch = [SeqSlice {
-                tokens: chunk,
-                start_pos: start,
-                block_table: &blocks,
-                logits: LogitsMode::All,
-            }];
-            let (want, got) = forward_both(&mut cpu, &mut cuda, &batch);
-            worst = worst.max(relative_diff(&got, &want, vocab));
-        }
+        let worst = chunked_prefill_then_decodes_diff(&mut cpu, &mut cuda, vocab);
         eprintln!("{name}: max relative |Δ logit| {worst:.4}");
         assert!(worst <= RELATIVE_TOLERANCE, "{name}: {worst}");
     }
@@ -1516,6 +1531,116 @@ fn dropping_a_cuda_model_gives_its_device_memory_back() {
             "round {round}: {kept} bytes not given back"
         );
     }
+}
+
+/// `rows` × `cols` f32 weights, uniform in ±1.5/√cols, from `seed`.
+fn random_matrix(rows: usize, cols: usize, seed: u64) -> QMatrix {
+    let a = 1.5 / (cols as f32).sqrt();
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let values: Vec<f32> = (0..rows * cols)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a
+        })
+        .collect();
+    QMatrix::from_f32(rows, cols, &values).expect("f32 matrix")
+}
+
+/// A Llama as wide as K-quant super-blocks (hidden 256, FFN 512, four 64-wide heads over two
+/// KV heads; the tiny fixtures' 64 columns are too narrow for Q4_K): two layers of random f32
+/// weights, an untied LM head, the tiny Llama's vocabulary and RoPE; `store` turns each
+/// matrix into what the model keeps (itself, or its blocks).
+fn wide_llama(store: impl Fn(QMatrix) -> QMatrix) -> ModelArtifacts {
+    let tiny = tiny("llama");
+    let mut config = tiny.config.clone();
+    (config.hidden, config.ffn) = (256, 512);
+    (config.n_heads, config.n_kv_heads, config.head_dim) = (4, 2, 64);
+    config.tie_embeddings = false;
+    let (hidden, ffn, q_dim, kv_dim) = (config.hidden, config.ffn, config.q_dim(), config.kv_dim());
+    let mut seed = 0u64;
+    let mut matrix = |rows: usize, cols: usize| {
+        seed += 1;
+        store(random_matrix(rows, cols, seed))
+    };
+    let norm = |len: usize| -> Vec<f32> {
+        (0..len)
+            .map(|i| 0.8 + 0.4 * ((i * 37 % 11) as f32 / 10.0))
+            .collect()
+    };
+    let layers = (0..config.n_layers)
+        .map(|_| LayerWeights {
+            attn_norm: norm(hidden),
+            wq: matrix(q_dim, hidden),
+            wk: matrix(kv_dim, hidden),
+            wv: matrix(kv_dim, hidden),
+            wo: matrix(hidden, q_dim),
+            bq: None,
+            bk: None,
+            bv: None,
+            q_norm: None,
+            k_norm: None,
+            post_attn_norm: None,
+            ffn_norm: norm(hidden),
+            w_gate: matrix(ffn, hidden),
+            w_up: matrix(ffn, hidden),
+            w_down: matrix(hidden, ffn),
+            post_ffn_norm: None,
+        })
+        .collect();
+    let weights = Weights {
+        // Gathered as bf16 on the device whatever the storage: kept as f32 in both models.
+        token_embd: random_matrix(config.vocab_size, hidden, 0),
+        output_norm: norm(hidden),
+        output: Some(matrix(config.vocab_size, hidden)),
+        rope_freq_factors: None,
+        layers,
+    };
+    ModelArtifacts {
+        config,
+        weights: std::sync::Arc::new(weights),
+        vocab: tiny.vocab,
+        chat_template: tiny.chat_template,
+        eos_ids: tiny.eos_ids,
+    }
+}
+
+#[test]
+fn float_weights_quantized_to_q4_k_at_load_compute_the_exact_math_of_those_blocks() {
+    if !gpu() {
+        return;
+    }
+    let floats = wide_llama(|m| m);
+    let blocks = wide_llama(|m| m.quantized(GgmlType::Q4K).expect("whole super-blocks"));
+    let vocab = floats.config.vocab_size;
+    // Every matrix's rows are whole super-blocks, so Q4_K at load stores them all as Q4_K: the
+    // same blocks the host quantized, so the same logits as the device reading those blocks.
+    let at_load = teacher_forced_decodes(&floats, CudaWeights::Q4K, 3, 6);
+    let host_blocks = teacher_forced_decodes(&blocks, CudaWeights::Quantized, 3, 6);
+    assert_eq!(
+        at_load.0, host_blocks.0,
+        "Q4_K at load and the host's Q4_K blocks"
+    );
+    let bf16 = cuda_with(&floats, CudaWeights::Bf16).weight_bytes();
+    eprintln!("Q4_K at load: {} bytes of matrices, bf16 {bf16}", at_load.1);
+    // 144 bytes per 256 weights (the bf16 embedding table aside).
+    assert!(at_load.1 * 2 < bf16, "{} vs {bf16}", at_load.1);
+
+    // Against the CPU backend on the blocks' values as f32 (exact math; its own K-quant
+    // kernels would quantize the activations to 8 bits): a prompt in two chunks (the
+    // expansion to bf16 and cuBLAS) and decodes (the Q4_K GEMV). Measured on the emulator:
+    // 0.019, where bf16 weights against f32 ones give 0.015; a wrong group min gives 0.59.
+    let exact = wide_llama(|m| {
+        let q = m.quantized(GgmlType::Q4K).expect("whole super-blocks");
+        QMatrix::from_f32(q.rows, q.cols, &q.dequantize_all()).expect("f32")
+    });
+    let mut cpu = CpuBackend::with_kv_dtype(&exact, NUM_BLOCKS, BLOCK_SIZE, KvDtype::F32)
+        .expect("cpu backend");
+    let mut cuda = cuda_with(&floats, CudaWeights::Q4K);
+    let worst = chunked_prefill_then_decodes_diff(&mut cpu, &mut cuda, vocab);
+    eprintln!("Q4_K at load vs the exact math of its blocks: max relative |Δ| {worst:.4}");
+    assert!(worst <= RELATIVE_TOLERANCE, "{worst}");
 }
 
 #[test]

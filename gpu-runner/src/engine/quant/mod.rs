@@ -4,6 +4,8 @@
 //! - [`ggml_type`]: the types, their ids and block geometry.
 //! - `float`, `legacy`, `kquants`: per-format layouts, dequantisation, scalar dot products.
 //! - `act`: quantisation of activations into the dot-product block types (Q8_0, Q8_1, Q8_K).
+//! - `quantize` (+ `kquants_quantize`): weight matrices quantized into block formats
+//!   ([`QMatrix::quantized`]).
 //! - `formats` + `matmul`: the row kernels and the parallel, tiled driver;
 //!   `x86_rows`: x86_64 SIMD row kernels for every format, compiled for AVX2 (`avx2`) and
 //!   for AVX-512 VNNI (`vnni`), picked at runtime (portable code elsewhere).
@@ -23,8 +25,10 @@ mod formats;
 pub mod ggml_type;
 mod interleave;
 mod kquants;
+pub(crate) mod kquants_quantize;
 pub(crate) mod legacy;
 mod matmul;
+mod quantize;
 #[cfg(test)]
 pub(crate) mod tests;
 #[cfg(target_arch = "x86_64")]
@@ -55,6 +59,8 @@ pub enum QuantError {
         expected: usize,
         got: usize,
     },
+    #[error("no quantizer writes {0:?} (Q8_0, Q4_K and Q5_K)")]
+    NoQuantizer(GgmlType),
 }
 
 /// A 2-D weight `[rows, cols]` (ggml's ne = [cols, rows]) whose rows are stored in `dtype`.

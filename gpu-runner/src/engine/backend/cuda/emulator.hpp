@@ -484,6 +484,14 @@ inline float __int_as_float(int i) { return emu::bits_as<float>(i); }
 inline float __uint_as_float(unsigned i) { return emu::bits_as<float>(i); }
 inline unsigned __float_as_uint(float f) { return emu::bits_as<unsigned>(f); }
 inline int __float_as_int(float f) { return emu::bits_as<int>(f); }
+// Byte n of the result is byte (s >> 4n) & 7 of the 8 bytes of (y:x), x's least significant
+// first (selector values 0..7 only: the kernels never ask for prmt's sign replication).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    unsigned long long both = (unsigned long long)y << 32 | x;
+    unsigned r = 0;
+    for (int n = 0; n < 4; n++) r |= (unsigned)(both >> (8 * ((s >> (4 * n)) & 7)) & 0xff) << (8 * n);
+    return r;
+}
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }

@@ -359,7 +359,7 @@ extern "C" __global__ void softcap(float* x, long long n, float cap) {
 // staged in shared memory (read from L2 once per block, not once per warp and row), and
 // each lane keeps UNROLL independent 16-byte loads of W in flight: a tile is 32 lanes ×
 // UNROLL chunks of ROWS::PER_CHUNK weights (ROWS: how a weight row is stored, Bf16Rows
-// here, Q8_0Rows in quant.cu). Lane l adds chunks l, l + 32, l + 64, … of K in ascending
+// here, Q8_0Rows and KQuantRows in quant.cu). Lane l adds chunks l, l + 32, l + 64, … of K in ascending
 // order whatever the variant, so every instantiation gives the same bits; which is fastest
 // depends on the GPU and the shape (gemv_tune.rs times them at load). K % 8 == 0.
 //
@@ -419,13 +419,16 @@ __device__ __forceinline__ void gemv_end_norm(const GemvNorm& norm, const float*
 
 #define GEMV_RESIDENT_BYTES (40 * 1024)
 
-// This lane's UNROLL chunks (of `chunks`) of one tile of a weight row.
-template <int UNROLL>
-__device__ __forceinline__ void gemv_load_w(uint4* wv, const uint4* tile, int lane, int chunks) {
+// This lane's UNROLL chunks (of `chunks`) of the tile of a weight row that starts at chunk
+// `first`, as ROWS loads them (ROWS::Raw: the chunk's bytes and whatever side data it needs,
+// e.g. its scale, requested with them so that no load waits inside the sums).
+template <int UNROLL, class ROWS>
+__device__ __forceinline__ void gemv_load_w(typename ROWS::Raw* wv, const ROWS& rows, int first,
+                                            int lane, int chunks) {
 #pragma unroll
     for (int u = 0; u < UNROLL; u++) {
         int c = lane + 32 * u;
-        if (c < chunks) wv[u] = __ldg(tile + c);
+        if (c < chunks) wv[u] = rows.load(first + c);
     }
 }
 
@@ -482,15 +485,34 @@ __device__ __forceinline__ void gemv_stage_x(uint4* xs, int stride, const void* 
 #define GEMV_DYNAMIC_X(name) extern __shared__ uint4 name[]
 #endif
 
+// s plus the products of 8 weights with the 8 bf16 of xv, added in order.
+__device__ __forceinline__ float dot_bf16x8(const float* w, uint4 xv, float s) {
+    unsigned int xw[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        s += w[2 * e] * __uint_as_float(xw[e] << 16);
+        s += w[2 * e + 1] * __uint_as_float(xw[e] & 0xffff0000u);
+    }
+    return s;
+}
+
 // A bf16 weight row for gemv_t: 8 weights per 16-byte chunk.
+//
+// What gemv_t asks of a row type: PER_CHUNK weights per chunk (a multiple of 8), chunk c
+// holding weights [c·PER_CHUNK, (c + 1)·PER_CHUNK) of the row in some order; CHUNK_BYTES of
+// the row's bytes per chunk, from `row` (where L2 is asked for them); `load(c)` (the Raw a
+// lane keeps in flight), `decode(raw, c)`, and `dot(chunk, x, c)`: the chunk's products with
+// x, where x holds the tile's elements from the tile's first chunk on (c counted from it).
 struct Bf16Rows {
-    static constexpr int PER_CHUNK = 8;
+    static constexpr int PER_CHUNK = 8, CHUNK_BYTES = 16;
+    using Raw = uint4;
     struct Chunk {
         float w[8];
     };
     const uint4* row;  // this warp's row, in chunks
     __device__ __forceinline__ Bf16Rows(const void* w, int m, int M, int K)
         : row((const uint4*)((const bf16*)w + (size_t)m * K)) {}
+    __device__ __forceinline__ Raw load(int c) const { return __ldg(row + c); }
     __device__ __forceinline__ Chunk decode(uint4 wv, int) const {
         Chunk c;
         unsigned int words[4] = {wv.x, wv.y, wv.z, wv.w};
@@ -501,17 +523,9 @@ struct Bf16Rows {
         }
         return c;
     }
-    // The chunk's products with the 8 bf16 of x at `x`, summed in order.
-    __device__ __forceinline__ float dot(const Chunk& c, const uint4* x) const {
-        uint4 xv = x[0];
-        unsigned int xw[4] = {xv.x, xv.y, xv.z, xv.w};
-        float s = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            s += c.w[2 * e] * __uint_as_float(xw[e] << 16);
-            s += c.w[2 * e + 1] * __uint_as_float(xw[e] & 0xffff0000u);
-        }
-        return s;
+    // The chunk's products with its 8 bf16 of x, summed in order.
+    __device__ __forceinline__ float dot(const Chunk& c, const uint4* x, int at) const {
+        return dot_bf16x8(c.w, x[at], 0.0f);
     }
 };
 
@@ -553,7 +567,7 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
                        float* __restrict__ out, int M, int K, int n, int ldo, int act,
                        GemvNorm norm, GemvL2 l2, int glu) {
     static_assert(PREFETCH || !RESIDENT, "a resident x streams W with prefetching");
-    constexpr int PER_CHUNK = ROWS::PER_CHUNK, X_CHUNKS = PER_CHUNK / 8;  // x: 8 per chunk
+    constexpr int PER_CHUNK = ROWS::PER_CHUNK, X_CHUNKS = PER_CHUNK / 8;  // x: 8 per uint4
     const int TILE = 32 * UNROLL * PER_CHUNK;
     __shared__ uint4 x_tile[RESIDENT ? 1 : GEMV_MAX_ROWS][TILE / 8];
     GEMV_DYNAMIC_X(x_all);
@@ -569,17 +583,18 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
         live = pair < f;
     }
     const ROWS rows(w, min(m, M - 1), M, K);
-    const uint4* wrow = rows.row;
+    const void* wrow = rows.row;  // where L2 is asked for the row's bytes
     float acc[GEMV_MAX_ROWS];
 #pragma unroll
     for (int j = 0; j < GEMV_MAX_ROWS; j++) acc[j] = 0.0f;
     // The first tile of W is requested before waiting for the kernel that writes x, and L2
     // asked for the row's next bytes up to `l2.before_wait` (at least `l2.ahead` of them):
     // with an early start their latency hides behind the previous kernel's last blocks.
-    uint4 wv[UNROLL];
-    gemv_load_w<UNROLL>(wv, wrow, lane, min(TILE, K) / PER_CHUNK);
-    constexpr unsigned int TILE_BYTES = TILE / PER_CHUNK * 16u;
-    if (lane == 0 && live) l2.row_start(wrow, TILE_BYTES, (unsigned int)(K / PER_CHUNK) * 16u);
+    typename ROWS::Raw wv[UNROLL];
+    gemv_load_w<UNROLL>(wv, rows, 0, lane, min(TILE, K) / PER_CHUNK);
+    constexpr unsigned int TILE_BYTES = TILE / PER_CHUNK * ROWS::CHUNK_BYTES;
+    const unsigned int row_bytes = (unsigned int)(K / PER_CHUNK) * ROWS::CHUNK_BYTES;
+    if (lane == 0 && live) l2.row_start(wrow, TILE_BYTES, row_bytes);
     grid_dependency_sync();
     if constexpr (RESIDENT) {
         // (Two gated chunks at a time: four hold 64 floats, past a 16-warp block's registers.)
@@ -592,14 +607,14 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
             gemv_stage_x<GATED, 1>(xs, stride, xin, K, k0, chunks * X_CHUNKS, n, act);
             __syncthreads();
         }
-        uint4 next[PREFETCH ? UNROLL : 1];
+        typename ROWS::Raw next[PREFETCH ? UNROLL : 1];
         if constexpr (PREFETCH) {
             int ahead = K - k0 - TILE;
             if (ahead > 0)
-                gemv_load_w<UNROLL>(next, wrow + (k0 + TILE) / PER_CHUNK, lane,
+                gemv_load_w<UNROLL>(next, rows, (k0 + TILE) / PER_CHUNK, lane,
                                     min(TILE, ahead) / PER_CHUNK);
         } else if (k0 > 0) {
-            gemv_load_w<UNROLL>(wv, wrow + k0 / PER_CHUNK, lane, chunks);
+            gemv_load_w<UNROLL>(wv, rows, k0 / PER_CHUNK, lane, chunks);
         }
         const uint4* xt = RESIDENT ? xs + k0 / 8 : xs;
         // Each row's start, once per tile: with a resident x (row stride K / 8, not a
@@ -612,10 +627,10 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
         for (int u = 0; u < UNROLL; u++) {
             int c = lane + 32 * u;
             if (c < chunks) {
-                typename ROWS::Chunk wc = rows.decode(wv[u], k0 + PER_CHUNK * c);
+                typename ROWS::Chunk wc = rows.decode(wv[u], k0 / PER_CHUNK + c);
 #pragma unroll
                 for (int j = 0; j < GEMV_MAX_ROWS; j++) {
-                    if (j < n) acc[j] += rows.dot(wc, xrow[j] + X_CHUNKS * c);
+                    if (j < n) acc[j] += rows.dot(wc, xrow[j], c);
                 }
             }
         }
@@ -624,8 +639,8 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
         // sums, and nothing kept across the loop: fewer registers live (a 16-warp block
         // loses half its occupancy past 64).
         if (l2.ahead > 0 && lane == 0 && live) {
-            unsigned int row_bytes = (unsigned int)(K / PER_CHUNK) * 16u;
-            unsigned int loaded = (unsigned int)(k0 / PER_CHUNK) * 16u + (PREFETCH ? 2u : 1u) * TILE_BYTES;
+            unsigned int loaded = (unsigned int)(k0 / PER_CHUNK) * ROWS::CHUNK_BYTES +
+                                  (PREFETCH ? 2u : 1u) * TILE_BYTES;
             l2.row_ahead(wrow, loaded, TILE_BYTES, row_bytes);
         }
         if constexpr (PREFETCH) {

@@ -1,11 +1,15 @@
 // GGUF block formats on the device (appended to kernels.cu at compile time): matrices kept in
-// their file's quantized blocks, dequantized where they are used. Decode-sized products read
-// the blocks directly (gemv_<format>: a quarter to a half of bf16's bytes per weight);
-// larger ones first expand a matrix to bf16 (dequant_<format>) for cuBLAS.
+// quantized blocks, dequantized where they are used. Decode-sized products read the blocks
+// directly (gemv_<format>: a quarter to a half of bf16's bytes per weight); larger ones
+// first expand a matrix to bf16 (dequant_<format>) for cuBLAS.
 //
-// Layouts follow quant/legacy.rs and quant/kquants.rs (the host's reference): every format
-// is read as groups of 32 consecutive elements of a row; a row of K elements is K/32 groups
-// (legacy blocks hold one group, K-quant super-blocks eight).
+// Values follow quant/legacy.rs and quant/kquants.rs (the host's reference). Each format is
+// a row type for gemv_t (kernels.cu: the bf16 GEMV's prefetching loop) that reads a row as
+// chunks with 16-byte loads; the expansion decodes the same chunks (dequant_t). So that
+// every load is aligned, the device keeps the formats whose blocks are not a multiple of 16
+// bytes split (weights.rs, device_layout): each block's bytes in segments, segment s of every
+// block of the matrix stored together, in block order, one region after another. Q4_K and
+// Q5_K (144 and 176 bytes) stay as ggml stores them.
 
 typedef unsigned char u8;
 
@@ -19,170 +23,357 @@ __device__ __forceinline__ float f16_to_f32(unsigned short h) {
     return __uint_as_float(sign | ((exp + 112) << 23) | (mant << 13));
 }
 
-__device__ __forceinline__ float f16_at(const u8* p) {
-    return f16_to_f32((unsigned short)(p[0] | (p[1] << 8)));
+// Quants as floats without the conversion unit: an int-to-float conversion issues at a
+// quarter of the rate of an FMA (sm_80/sm_90), and a dequantizing GEMV converts every weight
+// it reads, several per byte, so at decode's bandwidth the conversions, not the loads, would
+// set the pace. Instead an integer's bits are placed in the mantissa of a float whose unit
+// in the last place is 1 (2^23 ≤ f < 2^24), and that float's offset subtracted: exact, one
+// integer op (add or byte permute) and one float add.
+//
+// v, for |v| < 2^22.
+__device__ __forceinline__ float small_int_as_float(int v) {
+    return __int_as_float(0x4B400000 + v) - 12582912.0f;  // 1.5 · 2^23: room for either sign
+}
+
+// The four bytes of `word` (least significant first) as unsigned values 0..255.
+__device__ __forceinline__ void u8x4_as_floats(unsigned int word, float* out) {
+#pragma unroll
+    for (int i = 0; i < 4; i++)  // bytes [i, 0, 0, 0x4B] of (word, 0x4B000000): 2^23 + byte i
+        out[i] = __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7540u | i)) - 8388608.0f;
+}
+
+// The four bytes of `word` as signed values -128..127 (flipping the sign bit adds 128).
+__device__ __forceinline__ void s8x4_as_floats(unsigned int word, float* out) {
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        out[i] = __uint_as_float(__byte_perm(word ^ 0x80808080u, 0x4B000000u, 0x7540u | i)) -
+                 8388736.0f;  // 2^23 + 128
+}
+
+// Byte i (0..4) of `word` as a signed value.
+__device__ __forceinline__ int s8_of(unsigned int word, int i) {
+    return (int)(signed char)((word >> (8 * i)) & 0xFF);
+}
+
+// Bits 0..3 of `bits` moved to bit 0 of bytes 0..3 (the four shifted copies never overlap).
+__device__ __forceinline__ unsigned int spread_bits(unsigned int bits) {
+    return ((bits & 0xF) * 0x00204081u) & 0x01010101u;
+}
+
+// The low and high nibbles of `word`'s four bytes, scaled: lo[i] = d0 · q + m0 for the low
+// nibble q of byte i, hi[i] = d1 · q + m1 for its high one, each q with its fifth bit (bit 4)
+// taken from the same byte of fifth_lo / fifth_hi (0 for 4-bit formats).
+__device__ __forceinline__ void nibbles_affine(unsigned int word, unsigned int fifth_lo,
+                                               unsigned int fifth_hi, float d0, float m0,
+                                               float d1, float m1, float* lo, float* hi) {
+    float flo[4], fhi[4];
+    u8x4_as_floats((word & 0x0F0F0F0Fu) | fifth_lo, flo);
+    u8x4_as_floats(((word >> 4) & 0x0F0F0F0Fu) | fifth_hi, fhi);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        lo[i] = d0 * flo[i] + m0;
+        hi[i] = d1 * fhi[i] + m1;
+    }
+}
+
+// 16 values as bf16, two 16-byte stores.
+__device__ __forceinline__ void store_bf16x16(bf16* o, const float* v) {
+    ((uint4*)o)[0] = bf16x8(v);
+    ((uint4*)o)[1] = bf16x8(v + 8);
 }
 
 #define FMT_Q4_0 0
 #define FMT_Q4_1 1
 #define FMT_Q5_0 2
 #define FMT_Q5_1 3
-#define FMT_Q8_0 4
 #define FMT_Q4_K 5
 #define FMT_Q5_K 6
-#define FMT_Q6_K 7
 
-template <int FMT>
-__device__ __forceinline__ int block_bytes() {
-    return FMT == FMT_Q4_0 ? 18 : FMT == FMT_Q4_1 ? 20 : FMT == FMT_Q5_0 ? 22
-         : FMT == FMT_Q5_1 ? 24 : FMT == FMT_Q8_0 ? 34 : FMT == FMT_Q4_K ? 144
-         : FMT == FMT_Q5_K ? 176 : 210;
+// Where block `b` of a matrix of `blocks` blocks keeps a segment of `bytes` bytes per block,
+// after `before` bytes of every block's earlier segments (device_layout's regions).
+__device__ __forceinline__ const u8* segment(const void* w, size_t blocks, int before, int bytes,
+                                             size_t b) {
+    return (const u8*)w + blocks * before + b * bytes;
 }
 
+// Q4_0, Q4_1, Q5_0 and Q5_1 (one group of 32 per block), split on the device into the
+// blocks' 16 bytes of low bits (byte j: element j in its low nibble, j + 16 in its high
+// one), then their headers: d (Q4_0), d and m (Q4_1), d and the 32 fifth bits (Q5_0), d, m
+// and the fifth bits (Q5_1). A chunk is a block: its low bits and header in one load each
+// (Q5_0's 6-byte header in three 2-byte loads). Value d·q + m (Q4_0: m = −8·d; Q5_0: −16·d).
 template <int FMT>
-__device__ __forceinline__ int groups_per_block() {
-    return FMT >= FMT_Q4_K ? 8 : 1;
-}
-
-// Bytes of one row of K elements.
-template <int FMT>
-__device__ __forceinline__ size_t row_bytes(int K) {
-    return (size_t)(K / 32 / groups_per_block<FMT>()) * block_bytes<FMT>();
-}
-
-// The 6-bit scale and min of group j (0..8) of a Q4_K/Q5_K super-block.
-__device__ __forceinline__ void scale_min_k4(int j, const u8* s, float* sc, float* m) {
-    if (j < 4) {
-        *sc = (float)(s[j] & 63);
-        *m = (float)(s[j + 4] & 63);
-    } else {
-        *sc = (float)((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
-        *m = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-    }
-}
-
-// v = the 32 elements of group g of a row (every format but Q8_0, which has kernels of its
-// own below).
-template <int FMT>
-__device__ __forceinline__ void dequant32(const u8* row, int g, float* v) {
-    const u8* b = row + (size_t)(g / groups_per_block<FMT>()) * block_bytes<FMT>();
-    if (FMT == FMT_Q4_0 || FMT == FMT_Q4_1) {
-        float d = f16_at(b), m = FMT == FMT_Q4_1 ? f16_at(b + 2) : -8.0f * d;
-        const u8* qs = b + (FMT == FMT_Q4_1 ? 4 : 2);
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            v[j] = d * (float)(qs[j] & 0x0F) + m;
-            v[j + 16] = d * (float)(qs[j] >> 4) + m;
-        }
-    } else if (FMT == FMT_Q5_0 || FMT == FMT_Q5_1) {
-        float d = f16_at(b), m = FMT == FMT_Q5_1 ? f16_at(b + 2) : -16.0f * d;
-        const u8* qh = b + (FMT == FMT_Q5_1 ? 4 : 2);
-        const u8* qs = qh + 4;
-        unsigned int high = qh[0] | (qh[1] << 8) | (qh[2] << 16) | ((unsigned int)qh[3] << 24);
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            v[j] = d * (float)((qs[j] & 0x0F) | (((high >> j) & 1) << 4)) + m;
-            v[j + 16] = d * (float)((qs[j] >> 4) | (((high >> (j + 16)) & 1) << 4)) + m;
-        }
-    } else if (FMT == FMT_Q4_K || FMT == FMT_Q5_K) {
-        int sub = g % 8, c = sub / 2;
-        float d = f16_at(b), dmin = f16_at(b + 2), sc, m;
-        scale_min_k4(sub, b + 4, &sc, &m);
-        float dg = d * sc, mg = dmin * m;
-        const u8* qs = b + (FMT == FMT_Q5_K ? 48 : 16) + c * 32;
-        const u8* qh = b + 16;
-        int shift = (sub & 1) * 4;
-#pragma unroll
-        for (int l = 0; l < 32; l++) {
-            int q = (qs[l] >> shift) & 0x0F;
-            if (FMT == FMT_Q5_K) q |= ((qh[l] >> sub) & 1) << 4;
-            v[l] = dg * (float)q - mg;
-        }
-    } else {  // Q6_K: 32 elements are two 16-element groups with their own scales
-        int sub = g % 8, half = sub / 4, quarter = sub % 4;
-        const u8* ql = b + half * 64;
-        const u8* qh = b + 128 + half * 32;
-        float d = f16_at(b + 208);
-        // Element i = half*128 + quarter*32 + l: low nibble of ql[l] (quarter 0), ql[l+32]
-        // (1), high nibble of ql[l] (2), ql[l+32] (3); high bits (qh[l] >> 2*quarter) & 3.
-        int lo_off = (quarter & 1) * 32, lo_shift = (quarter >> 1) * 4;
-#pragma unroll
-        for (int l = 0; l < 32; l++) {
-            int q = ((ql[l + lo_off] >> lo_shift) & 0x0F) | (((qh[l] >> (2 * quarter)) & 3) << 4);
-            int i = half * 128 + quarter * 32 + l;
-            v[l] = d * (float)(signed char)b[192 + i / 16] * (float)(q - 32);
-        }
-    }
-}
-
-// out[j·ldo + m] = Σ_k x[j, k]·w[m, k] for j < n <= GEMV_MAX_ROWS, with w in format FMT:
-// one warp per output row, each lane dequantizing whole groups of 32 (consecutive lanes
-// read consecutive blocks) and keeping n sums. K % 32 == 0 (K % 256 for K-quants).
-template <int FMT>
-__device__ void gemv_q(const u8* __restrict__ w, const bf16* __restrict__ x,
-                       float* __restrict__ out, int M, int K, int n, int ldo) {
-    grid_dependency_sync();
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int m = blockIdx.x * GEMV_WARPS + warp;
-    if (m >= M) return;
-    const u8* row = w + (size_t)m * row_bytes<FMT>(K);
-    float acc[GEMV_MAX_ROWS];
-#pragma unroll
-    for (int j = 0; j < GEMV_MAX_ROWS; j++) acc[j] = 0.0f;
-    for (int g = lane; g < K / 32; g += 32) {
+struct LegacyRows {
+    static constexpr bool FIFTH = FMT == FMT_Q5_0 || FMT == FMT_Q5_1;
+    static constexpr bool HAS_MIN = FMT == FMT_Q4_1 || FMT == FMT_Q5_1;
+    static constexpr int PER_CHUNK = 32, CHUNK_BYTES = 16;
+    static constexpr int HEADER = 2 + (HAS_MIN ? 2 : 0) + (FIFTH ? 4 : 0);
+    struct Raw {
+        uint4 q;
+        unsigned int d_m, high;  // d (and m above it); the fifth bits
+    };
+    struct Chunk {
         float v[32];
-        dequant32<FMT>(row, g, v);
+    };
+    const uint4* row;
+    const u8* header;  // this row's first block's
+    __device__ __forceinline__ LegacyRows(const void* w, int m, int M, int K) {
+        size_t blocks = (size_t)M * (K / 32), first = (size_t)m * (K / 32);
+        row = (const uint4*)segment(w, blocks, 0, 16, first);
+        header = segment(w, blocks, 16, HEADER, first);
+    }
+    __device__ __forceinline__ Raw load(int c) const {
+        Raw r{};
+        r.q = __ldg(row + c);
+        const u8* h = header + (size_t)c * HEADER;
+        if constexpr (FMT == FMT_Q4_0) {
+            r.d_m = __ldg((const unsigned short*)h);
+        } else if constexpr (FMT == FMT_Q5_0) {
+            const unsigned short* hs = (const unsigned short*)h;
+            r.d_m = __ldg(hs);
+            r.high = __ldg(hs + 1) | (unsigned int)__ldg(hs + 2) << 16;
+        } else if constexpr (FMT == FMT_Q4_1) {
+            r.d_m = __ldg((const unsigned int*)h);
+        } else {
+            uint2 both = __ldg((const uint2*)h);
+            r.d_m = both.x;
+            r.high = both.y;
+        }
+        return r;
+    }
+    __device__ __forceinline__ Chunk decode(const Raw& r, int) const {
+        float d = f16_to_f32((unsigned short)(r.d_m & 0xFFFF));
+        float m = HAS_MIN ? f16_to_f32((unsigned short)(r.d_m >> 16)) : (FIFTH ? -16.0f : -8.0f) * d;
+        unsigned int words[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+        Chunk ch;
 #pragma unroll
-        for (int j = 0; j < GEMV_MAX_ROWS; j++) {
-            if (j < n) {
-                const uint4* xr = (const uint4*)(x + (size_t)j * K + (size_t)g * 32);
-                float s = 0.0f;
+        for (int e = 0; e < 4; e++) {
+            unsigned int fifth_lo = FIFTH ? spread_bits(r.high >> (4 * e)) << 4 : 0;
+            unsigned int fifth_hi = FIFTH ? spread_bits(r.high >> (16 + 4 * e)) << 4 : 0;
+            nibbles_affine(words[e], fifth_lo, fifth_hi, d, m, d, m, ch.v + 4 * e,
+                           ch.v + 16 + 4 * e);
+        }
+        return ch;
+    }
+    // The chunk's 32 products with x, in element order.
+    __device__ __forceinline__ float dot(const Chunk& ch, const uint4* x, int at) const {
+        float s = 0.0f;
 #pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    uint4 xv = __ldg(xr + c);
-                    unsigned int xw[4] = {xv.x, xv.y, xv.z, xv.w};
+        for (int p = 0; p < 4; p++) s = dot_bf16x8(ch.v + 8 * p, x[4 * at + p], s);
+        return s;
+    }
+    __device__ __forceinline__ void store(const Chunk& ch, bf16* out, int c) const {
+        store_bf16x32(out + (size_t)c * 32, ch.v);
+    }
+};
+
+// The 6-bit scale and min of group j (0..8) of a Q4_K/Q5_K super-block, whose 12 scale bytes
+// s(i) gives.
+template <class Bytes>
+__device__ __forceinline__ void scale_min_k4(int j, Bytes s, float* sc, float* m) {
+    if (j < 4) {
+        *sc = small_int_as_float(s(j) & 63);
+        *m = small_int_as_float(s(j + 4) & 63);
+    } else {
+        *sc = small_int_as_float((s(j + 4) & 0x0F) | ((s(j - 4) >> 6) << 4));
+        *m = small_int_as_float((s(j + 4) >> 4) | ((s(j) >> 6) << 4));
+    }
+}
+
+// Q4_K and Q5_K rows as ggml stores them, for gemv_t (kernels.cu): their super-blocks (144 and
+// 176 bytes) keep 16-byte alignment, so a lane reads them with 16-byte loads in the same
+// prefetching loop as bf16 rows. A super-block is 8 groups of 32 (each its 6-bit scale and
+// min, after d and dmin, in its first 16 bytes) whose low 4 bits are 128 bytes: byte l of
+// its 32-byte pair p holds element l of group 2p (low nibble) and of group 2p + 1 (high);
+// Q5_K's fifth bits are bit g of byte l of 32 more bytes (qh). Chunk i (0..8) of a
+// super-block is bytes [16i, 16i + 16) of the low bits: elements [16h, 16h + 16) of groups
+// 2p and 2p + 1 (p = i / 2, h = i % 2). A lane loads its chunk's header with it (the 8 lanes
+// of a super-block read the same 16 bytes: one sector) and, for Q5_K, its 16 bytes of qh.
+template <int FMT>
+struct KQuantRows {
+    static constexpr bool Q5 = FMT == FMT_Q5_K;
+    static constexpr int PER_CHUNK = 32, BLOCK_BYTES = Q5 ? 176 : 144, LOW_BITS = Q5 ? 48 : 16;
+    static constexpr int CHUNK_BYTES = BLOCK_BYTES / 8;
+    struct Raw {
+        uint4 head, low, high;  // high: Q5_K's fifth bits (unused by Q4_K)
+    };
+    struct Chunk {
+        float lo[16], hi[16];  // elements of groups 2p and 2p + 1
+    };
+    const u8* row;
+    __device__ __forceinline__ KQuantRows(const void* w, int m, int, int K)
+        : row((const u8*)w + (size_t)m * (K / 256) * BLOCK_BYTES) {}
+    __device__ __forceinline__ Raw load(int c) const {
+        const u8* block = row + (size_t)(c / 8) * BLOCK_BYTES;
+        Raw r{};
+        r.head = __ldg((const uint4*)block);
+        r.low = __ldg((const uint4*)(block + LOW_BITS) + c % 8);
+        if constexpr (Q5) r.high = __ldg((const uint4*)(block + 16) + c % 2);
+        return r;
+    }
+    __device__ __forceinline__ Chunk decode(const Raw& r, int c) const {
+        int sub = c % 8 / 2 * 2;  // group 2p
+        float d = f16_to_f32((unsigned short)(r.head.x & 0xffff));
+        float dmin = f16_to_f32((unsigned short)(r.head.x >> 16));
+        // The 12 scale bytes are the header's bytes 4..16: words y, z, w.
+        auto scale_byte = [&](int i) {
+            unsigned int word = i < 4 ? r.head.y : i < 8 ? r.head.z : r.head.w;
+            return (int)((word >> (8 * (i & 3))) & 0xFF);
+        };
+        float sc0, m0, sc1, m1;
+        scale_min_k4(sub, scale_byte, &sc0, &m0);
+        scale_min_k4(sub + 1, scale_byte, &sc1, &m1);
+        float dg0 = d * sc0, mg0 = dmin * m0, dg1 = d * sc1, mg1 = dmin * m1;
+        unsigned int low[4] = {r.low.x, r.low.y, r.low.z, r.low.w};
+        unsigned int high[4] = {r.high.x, r.high.y, r.high.z, r.high.w};
+        Chunk ch;
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        s += v[8 * c + 2 * e] * __uint_as_float(xw[e] << 16);
-                        s += v[8 * c + 2 * e + 1] * __uint_as_float(xw[e] & 0xffff0000u);
-                    }
-                }
-                acc[j] += s;
+        for (int e = 0; e < 4; e++) {
+            unsigned int fifth_lo = Q5 ? ((high[e] >> sub) & 0x01010101u) << 4 : 0;
+            unsigned int fifth_hi = Q5 ? ((high[e] >> (sub + 1)) & 0x01010101u) << 4 : 0;
+            nibbles_affine(low[e], fifth_lo, fifth_hi, dg0, -mg0, dg1, -mg1, ch.lo + 4 * e,
+                           ch.hi + 4 * e);
+        }
+        return ch;
+    }
+    // Where chunk c's low-nibble elements start, from its super-block's first element.
+    __device__ __forceinline__ static int first(int c) { return c % 8 / 2 * 64 + c % 2 * 16; }
+    // The chunk's 32 products with x (chunk `at` of the tile: super-block at / 8 of it).
+    __device__ __forceinline__ float dot(const Chunk& ch, const uint4* x, int at) const {
+        const uint4* lo = x + (at / 8 * 256 + first(at)) / 8;  // 8 bf16 per uint4
+        float s = dot_bf16x8(ch.lo, lo[0], 0.0f);
+        s = dot_bf16x8(ch.lo + 8, lo[1], s);
+        s = dot_bf16x8(ch.hi, lo[4], s);
+        return dot_bf16x8(ch.hi + 8, lo[5], s);
+    }
+    __device__ __forceinline__ void store(const Chunk& ch, bf16* out, int c) const {
+        bf16* lo = out + (size_t)(c / 8) * 256 + first(c);
+        store_bf16x16(lo, ch.lo);
+        store_bf16x16(lo + 32, ch.hi);
+    }
+};
+
+// Q6_K (210-byte super-blocks of 16 groups of 16, each its signed 8-bit scale; value
+// d·sc·(q − 32)), split on the device into the super-blocks' 192 bytes of quants (ql, then
+// qh), their 16 scales, then their d. Element i = 128·h + 32·t + l (half h, quarter t,
+// l < 32) has its low 4 bits in ql[64·h + l + 32·(t % 2)] (low nibble for t < 2, high
+// nibble else) and its top 2 in bits 2·t of qh[32·h + l]. Chunk c (0..4) of a super-block
+// is h = c / 2 and l in [16·a, 16·a + 16) (a = c % 2): 64 elements, 16 of each quarter, from
+// three 16-byte loads (the two ql pieces and the qh piece) and the half's 8 scales.
+struct Q6KRows {
+    static constexpr int PER_CHUNK = 64, CHUNK_BYTES = 48;
+    struct Raw {
+        uint4 ql0, ql1, qh;  // ql[64h + 16a ..], ql[64h + 32 + 16a ..], qh[32h + 16a ..]
+        uint2 scales;        // the half's 8 scales
+        unsigned int d;
+    };
+    struct Chunk {
+        float v[4][16];  // quarter t's elements 16a .. 16a + 16
+    };
+    const u8 *row, *scales;  // row: the quants
+    const unsigned short* d;
+    __device__ __forceinline__ Q6KRows(const void* w, int m, int M, int K) {
+        size_t blocks = (size_t)M * (K / 256), first = (size_t)m * (K / 256);
+        row = segment(w, blocks, 0, 192, first);
+        scales = segment(w, blocks, 192, 16, first);
+        d = (const unsigned short*)segment(w, blocks, 208, 2, first);
+    }
+    __device__ __forceinline__ Raw load(int c) const {
+        int b = c / 4, h = c % 4 / 2, a = c % 2;
+        const u8* q = row + (size_t)b * 192;
+        Raw r;
+        r.ql0 = __ldg((const uint4*)(q + 64 * h + 16 * a));
+        r.ql1 = __ldg((const uint4*)(q + 64 * h + 32 + 16 * a));
+        r.qh = __ldg((const uint4*)(q + 128 + 32 * h + 16 * a));
+        r.scales = __ldg((const uint2*)(scales + (size_t)b * 16 + 8 * h));
+        r.d = __ldg(d + b);
+        return r;
+    }
+    __device__ __forceinline__ Chunk decode(const Raw& r, int c) const {
+        int a = c % 2;
+        float d = f16_to_f32((unsigned short)r.d);
+        // Quarter t's scale: byte a + 2·t of the half's 8.
+        float dsc[4] = {d * small_int_as_float(s8_of(r.scales.x, a)),
+                        d * small_int_as_float(s8_of(r.scales.x, a + 2)),
+                        d * small_int_as_float(s8_of(r.scales.y, a)),
+                        d * small_int_as_float(s8_of(r.scales.y, a + 2))};
+        unsigned int ql0[4] = {r.ql0.x, r.ql0.y, r.ql0.z, r.ql0.w};
+        unsigned int ql1[4] = {r.ql1.x, r.ql1.y, r.ql1.z, r.ql1.w};
+        unsigned int qh[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
+        Chunk ch;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                unsigned int low = ((t % 2 ? ql1[e] : ql0[e]) >> (t / 2 * 4)) & 0x0F0F0F0Fu;
+                unsigned int q = low | ((qh[e] >> (2 * t)) & 0x03030303u) << 4;
+                float f[4];
+                u8x4_as_floats(q, f);
+#pragma unroll
+                for (int i = 0; i < 4; i++) ch.v[t][4 * e + i] = dsc[t] * (f[i] - 32.0f);
             }
         }
+        return ch;
     }
-    gemv_write(acc, out + m, (size_t)ldo, m < M, n);
+    // Where chunk c's quarter-0 elements start, from its super-block's first element.
+    __device__ __forceinline__ static int first(int c) { return c % 4 / 2 * 128 + c % 2 * 16; }
+    // The chunk's 64 products with x, quarter by quarter (chunk `at` of the tile).
+    __device__ __forceinline__ float dot(const Chunk& ch, const uint4* x, int at) const {
+        const uint4* q0 = x + (at / 4 * 256 + first(at)) / 8;
+        float s = 0.0f;
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            s = dot_bf16x8(ch.v[t], q0[4 * t], s);
+            s = dot_bf16x8(ch.v[t] + 8, q0[4 * t + 1], s);
+        }
+        return s;
+    }
+    __device__ __forceinline__ void store(const Chunk& ch, bf16* out, int c) const {
+        bf16* q0 = out + (size_t)(c / 4) * 256 + first(c);
+#pragma unroll
+        for (int t = 0; t < 4; t++) store_bf16x16(q0 + 32 * t, ch.v[t]);
+    }
+};
+
+// Every format's decode product: gemv_t over its row type, one warp per output row,
+// GEMV_WARPS rows per block, UNROLL chunks per lane in flight (a tile of at most 2048
+// weights: the staged x of 8 token rows is 32 KiB), the next tile's requested before this
+// one is summed; no norm at the end.
+template <class ROWS, int UNROLL>
+__device__ __forceinline__ void gemv_rows(const u8* w, const bf16* x, float* out, int M, int K,
+                                          int n, int ldo) {
+    gemv_t<ROWS, false, GEMV_WARPS, UNROLL, true, false>(w, x, out, M, K, n, ldo, 0, GemvNorm{},
+                                                         GemvL2{0, 0}, -1);
 }
 
-// out = the rows × K matrix as bf16, one thread per group of 32.
-template <int FMT>
-__device__ void dequant_bf16(const u8* __restrict__ w, bf16* __restrict__ out, int rows, int K) {
+// out = the rows × K matrix as bf16: a thread per chunk (launched as a thread per 32
+// weights: a format with bigger chunks leaves the surplus threads idle).
+template <class ROWS>
+__device__ void dequant_t(const u8* __restrict__ w, bf16* __restrict__ out, int rows, int K) {
     grid_dependency_sync();  // `out` is the expansion buffer the previous GEMM read
-    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    int groups = K / 32;
-    if (g >= (long long)rows * groups) return;
-    int r = (int)(g / groups), gg = (int)(g % groups);
-    float v[32];
-    dequant32<FMT>(w + (size_t)r * row_bytes<FMT>(K), gg, v);
-    store_bf16x32(out + (size_t)r * K + (size_t)gg * 32, v);
+    long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    int per_row = K / ROWS::PER_CHUNK;
+    if (c >= (long long)rows * per_row) return;
+    int r = (int)(c / per_row), rc = (int)(c % per_row);
+    const ROWS row(w, r, rows, K);
+    row.store(row.decode(row.load(rc), rc), out + (size_t)r * K, rc);
 }
 
-#define QUANT_KERNELS(name, FMT)                                                            \
+#define QUANT_KERNELS(name, ROWS, UNROLL)                                                   \
     extern "C" __global__ void gemv_##name(const u8* w, const bf16* x, float* out, int M,   \
                                            int K, int n, int ldo) {                         \
-        gemv_q<FMT>(w, x, out, M, K, n, ldo);                                               \
+        gemv_rows<ROWS, UNROLL>(w, x, out, M, K, n, ldo);                                   \
     }                                                                                       \
     extern "C" __global__ void dequant_##name(const u8* w, bf16* out, int rows, int K) {    \
-        dequant_bf16<FMT>(w, out, rows, K);                                                 \
+        dequant_t<ROWS>(w, out, rows, K);                                                   \
     }
 
-QUANT_KERNELS(q4_0, FMT_Q4_0)
-QUANT_KERNELS(q4_1, FMT_Q4_1)
-QUANT_KERNELS(q5_0, FMT_Q5_0)
-QUANT_KERNELS(q5_1, FMT_Q5_1)
-QUANT_KERNELS(q4_k, FMT_Q4_K)
-QUANT_KERNELS(q5_k, FMT_Q5_K)
-QUANT_KERNELS(q6_k, FMT_Q6_K)
+QUANT_KERNELS(q4_0, LegacyRows<FMT_Q4_0>, 2)
+QUANT_KERNELS(q4_1, LegacyRows<FMT_Q4_1>, 2)
+QUANT_KERNELS(q5_0, LegacyRows<FMT_Q5_0>, 2)
+QUANT_KERNELS(q5_1, LegacyRows<FMT_Q5_1>, 2)
+QUANT_KERNELS(q4_k, KQuantRows<FMT_Q4_K>, 2)
+QUANT_KERNELS(q5_k, KQuantRows<FMT_Q5_K>, 2)
+QUANT_KERNELS(q6_k, Q6KRows, 1)
 
 // Q8_0 as the device keeps it (weights.rs, device_layout): the int8 quants of all M rows
 // ([M][K], row-major), then their f16 scales ([M][K / 32]). Unlike the formats above, whose
@@ -190,7 +381,11 @@ QUANT_KERNELS(q6_k, FMT_Q6_K)
 // gemv_t's loop (kernels.cu) over these rows: 16 quants per chunk, their products with x
 // summed, then times the chunk's scale. K % 32 == 0.
 struct Q8_0Rows {
-    static constexpr int PER_CHUNK = 16;
+    static constexpr int PER_CHUNK = 16, CHUNK_BYTES = 16;
+    struct Raw {
+        uint4 q;
+        unsigned short d;  // loaded with the quants: the sums never wait for it
+    };
     struct Chunk {
         float q[16];
         float d;
@@ -200,37 +395,27 @@ struct Q8_0Rows {
     __device__ __forceinline__ Q8_0Rows(const void* w, int m, int M, int K)
         : row((const uint4*)((const u8*)w + (size_t)m * K)),
           scales((const unsigned short*)((const u8*)w + (size_t)M * K) + (size_t)m * (K / 32)) {}
-    __device__ __forceinline__ Chunk decode(uint4 wv, int k) const {
+    __device__ __forceinline__ Raw load(int c) const {
+        return Raw{__ldg(row + c), __ldg(scales + c / 2)};
+    }
+    __device__ __forceinline__ Chunk decode(const Raw& r, int) const {
         Chunk c;
-        c.d = f16_to_f32(scales[k / 32]);
-        unsigned int words[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-        for (int e = 0; e < 16; e++) c.q[e] = (float)(signed char)(words[e / 4] >> (8 * (e % 4)));
+        c.d = f16_to_f32(r.d);
+        s8x4_as_floats(r.q.x, c.q);
+        s8x4_as_floats(r.q.y, c.q + 4);
+        s8x4_as_floats(r.q.z, c.q + 8);
+        s8x4_as_floats(r.q.w, c.q + 12);
         return c;
     }
-    // The chunk's products with the 16 bf16 of x at `x` (two 16-byte chunks), times the scale.
-    __device__ __forceinline__ float dot(const Chunk& c, const uint4* x) const {
-        float s = 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            uint4 xv = x[h];
-            unsigned int xw[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s += c.q[8 * h + 2 * e] * __uint_as_float(xw[e] << 16);
-                s += c.q[8 * h + 2 * e + 1] * __uint_as_float(xw[e] & 0xffff0000u);
-            }
-        }
-        return c.d * s;
+    // The chunk's products with its 16 bf16 of x (two 16-byte pieces), times the scale.
+    __device__ __forceinline__ float dot(const Chunk& c, const uint4* x, int at) const {
+        return c.d * dot_bf16x8(c.q + 8, x[2 * at + 1], dot_bf16x8(c.q, x[2 * at], 0.0f));
     }
 };
 
-// One warp per row, GEMV_WARPS rows per block, x staged per tile, the next tile's quants
-// requested before this one is summed; no norm at the end.
 extern "C" __global__ void gemv_q8_0(const u8* w, const bf16* x, float* out, int M, int K, int n,
                                      int ldo) {
-    gemv_t<Q8_0Rows, false, GEMV_WARPS, 4, true, false>(w, x, out, M, K, n, ldo, 0, GemvNorm{},
-                                                        GemvL2{0, 0}, -1);
+    gemv_rows<Q8_0Rows, 4>(w, x, out, M, K, n, ldo);
 }
 
 // The rows × K Q8_0 matrix (the device layout above) as bf16. Launched as the other formats'
@@ -248,10 +433,11 @@ extern "C" __global__ void dequant_q8_0(const u8* w, bf16* out, int rows, int K)
         if (p >= pieces) return;
         float d = f16_to_f32(scales[p / 4]);
         uint2 q = ((const uint2*)w)[p];
-        unsigned int words[2] = {q.x, q.y};
         float v[8];
+        s8x4_as_floats(q.x, v);
+        s8x4_as_floats(q.y, v + 4);
 #pragma unroll
-        for (int l = 0; l < 8; l++) v[l] = d * (float)(signed char)(words[l / 4] >> (8 * (l % 4)));
+        for (int l = 0; l < 8; l++) v[l] *= d;
         ((uint4*)out)[p] = bf16x8(v);
     }
 }

@@ -1,10 +1,12 @@
 //! Small reference quantizers (f32 → ggml block bytes), written for the tests from the
-//! format descriptions: simple min/max (legacy) and per-group max (K-quant) scaling, not
+//! format descriptions: simple min/max (legacy) and per-group max (Q6_K) scaling, not
 //! ggml's error-minimising search — good enough to bound round-trip error and to build
-//! weight matrices for the product tests.
+//! weight matrices for the product tests. Q4_K and Q5_K use the engine's own quantizer
+//! (`kquants_quantize`, which the CUDA backend runs at load).
 
 use half::{bf16, f16};
 
+use crate::engine::quant::kquants_quantize::{put_f16, quantize_q45_k};
 use crate::engine::quant::GgmlType;
 
 /// Quantizes `x` (a whole number of blocks) into `dtype`'s bytes.
@@ -25,8 +27,8 @@ pub fn quantize(dtype: GgmlType, x: &[f32]) -> Vec<u8> {
                 GgmlType::Q8_0 => crate::engine::quant::legacy::quantize_q8_0,
                 GgmlType::Q4_1 => |x, o| q_affine(x, 4, o),
                 GgmlType::Q5_1 => |x, o| q_affine(x, 5, o),
-                GgmlType::Q4K => |x, o| q45_k(x, false, o),
-                GgmlType::Q5K => |x, o| q45_k(x, true, o),
+                GgmlType::Q4K => |x, o| quantize_q45_k(x, false, o),
+                GgmlType::Q5K => |x, o| quantize_q45_k(x, true, o),
                 _ => q6_k,
             };
             x.chunks_exact(dtype.block_elems())
@@ -34,10 +36,6 @@ pub fn quantize(dtype: GgmlType, x: &[f32]) -> Vec<u8> {
         }
     }
     out
-}
-
-fn put_f16(out: &mut Vec<u8>, v: f32) {
-    out.extend(f16::from_f32(v).to_le_bytes());
 }
 
 /// Packs 32 quants (< 2^bits): low nibbles as Q4 `qs`, fifth bits (if any) as `qh` first.
@@ -76,71 +74,6 @@ fn q_affine(x: &[f32], bits: u32, out: &mut Vec<u8>) {
     put_f16(out, d);
     put_f16(out, min);
     pack_legacy(&q, bits, out);
-}
-
-/// Q4_K / Q5_K: per group of 32 an affine range `[−min, max]`, its scale and min quantized
-/// to 6 bits against the super-block's `d` and `dmin`.
-fn q45_k(x: &[f32], five: bool, out: &mut Vec<u8>) {
-    let top = if five { 31.0 } else { 15.0 };
-    let mut scales = [0f32; 8];
-    let mut mins = [0f32; 8];
-    for g in 0..8 {
-        let grp = &x[32 * g..32 * g + 32];
-        let lo = grp.iter().copied().fold(0f32, f32::min);
-        let hi = grp.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        scales[g] = (hi - lo) / top;
-        mins[g] = -lo;
-    }
-    let d = scales.iter().copied().fold(0f32, f32::max) / 63.0;
-    let dmin = mins.iter().copied().fold(0f32, f32::max) / 63.0;
-    // Round through f16 so the quants below use the scales the decoder will see.
-    let (d, dmin) = (f16::from_f32(d).to_f32(), f16::from_f32(dmin).to_f32());
-    let sc: [u8; 8] = std::array::from_fn(|g| {
-        if d > 0.0 {
-            (scales[g] / d).round().min(63.0) as u8
-        } else {
-            0
-        }
-    });
-    let mn: [u8; 8] = std::array::from_fn(|g| {
-        if dmin > 0.0 {
-            (mins[g] / dmin).round().min(63.0) as u8
-        } else {
-            0
-        }
-    });
-    let mut q = [0u8; 256];
-    for g in 0..8 {
-        let (dg, mg) = (d * sc[g] as f32, dmin * mn[g] as f32);
-        for l in 0..32 {
-            let v = if dg > 0.0 {
-                ((x[32 * g + l] + mg) / dg).round()
-            } else {
-                0.0
-            };
-            q[32 * g + l] = v.clamp(0.0, top) as u8;
-        }
-    }
-    put_f16(out, d);
-    put_f16(out, dmin);
-    out.extend(pack_scale_min_k4(&sc, &mn));
-    if five {
-        out.extend((0..32).map(|l| (0..8).map(|g| ((q[32 * g + l] >> 4) & 1) << g).sum::<u8>()));
-    }
-    for c in 0..4 {
-        out.extend((0..32).map(|l| (q[64 * c + l] & 0x0F) | ((q[64 * c + 32 + l] & 0x0F) << 4)));
-    }
-}
-
-/// The inverse of `scale_min_k4`: 8 six-bit scales and mins into 12 bytes.
-fn pack_scale_min_k4(sc: &[u8; 8], mn: &[u8; 8]) -> [u8; 12] {
-    let mut s = [0u8; 12];
-    for j in 0..4 {
-        s[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
-        s[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
-        s[j + 8] = (sc[j + 4] & 0x0F) | ((mn[j + 4] & 0x0F) << 4);
-    }
-    s
 }
 
 /// Q6_K: per group of 16 a signed scale, quantized to i8 against the super-block's `d`.

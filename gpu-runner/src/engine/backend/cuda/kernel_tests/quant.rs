@@ -112,12 +112,32 @@ fn quantized_gemv_matches_a_product_with_the_host_dequantized_rows() {
     }
 }
 
+/// `laid` is `want`, then zeros up to a multiple of 16 bytes.
+fn assert_laid_out(laid: &[u8], want: &[u8]) {
+    assert_eq!(laid.len(), want.len().next_multiple_of(16));
+    assert_eq!(&laid[..want.len()], want);
+    assert!(laid[want.len()..].iter().all(|&b| b == 0));
+}
+
 #[test]
-fn q8_0_blocks_split_into_quants_then_scales_on_the_device() {
+fn blocks_not_a_multiple_of_16_bytes_split_into_quants_then_headers_on_the_device() {
     let blocks: Vec<u8> = (0..68u8).collect(); // two blocks: scale 0,1 + 2..34; 34,35 + 36..68
-    let laid = device_layout(GgmlType::Q8_0, &blocks);
     let mut want: Vec<u8> = (2..34).chain(36..68).collect();
     want.extend([0, 1, 34, 35]);
-    assert_eq!(&laid[..], &want[..]);
-    assert_eq!(&device_layout(GgmlType::Q4_0, &blocks)[..], &blocks[..]);
+    assert_laid_out(&device_layout(GgmlType::Q8_0, &blocks), &want);
+    // Q5_1 (24 bytes): d, m, the fifth bits, then 16 bytes of low bits.
+    let want: Vec<u8> = (8..24).chain(32..48).chain(0..8).chain(24..32).collect();
+    assert_laid_out(&device_layout(GgmlType::Q5_1, &blocks[..48]), &want);
+    // Q6_K (210 bytes): ql and qh, the scales, d.
+    let blocks: Vec<u8> = (0..420).map(|i| (i % 251) as u8).collect();
+    let want: Vec<u8> = [0..192, 210..402, 192..208, 402..418, 208..210, 418..420]
+        .into_iter()
+        .flat_map(|r| blocks[r].to_vec())
+        .collect();
+    assert_laid_out(&device_layout(GgmlType::Q6K, &blocks), &want);
+    // Q4_K's 144-byte super-blocks stay as they are.
+    assert_eq!(
+        &device_layout(GgmlType::Q4K, &blocks[..288])[..],
+        &blocks[..288]
+    );
 }
