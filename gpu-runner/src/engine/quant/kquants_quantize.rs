@@ -1,8 +1,7 @@
 //! Encoding floats as Q4_K / Q5_K super-blocks (layouts in `kquants.rs`): round to nearest
 //! over each group's min/max range, not llama.cpp's error-minimising search (files
-//! quantized by llama.cpp's tools keep their better blocks). The CUDA backend uses it to
-//! store float matrices as Q4_K at load (`--cuda-weights q4_k`); the tests build K-quant
-//! matrices with it.
+//! quantized by llama.cpp's tools keep their better blocks). `QMatrix::quantized` (quantize.rs)
+//! encodes rows with it; the tests build K-quant matrices with it.
 
 use half::f16;
 

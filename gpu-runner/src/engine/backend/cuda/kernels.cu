@@ -359,7 +359,7 @@ extern "C" __global__ void softcap(float* x, long long n, float cap) {
 // staged in shared memory (read from L2 once per block, not once per warp and row), and
 // each lane keeps UNROLL independent 16-byte loads of W in flight: a tile is 32 lanes ×
 // UNROLL chunks of ROWS::PER_CHUNK weights (ROWS: how a weight row is stored, Bf16Rows
-// here, Q8_0Rows and KQuantRows in quant.cu). Lane l adds chunks l, l + 32, l + 64, … of K in ascending
+// here, each block format's row type in quant.cu). Lane l adds chunks l, l + 32, l + 64, … of K in ascending
 // order whatever the variant, so every instantiation gives the same bits; which is fastest
 // depends on the GPU and the shape (gemv_tune.rs times them at load). K % 8 == 0.
 //

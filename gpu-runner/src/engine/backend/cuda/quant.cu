@@ -375,11 +375,9 @@ QUANT_KERNELS(q4_k, KQuantRows<FMT_Q4_K>, 2)
 QUANT_KERNELS(q5_k, KQuantRows<FMT_Q5_K>, 2)
 QUANT_KERNELS(q6_k, Q6KRows, 1)
 
-// Q8_0 as the device keeps it (weights.rs, device_layout): the int8 quants of all M rows
-// ([M][K], row-major), then their f16 scales ([M][K / 32]). Unlike the formats above, whose
-// blocks are not 16-byte aligned, a lane reads 16 quants per load, so the Q8_0 GEMV is
-// gemv_t's loop (kernels.cu) over these rows: 16 quants per chunk, their products with x
-// summed, then times the chunk's scale. K % 32 == 0.
+// Q8_0 (one group of 32 per block, value d·q), split on the device into the blocks' 32 int8
+// quants (so all M rows' quants, [M][K] row-major), then their f16 scales ([M][K / 32]). A
+// chunk is half a block: 16 quants, their products with x summed, then times the scale.
 struct Q8_0Rows {
     static constexpr int PER_CHUNK = 16, CHUNK_BYTES = 16;
     struct Raw {
@@ -392,9 +390,11 @@ struct Q8_0Rows {
     };
     const uint4* row;
     const unsigned short* scales;  // this row's, one per 32 quants
-    __device__ __forceinline__ Q8_0Rows(const void* w, int m, int M, int K)
-        : row((const uint4*)((const u8*)w + (size_t)m * K)),
-          scales((const unsigned short*)((const u8*)w + (size_t)M * K) + (size_t)m * (K / 32)) {}
+    __device__ __forceinline__ Q8_0Rows(const void* w, int m, int M, int K) {
+        size_t blocks = (size_t)M * (K / 32), first = (size_t)m * (K / 32);
+        row = (const uint4*)segment(w, blocks, 0, 32, first);
+        scales = (const unsigned short*)segment(w, blocks, 32, 2, first);
+    }
     __device__ __forceinline__ Raw load(int c) const {
         return Raw{__ldg(row + c), __ldg(scales + c / 2)};
     }

@@ -33,7 +33,7 @@ pub enum CudaWeights {
     /// to Q8_0 at load: about half of bf16's memory and decode bytes, near-lossless.
     Q8_0,
     /// As `Q8_0`, but float matrices whose rows are whole 256-element super-blocks become
-    /// Q4_K (round to nearest, `kquants_quantize`): about 0.28 of bf16's bytes, at 4-bit
+    /// Q4_K (round to nearest, `QMatrix::quantized`): about 0.28 of bf16's bytes, at 4-bit
     /// precision (others Q8_0).
     Q4K,
 }
