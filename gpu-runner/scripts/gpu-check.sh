@@ -2,7 +2,8 @@
 # One pass of GPU checks for Fallow's CUDA backend, sized for a single short run on the lent
 # GPU machine (no network, no Rust toolchain there):
 #   a. environment: nvidia-smi, the CUDA 13 libraries cudarc opens (LD_LIBRARY_PATH)
-#   b. the prebuilt cargo test executables in .gpu/tests/, on device cuda
+#   b. the prebuilt cargo test executables in .gpu/tests/, on device cuda (the runner's
+#      kernel tests through the driver first, FALLOW_KERNEL_TESTS=driver)
 #   c. `fallow generate` with SmolLM2-135M on cuda and on cpu; its decode speed with bf16
 #      and with quantized (the file's blocks) weights, under a JSON schema (c3), and sampled
 #      with top-p 0.9 (c4)
@@ -36,7 +37,7 @@
 # `.gpu-b/*.part-*` (second call); `assemble_model` joins them (checked against
 # .gpu*/models.sha256) into $WORK/models. GPU_CHECK_ONLY=model runs only a.–c.
 #
-# Tunables (environment): GPU_CHECK_BUDGET_S (450), GPU_CHECK_TESTS_BUDGET_S (150, all tests
+# Tunables (environment): GPU_CHECK_BUDGET_S (450), GPU_CHECK_TESTS_BUDGET_S (180, all tests
 # together), FALLOW_RANDOM_LAYERS (32), PYTHON (python3), LLAMA_DIR (/tmp/llama8b).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -46,7 +47,7 @@ OUT="${OUT:-/tmp/gpu-check-out}"
 WORK=/tmp/gpu-check # scratch files, kept out of $OUT
 PY="${PYTHON:-python3}"
 BUDGET_S="${GPU_CHECK_BUDGET_S:-450}"
-TESTS_BUDGET_S="${GPU_CHECK_TESTS_BUDGET_S:-150}"
+TESTS_BUDGET_S="${GPU_CHECK_TESTS_BUDGET_S:-180}"
 RESERVE_S=15 # kept back for the summary
 MIN_STEP_S=10
 LLAMA_DIR="${LLAMA_DIR:-/tmp/llama8b}"
@@ -240,17 +241,31 @@ step_tests() {
     ln -s "$ROOT" /work/main && echo "linked /work/main -> $ROOT (compile-time paths of the tests)"
   fi
   local tests_end=$((SECONDS + TESTS_BUDGET_S)) t found=0
+  # The runner's unit tests first (fallow_runner-*: its kernel tests only, each kernel
+  # against its plain reference, launched through the driver on the GPU; quick, and they
+  # name a kernel the hardware computes wrongly), then the suites; not again in the
+  # second call, which runs the tests that need the default model.
+  local exes=()
+  for t in "$ROOT"/.gpu/tests/fallow_runner-*; do
+    if [ "${GPU_CHECK_ONLY:-}" != model ]; then exes+=("$t"); fi
+  done
   for t in "$ROOT"/.gpu/tests/*; do
+    case $(basename "$t") in fallow_runner-*) ;; *) exes+=("$t") ;; esac
+  done
+  for t in "${exes[@]}"; do
     if [ ! -f "$t" ] || [ ! -x "$t" ]; then continue; fi
     found=1
-    local name stem dir limit=120
+    local name stem dir limit=120 filter=() kernel_env=()
     name=$(basename "$t")
     stem=${name%-*}
     dir=$(crate_dir_of "$stem")
+    if [ "$stem" = fallow_runner ]; then
+      limit=60 filter=(cuda::kernel_tests) kernel_env=(FALLOW_KERNEL_TESTS=driver)
+    fi
     if ((tests_end - SECONDS < limit)); then limit=$((tests_end - SECONDS)); fi
-    (cd "$dir" && run_step "b. test $stem" "$limit" - \
+    (cd "$dir" && run_step "b. test $stem${filter:+ ${filter[*]}}" "$limit" - \
       env FALLOW_TEST_DEVICE=cuda FALLOW_MODELS_DIR="$MODELS_DIR" FALLOW_REPO_DIR="$ROOT" CARGO_MANIFEST_DIR="$dir" \
-      RUST_BACKTRACE=1 "$t" --test-threads=1 --nocapture)
+      "${kernel_env[@]}" RUST_BACKTRACE=1 "$t" "${filter[@]}" --test-threads=1 --nocapture)
   done
   if ((found == 0)); then
     section "b. tests"

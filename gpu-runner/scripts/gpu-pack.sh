@@ -3,7 +3,9 @@
 # calls carry at most 64 MiB each (see README.md in this directory):
 #   .gpu/fallow.gz                      the release binary, stripped and gzipped
 #   .gpu/tests/cuda_conformance-*.gz    the CUDA conformance test executable, likewise
-#   .gpu/models/<model>.part-aa         the default model's first 40 MB part
+#   .gpu/tests/fallow_runner-*.gz        the runner's unit tests (gpu-check runs its kernel
+#                                        tests through the driver: each kernel on the GPU)
+#   .gpu/models/<model>.part-aa         the default model's first 36 MiB part
 #   .gpu-b/<model>.part-a[b-z]          the other parts (second call, machine still warm)
 #   .gpu/models.sha256, .gpu-b/models.sha256
 # Then: run with carry [".gpu"] `bash gpu-runner/scripts/gpu-check.sh`, and right after with
@@ -29,14 +31,25 @@ if [ -z "$test_exe" ] || [ ! -f "$test_exe" ]; then
   exit 1
 fi
 
+# The runner's unit-test executable (the only executable of a `--lib` test build).
+lib_exe=$(cargo test --release -p fallow-runner --lib --no-run --message-format=json 2>/dev/null |
+  sed -n 's/.*"executable":"\([^"]*fallow_runner-[^"]*\)".*/\1/p' | tail -n 1)
+if [ -z "$lib_exe" ] || [ ! -f "$lib_exe" ]; then
+  echo "gpu-pack: could not find the fallow-runner unit-test executable" >&2
+  exit 1
+fi
+
 rm -rf .gpu .gpu-b
 mkdir -p .gpu/tests .gpu/models .gpu-b
 strip -o .gpu/fallow target/release/fallow
-strip -o ".gpu/tests/$(basename "$test_exe")" "$test_exe"
-gzip -9 .gpu/fallow ".gpu/tests/$(basename "$test_exe")"
+for exe in "$test_exe" "$lib_exe"; do
+  strip -o ".gpu/tests/$(basename "$exe")" "$exe"
+  gzip -9 ".gpu/tests/$(basename "$exe")"
+done
+gzip -9 .gpu/fallow
 
 name=$(basename "$MODEL")
-split -b 40M "$MODEL" ".gpu-b/$name.part-"
+split -b 36M "$MODEL" ".gpu-b/$name.part-"
 mv ".gpu-b/$name.part-aa" .gpu/models/
 sum=$(sha256sum "$MODEL" | cut -d' ' -f1)
 echo "$sum  $name" >.gpu/models.sha256

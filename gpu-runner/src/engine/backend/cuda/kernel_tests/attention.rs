@@ -1,10 +1,11 @@
 //! Attention and what prepares it: paged attention (whole and split over the keys, with the
 //! merge) against plain softmax attention, and qkv_prepare against the CPU backend's RoPE.
 
+use super::runner::Runner;
 use super::{assert_close, from_bf16, Values};
 use crate::engine::backend::cpu::rope::{inv_freqs, RopeTable};
 use crate::engine::backend::cuda::attention_split::{head_blocks, AttentionSplit};
-use crate::engine::backend::cuda::emulator::{Arg, Emulator};
+use crate::engine::backend::cuda::emulator::Arg;
 use crate::engine::backend::cuda::forward::kernel_variant;
 use crate::engine::backend::cuda::l2_prefetch::ATTENTION_KEYS;
 use crate::engine::backend::cuda::PrefillKernel;
@@ -134,7 +135,7 @@ impl Prepare {
     /// qkv_prepare over every token of `qkv` (`heads` per token), storing K and V.
     fn launch_qkv_prepare(
         &mut self,
-        emu: &Emulator,
+        emu: &Runner,
         heads: Heads,
         step: &mut PagedStep,
         qkv: &mut [f32],
@@ -226,7 +227,7 @@ fn reference_attention(
 /// returns `[tokens, n_heads, head_dim]`.
 #[allow(clippy::too_many_arguments)]
 fn emulated_attention(
-    emu: &Emulator,
+    emu: &Runner,
     step: &mut PagedStep,
     heads: Heads,
     qkv: &mut [f32],
@@ -330,7 +331,7 @@ fn emulated_attention(
 /// kernel, whole and split, against f64 softmax attention.
 #[test]
 fn paged_attention_matches_plain_attention_whole_and_split_over_the_keys() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     // (n_heads, n_kv, head_dim, softcap, window, sharpness: the scale's multiple of 1/√d)
     let cases = [
         (4, 2, 16, 0.0, 0, 4.0),   // the tiny fixtures
@@ -415,7 +416,7 @@ fn paged_attention_matches_plain_attention_whole_and_split_over_the_keys() {
 /// leave: the output, and the cache, whole and split over the keys.
 #[test]
 fn decode_attention_preparing_its_own_heads_matches_qkv_prepare_then_attention() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     // (n_heads, n_kv, head_dim, RoPE style, q/k norms, bias, soft cap, sliding window)
     let cases = [
         (8, 2, 128, RopeStyle::Neox, false, false, 0.0, 0), // Llama-3 8B's heads
@@ -501,7 +502,7 @@ fn decode_attention_preparing_its_own_heads_matches_qkv_prepare_then_attention()
 
 #[test]
 fn qkv_prepare_adds_bias_normalises_rotates_and_stores_k_and_v() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     let (n_heads, n_kv, hd, eps) = (4usize, 2usize, 32usize, 1e-6f32);
     let (q_dim, kv_dim) = (n_heads * hd, n_kv * hd);
     let width = q_dim + 2 * kv_dim;

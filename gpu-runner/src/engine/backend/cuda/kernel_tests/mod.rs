@@ -1,7 +1,8 @@
-//! Each CUDA kernel, run on the CPU by the [`emulator`](super::emulator), against a plain
-//! reference: the kernels' arithmetic and indexing are checked on every machine, the GPU
-//! conformance suite checks them on the hardware. Every test skips (passing) where no C++
-//! compiler is available.
+//! Each CUDA kernel against a plain reference, run on the CPU by the
+//! [`emulator`](super::emulator): the kernels' arithmetic and indexing are checked on every
+//! machine. With `FALLOW_KERNEL_TESTS=driver` the same tests launch through the CUDA driver
+//! API, on the GPU where there is one ([`runner`]); the GPU conformance suite checks the
+//! kernels together. Every test skips (passing) where its runner cannot run here.
 
 use half::bf16;
 
@@ -9,6 +10,7 @@ mod attention;
 mod picks;
 mod quant;
 mod rows;
+mod runner;
 
 /// A small deterministic generator (xorshift) of values in [-1, 1).
 pub(super) struct Values(pub(super) u64);

@@ -1,8 +1,9 @@
 //! pick_rows: greedy picks, draws and logprobs against the host definition (`TokenDraw`);
 //! mask_rows: grammar masks applied before the picks, as the host sampler applies them.
 
+use super::runner::Runner;
 use super::Values;
-use crate::engine::backend::cuda::emulator::{Arg, Emulator};
+use crate::engine::backend::cuda::emulator::Arg;
 use crate::engine::backend::cuda::step::{pick_params, LOGPROB_STRIDE};
 use crate::engine::backend::step_masks::{append_row, words_for};
 use crate::engine::sampler::{mask_disallowed, Sampled, TokenDraw};
@@ -10,7 +11,7 @@ use crate::engine::sampler::{mask_disallowed, Sampled, TokenDraw};
 /// Runs pick_rows over `rows` (each `vocab` wide, after a logit row that it must not touch)
 /// with `draws`, on blocks of `threads`: the picks as the backend reports them.
 fn emulated_picks(
-    emu: &Emulator,
+    emu: &Runner,
     rows: &[Vec<f32>],
     draws: &[TokenDraw],
     threads: u32,
@@ -21,7 +22,7 @@ fn emulated_picks(
 /// [`emulated_picks`] with a grammar mask for the rows that have one: mask_rows, then
 /// pick_rows, as the backend launches them. The rows must come out as the host masks them.
 fn emulated_masked_picks(
-    emu: &Emulator,
+    emu: &Runner,
     rows: &[Vec<f32>],
     draws: &[TokenDraw],
     masks: &[Option<&[u32]>],
@@ -96,7 +97,7 @@ fn emulated_masked_picks(
 
 #[test]
 fn pick_rows_takes_the_first_largest_logit_for_greedy_rows_and_never_nan() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     let vocab = 3000usize;
     let mut values = Values(3);
     let mut rows: Vec<Vec<f32>> = (0..3).map(|_| values.vec(vocab)).collect();
@@ -115,7 +116,7 @@ fn pick_rows_takes_the_first_largest_logit_for_greedy_rows_and_never_nan() {
 
 #[test]
 fn pick_rows_draws_what_the_host_definition_draws() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     let vocab = 1000usize;
     let mut values = Values(21);
     let knobs = [
@@ -189,7 +190,7 @@ fn top_k_and_top_p_cuts_of_a_large_vocabulary_are_the_host_definitions_whether_s
     // keep a few tokens (searched among the tokens of the heaviest weight exponents), flat
     // ones whose cuts keep thousands (searched pass by pass over the row), and a row of a
     // few thousand tokens well above the rest (gathered, close to the limit).
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     let vocab = 12_000usize;
     let mut values = Values(77);
     let sharp: Vec<f32> = values.vec(vocab).iter().map(|v| v * 8.0).collect();
@@ -234,7 +235,7 @@ fn top_k_and_top_p_cuts_of_a_large_vocabulary_are_the_host_definitions_whether_s
 
 #[test]
 fn pick_rows_reports_the_logprobs_the_host_sampler_reports() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     let vocab = 700usize;
     let mut values = Values(5);
     let mut rows = Vec::new();
@@ -286,7 +287,7 @@ fn pick_rows_reports_the_logprobs_the_host_sampler_reports() {
 
 #[test]
 fn masked_rows_pick_among_the_allowed_tokens_as_the_host_sampler_does() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     let vocab = 1000usize;
     let words = words_for(vocab);
     let mut values = Values(77);

@@ -2,8 +2,9 @@
 //! format, in the layout the device keeps it (`device_layout`), against the host's
 //! dequantisation.
 
+use super::runner::Runner;
 use super::{assert_close, from_bf16, to_bf16, Values};
-use crate::engine::backend::cuda::emulator::{Arg, Emulator};
+use crate::engine::backend::cuda::emulator::Arg;
 use crate::engine::backend::cuda::weights::{device_layout, quant_kernels};
 use crate::engine::quant::tests::{raw_blocks, Rng};
 use crate::engine::quant::{GgmlType, QMatrix, TensorBytes};
@@ -24,7 +25,7 @@ fn device_formats() -> impl Iterator<Item = GgmlType> {
 
 #[test]
 fn quantized_blocks_expand_on_the_device_as_the_host_dequantizes_them() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     let (rows, cols) = (3usize, 512usize);
     for (i, t) in device_formats().enumerate() {
         let m = random_quantized(t, rows, cols, 40 + i as u64);
@@ -62,7 +63,7 @@ fn quantized_blocks_expand_on_the_device_as_the_host_dequantizes_them() {
 
 #[test]
 fn quantized_gemv_matches_a_product_with_the_host_dequantized_rows() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     // 19 rows (not a multiple of the 8 warps per block), written with a row stride of 27:
     // the part sits among other rows of a stacked matrix. 2304 columns: Q8_0's tiles of 2048
     // quants and a partial one.

@@ -1,13 +1,14 @@
 //! The per-row and element-wise kernels and the bf16 GEMV: products, norms, activations,
 //! the embedding gather and soft-capping against their plain definitions.
 
+use super::runner::Runner;
 use super::{assert_close, from_bf16, Values};
-use crate::engine::backend::cuda::emulator::{Arg, Emulator};
+use crate::engine::backend::cuda::emulator::Arg;
 use crate::engine::backend::cuda::gemv_tune::{GemvVariant, GEMV_VARIANTS};
 
 #[test]
 fn gemv_matches_a_plain_matrix_product_for_every_row_count() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     // M not a multiple of the 8 warps per block, K not a multiple of the staged tile.
     let (m, k) = (37usize, 1032usize);
     let mut values = Values(7);
@@ -30,7 +31,7 @@ fn gemv_matches_a_plain_matrix_product_for_every_row_count() {
 
 #[test]
 fn add_rms_norm_adds_the_residual_and_normalises_for_the_next_block() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     let (rows, hidden, eps) = (3usize, 96usize, 1e-5f32);
     let mut values = Values(11);
     let rms = |v: &[f32]| 1.0 / (v.iter().map(|x| x * x).sum::<f32>() / hidden as f32 + eps).sqrt();
@@ -87,7 +88,7 @@ fn add_rms_norm_adds_the_residual_and_normalises_for_the_next_block() {
 
 #[test]
 fn gated_act_applies_silu_or_gelu_to_the_gate_times_up() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     let (rows, ffn) = (2usize, 300usize);
     let mut values = Values(5);
     let mut gate_up: Vec<f32> = values.vec(rows * 2 * ffn).iter().map(|v| v * 4.0).collect();
@@ -112,7 +113,7 @@ fn gated_act_applies_silu_or_gelu_to_the_gate_times_up() {
 
 #[test]
 fn embed_gathers_scaled_rows_and_the_final_norm_reads_only_logit_rows() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     let (vocab, hidden, eps) = (50usize, 40usize, 1e-6f32);
     let mut values = Values(13);
     let mut table = values.bf16s(vocab * hidden);
@@ -173,7 +174,7 @@ fn embed_gathers_scaled_rows_and_the_final_norm_reads_only_logit_rows() {
 
 #[test]
 fn softcap_squashes_logits_into_the_cap() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     let mut x = vec![-1000.0f32, -3.0, 0.0, 0.5, 29.0, 1e6, 7.0];
     let want: Vec<f32> = x.iter().map(|v| 30.0 * (v / 30.0).tanh()).collect();
     let n = x.len();
@@ -188,7 +189,7 @@ fn softcap_squashes_logits_into_the_cap() {
 
 #[test]
 fn the_fused_down_projection_equals_the_activation_then_the_gemv() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     // K (the ffn width) not a multiple of the staged tile, M not of the 8 warps per block.
     let (m, k) = (21usize, 1096usize);
     let mut values = Values(19);
@@ -221,7 +222,7 @@ fn the_fused_down_projection_equals_the_activation_then_the_gemv() {
 /// product then gated_act, in every variant, for both activations.
 #[test]
 fn a_gate_up_gemv_writing_the_activation_equals_the_product_then_gated_act() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     let mut values = Values(31);
     // 37 pairs: a multiple of no block's half (2, 4 or 8 pairs; 32 or 64 on the tensor
     // cores). K in whole 32-input steps, for those too.
@@ -255,7 +256,7 @@ fn a_gate_up_gemv_writing_the_activation_equals_the_product_then_gated_act() {
 
 #[test]
 fn every_gemv_variant_gives_the_same_bits() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     let mut values = Values(23);
     // M not a multiple of any block's columns; K past one tile of every variant and not a
     // multiple of any (tiles of 1024 and 2048 elements), and K under one tile.
@@ -298,7 +299,7 @@ fn every_gemv_variant_gives_the_same_bits() {
 /// of one step and of many (past two passes of loads), with whatever it asks of L2.
 #[test]
 fn every_tensor_core_gemv_computes_the_product() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     let mut values = Values(41);
     for (m, k) in [(37usize, 2080usize), (19, 96), (70, 32)] {
         let w = values.bf16s(m * k);
@@ -336,7 +337,7 @@ fn every_tensor_core_gemv_computes_the_product() {
 /// its counter back at 0.
 #[test]
 fn a_gemv_with_the_norm_fused_leaves_the_bits_of_the_gemv_then_add_rms_norm() {
-    let Some(emu) = Emulator::get() else { return };
+    let Some(emu) = Runner::get() else { return };
     let mut values = Values(29);
     // hidden (M) not a multiple of any block's columns, and past the 1024 sum slots; K in
     // whole 32-input steps (the tensor cores' too).
@@ -466,7 +467,7 @@ impl GemvShape {
 
     /// Runs GEMV kernel `name` over `w` and the input `x` (bf16 rows, or [gate | up] f32
     /// rows for a gated kernel, which takes `act`).
-    fn run(&self, emu: &Emulator, name: &str, w: &mut [u16], x: Arg, act: Option<i32>) -> Vec<f32> {
+    fn run(&self, emu: &Runner, name: &str, w: &mut [u16], x: Arg, act: Option<i32>) -> Vec<f32> {
         self.run_then_norm(emu, name, w, x, act, None)
     }
 
@@ -474,7 +475,7 @@ impl GemvShape {
     /// rows and normalising them when `norm` is given.
     fn run_then_norm(
         &self,
-        emu: &Emulator,
+        emu: &Runner,
         name: &str,
         w: &mut [u16],
         x: Arg,
@@ -489,7 +490,7 @@ impl GemvShape {
 
     /// Plain kernel `name` over the fused [gate | up] matrix `w` (m = 2·F rows) writing
     /// bf16(act(gate)·up), F per token row.
-    fn run_glu(&self, emu: &Emulator, name: &str, w: &mut [u16], x: Arg, act: i32) -> Vec<u16> {
+    fn run_glu(&self, emu: &Runner, name: &str, w: &mut [u16], x: Arg, act: i32) -> Vec<u16> {
         let f = self.m / 2;
         let mut out = vec![0u16; self.n * f];
         self.launch(
@@ -508,7 +509,7 @@ impl GemvShape {
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
-        emu: &Emulator,
+        emu: &Runner,
         name: &str,
         w: &mut [u16],
         x: Arg,
@@ -557,12 +558,7 @@ enum Form {
 }
 
 /// `gated_act` over `rows` [gate | up] rows of `ffn` pairs, activation `act`.
-fn gated_act(
-    emu: &Emulator,
-    gate_up: &mut [f32],
-    (rows, ffn): (usize, usize),
-    act: i32,
-) -> Vec<u16> {
+fn gated_act(emu: &Runner, gate_up: &mut [f32], (rows, ffn): (usize, usize), act: i32) -> Vec<u16> {
     let mut out = vec![0u16; rows * ffn];
     emu.launch(
         "gated_act",
