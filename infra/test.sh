@@ -47,6 +47,7 @@ cargo build --bin fallow --features fallow-runner/emulator
 FALLOW_REQUIRE_S3=1 cargo test --workspace --no-fail-fast
 # The CUDA kernel tests again, launched through the CUDA driver API as gpu-check.sh runs them
 # on a GPU (here on the emulated driver, which takes the driver's name: a process of their
-# own). `--workspace --lib` reuses the build above.
-FALLOW_KERNEL_TESTS=driver cargo test --workspace --lib --no-fail-fast cuda::kernel_tests
+# own). The same targets as above, so the same build (`--lib` alone would resolve features
+# differently and rebuild the runner); the filter leaves the other executables nothing to run.
+FALLOW_KERNEL_TESTS=driver cargo test --workspace --no-fail-fast cuda::kernel_tests
 FALLOW_BIN="$PWD/target/debug/fallow" .venv/bin/python -m pytest -q tests/e2e

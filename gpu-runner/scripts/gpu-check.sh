@@ -260,7 +260,7 @@ step_tests() {
     stem=${name%-*}
     dir=$(crate_dir_of "$stem")
     if [ "$stem" = fallow_runner ]; then
-      limit=60 filter=(cuda::kernel_tests) kernel_env=(FALLOW_KERNEL_TESTS=driver)
+      limit=90 filter=(cuda::kernel_tests) kernel_env=(FALLOW_KERNEL_TESTS=driver)
     fi
     if ((tests_end - SECONDS < limit)); then limit=$((tests_end - SECONDS)); fi
     (cd "$dir" && run_step "b. test $stem${filter:+ ${filter[*]}}" "$limit" - \
