@@ -143,9 +143,13 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
                 &["--cuda-weights", "q8_0", "--json-schema", schema.as_str()],
             ),
         ),
-        // f13: Q4_K at load (the tiny model's rows are narrower than a super-block: Q8_0).
+        // f13 and f14: Q4_K at load (the tiny model's rows are narrower than a super-block:
+        // Q8_0, so f14's int8 x, a K-quant product's, is only taken as a setting here).
         (
-            vec![("FALLOW_CUDA_GEMV", "w8u4")],
+            vec![
+                ("FALLOW_CUDA_GEMV", "w8u4"),
+                ("FALLOW_CUDA_QUANT_X", "int8"),
+            ],
             bench(&qwen, &["--cuda-weights", "q4_k"]),
         ),
         // f5, f7, f8, f9 and f10: plain launches, the fusions off, no L2 prefetches,

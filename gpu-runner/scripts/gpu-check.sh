@@ -19,7 +19,8 @@
 #      f12: batch 1 and 8 with no decode-sized product given to cuBLAS, FALLOW_CUDA_GEMV_CUBLAS=0;
 #      f6: a 4096-token
 #      prompt's prefill, attention on tensor cores vs f32; f4: its matrices quantized to Q8_0
-#      at load; f13: to Q4_K at load, batch 1 and 8; f2: without CUDA graphs)
+#      at load; f13: to Q4_K at load, batch 1 and 8; f14: the same reading x as int8,
+#      FALLOW_CUDA_QUANT_X=int8; f2: without CUDA graphs)
 #   g. transformers generate() on it (hf_bench.py)
 #   h. a summary: Fallow vs transformers, and batch 1 against the bandwidth roofline
 #
@@ -433,6 +434,11 @@ main() {
     run_step "f13. fallow bench engine, Q4_K weights" 120 "$WORK/fallow-bench-q4_k.log" \
       "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda --cuda-weights q4_k \
       --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+    # The same with the K-quant decode products reading x rounded to int8 per group of 32
+    # (integer dot products: about a fifth of the instructions per weight of f13.'s).
+    run_step "f14. fallow bench engine, Q4_K weights, x as int8" 120 "$WORK/fallow-bench-q4_k-int8.log" \
+      env FALLOW_CUDA_QUANT_X=int8 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
+      --cuda-weights q4_k --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
     run_step "f2. fallow bench engine, no CUDA graphs" 120 "$WORK/fallow-bench-nographs.log" \
       env FALLOW_CUDA_GRAPHS=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
       --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
@@ -449,7 +455,7 @@ main() {
     --fallow-log "$OUT/fallow-bench.log" --hf-log "$OUT/hf-bench.log" \
     --bytes-per-step "$LLAMA_DIR/bytes_per_step.txt" ${bw:+--bandwidth-gbs "$bw"} \
     --steps "$OUT/steps.tsv" --q8-log "$WORK/fallow-bench-q8_0.log" \
-    --q4k-log "$WORK/fallow-bench-q4_k.log" \
+    --q4k-log "$WORK/fallow-bench-q4_k.log" --q4k-int8-log "$WORK/fallow-bench-q4_k-int8.log" \
     --smol-bf16-log "$WORK/smol-bench-bf16.log" --smol-quant-log "$WORK/smol-bench-quantized.log" \
     --smol-json-log "$WORK/smol-bench-json.log" --smol-sampled-log "$WORK/smol-bench-sampled.log" \
     --plain-log "$WORK/fallow-bench-plain.log" \

@@ -35,7 +35,7 @@ use std::path::PathBuf;
 
 use fallow_runner::engine::backend::cpu::{CpuBackend, KvDtype};
 use fallow_runner::engine::backend::cuda::{
-    device, emulator, kernels, CudaBackend, CudaWeights, PrefillKernel,
+    device, emulator, kernels, CudaBackend, CudaWeights, PrefillKernel, QuantX,
 };
 use fallow_runner::engine::backend::{Backend, LogitsMode, NoMasks, ReadyMasks, SeqSlice};
 use fallow_runner::engine::footprint::KvPoolSize;
@@ -53,6 +53,11 @@ const RELATIVE_TOLERANCE: f32 = 0.05;
 /// The reference's top-1/top-2 logit gap under which the CUDA backend may pick the other
 /// token, and the bound on |Δ logprob| of the reference's top 5: the CPU suite's bounds.
 const NEAR_TIE: f32 = 0.5;
+/// Decode logits with x rounded to int8 per group of 32 (`QuantX::Int8`) against the exact
+/// math of the same blocks, relative as `RELATIVE_TOLERANCE`: on the 256-wide random Llama
+/// (emulator) 0.044 (and 0.062 against bf16 x), where bf16 weights against f32 ones give
+/// 0.015: x's 8 bits move that random model's logits about three times as far.
+const INT8_X_TOLERANCE: f32 = 0.1;
 const BLOCK_SIZE: usize = 4;
 const NUM_BLOCKS: usize = 256;
 
@@ -1631,16 +1636,60 @@ fn float_weights_quantized_to_q4_k_at_load_compute_the_exact_math_of_those_block
     // kernels would quantize the activations to 8 bits): a prompt in two chunks (the
     // expansion to bf16 and cuBLAS) and decodes (the Q4_K GEMV). Measured on the emulator:
     // 0.019, where bf16 weights against f32 ones give 0.015; a wrong group min gives 0.59.
-    let exact = wide_llama(|m| {
-        let q = m.quantized(GgmlType::Q4K).expect("whole super-blocks");
-        QMatrix::from_f32(q.rows, q.cols, &q.dequantize_all()).expect("f32")
-    });
-    let mut cpu = CpuBackend::with_kv_dtype(&exact, NUM_BLOCKS, BLOCK_SIZE, KvDtype::F32)
-        .expect("cpu backend");
+    let mut cpu = q4_k_values_on_the_cpu();
     let mut cuda = cuda_with(&floats, CudaWeights::Q4K);
     let worst = chunked_prefill_then_decodes_diff(&mut cpu, &mut cuda, vocab);
     eprintln!("Q4_K at load vs the exact math of its blocks: max relative |Δ| {worst:.4}");
     assert!(worst <= RELATIVE_TOLERANCE, "{worst}");
+}
+
+/// The CPU backend on the values of `wide_llama`'s matrices quantized to Q4_K, as f32 (the
+/// blocks' exact math; its own K-quant kernels would quantize the activations to 8 bits).
+fn q4_k_values_on_the_cpu() -> CpuBackend {
+    let exact = wide_llama(|m| {
+        let q = m.quantized(GgmlType::Q4K).expect("whole super-blocks");
+        QMatrix::from_f32(q.rows, q.cols, &q.dequantize_all()).expect("f32")
+    });
+    CpuBackend::with_kv_dtype(&exact, NUM_BLOCKS, BLOCK_SIZE, KvDtype::F32).expect("cpu backend")
+}
+
+#[test]
+fn k_quant_decodes_reading_x_as_int8_stay_close_to_the_exact_math_of_their_blocks() {
+    if !gpu() {
+        return;
+    }
+    let floats = wide_llama(|m| m);
+    let vocab = floats.config.vocab_size;
+    let int8 = |cuda: &mut CudaBackend| cuda.set_quant_x(QuantX::Int8);
+    // The decodes' GEMVs round x to 8 bits per group of 32 (integer dot products); the
+    // prompt's chunks expand the blocks for cuBLAS as before.
+    let mut cpu = q4_k_values_on_the_cpu();
+    let mut cuda = cuda_with(&floats, CudaWeights::Q4K);
+    int8(&mut cuda);
+    let worst = chunked_prefill_then_decodes_diff(&mut cpu, &mut cuda, vocab);
+    eprintln!(
+        "Q4_K at load, x as int8, vs the exact math of its blocks: max relative |Δ| {worst:.4}"
+    );
+    assert!(worst <= INT8_X_TOLERANCE, "{worst}");
+    // The int8 products ran: decode logits near, not equal to, those of bf16 x.
+    let decodes = |setup: &dyn Fn(&mut CudaBackend)| {
+        let mut cuda = cuda_with(&floats, CudaWeights::Q4K);
+        setup(&mut cuda);
+        let tables: Vec<Vec<u32>> = (0..3).map(|s| table(s * 16, 40)).collect();
+        (0..6)
+            .flat_map(|pos| {
+                let tokens: Vec<u32> = (0..3u32)
+                    .map(|s| (s * 977 + pos as u32 * 131 + 5) % vocab as u32)
+                    .collect();
+                cuda.forward(&decode_step(&tokens, pos, &tables))
+                    .expect("decode step")
+            })
+            .collect::<Vec<f32>>()
+    };
+    let (with_int8, with_bf16) = (decodes(&int8), decodes(&|_| {}));
+    let diff = relative_diff(&with_int8, &with_bf16, vocab);
+    eprintln!("decode logits, x as int8 vs bf16: max relative |Δ| {diff:.5}");
+    assert!(diff > 0.0 && diff <= INT8_X_TOLERANCE, "{diff}");
 }
 
 #[test]

@@ -31,7 +31,7 @@ pub(crate) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
 
 /// Quants (0..32) of a Q4_K (`qh = None`) or Q5_K block, in element order.
 #[inline(always)]
-fn unpack_q45k(qs: &[u8], qh: Option<&[u8]>) -> [u8; QK_K] {
+pub(crate) fn unpack_q45k(qs: &[u8], qh: Option<&[u8]>) -> [u8; QK_K] {
     let mut q = [0u8; QK_K];
     for c in 0..4 {
         for l in 0..32 {

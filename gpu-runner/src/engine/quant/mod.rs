@@ -24,7 +24,7 @@ mod float;
 mod formats;
 pub mod ggml_type;
 mod interleave;
-mod kquants;
+pub(crate) mod kquants;
 pub(crate) mod kquants_quantize;
 pub(crate) mod legacy;
 mod matmul;

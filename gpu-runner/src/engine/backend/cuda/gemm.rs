@@ -15,7 +15,7 @@ use super::buffer::DeviceBuf;
 use super::gemv_tune::{GemvChoice, GemvPick, GemvVariant, DEFAULT_VARIANT, GEMV_VARIANTS};
 use super::l2_prefetch::L2Prefetch;
 use super::launch::{KernelArgs, Launcher};
-use super::weights::{DeviceMatrix, QuantPart, Storage};
+use super::weights::{DeviceMatrix, QuantPart, QuantX, Storage};
 use super::CudaError;
 
 /// Rows up to which the GEMV kernels are used (GEMV_MAX_ROWS in kernels.cu).
@@ -41,6 +41,8 @@ pub struct Gemm {
     pub(super) gemv_choice: GemvChoice,
     /// How much of its rows a bf16 GEMV asks L2 for before its early start waits.
     pub(super) l2_prefetch: L2Prefetch,
+    /// How the quantized matrices' decode products read x.
+    pub(super) quant_x: QuantX,
 }
 
 impl Gemm {
@@ -68,6 +70,7 @@ impl Gemm {
             gemv_max_rows: GEMV_MAX_ROWS,
             gemv_choice: GemvChoice::default(),
             l2_prefetch: L2Prefetch::default(),
+            quant_x: QuantX::default(),
         })
     }
 
@@ -107,7 +110,7 @@ impl Gemm {
                     let out = out + (first_row * std::mem::size_of::<f32>()) as u64;
                     let weights = part.buf.ptr();
                     let kernel = GemvKernel {
-                        name: part.kernels.gemv,
+                        name: part.kernels.gemv_reading(self.quant_x),
                         warps: QUANT_GEMV_WARPS,
                         rows_per_block: QUANT_GEMV_WARPS,
                         pairs_per_block: QUANT_GEMV_WARPS / 2,

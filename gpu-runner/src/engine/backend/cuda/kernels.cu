@@ -479,6 +479,77 @@ __device__ __forceinline__ void gemv_stage_x(uint4* xs, int stride, const void* 
         });
 }
 
+// Whether a row type's dot products take x staged as int8 (gemv_stage_x8) rather than bf16:
+// its `X_INT8` member, false where it has none.
+template <class ROWS, class = void>
+struct StagesInt8 {
+    static constexpr bool value = false;
+};
+template <class ROWS>
+struct StagesInt8<ROWS, decltype((void)ROWS::X_INT8)> {
+    static constexpr bool value = ROWS::X_INT8;
+};
+
+// x staged for int8 dot products, per token row of a tile of `tile` elements: the values as
+// int8 (byte e: element e), then each group of 32's scale (f32, at byte `tile`), then each
+// half-group of 16's sum of x (f32, at byte tile + tile / 8): 2816 bytes for a 2048 tile,
+// within the 4096 its bf16 staging takes.
+#define GEMV_X8_SCALES(tile) (tile)
+#define GEMV_X8_SUMS(tile) ((tile) + (tile) / 8)
+
+// Stages elements [k0, k0 + elems) of the n bf16 rows of x for int8 dot products, a thread per
+// group of 32: q = round-to-nearest(x · 127 / max|x|), so that x ≈ scale · q with scale =
+// max|x| / 127 (the group's largest value exact, the others within scale / 2); and the sums
+// of the bf16 values (exact, not of q) for the weights' offsets (Σ (d·q + m)·x = d·Σ q·x +
+// m·Σ x). The dot then multiplies 4 pairs of bytes per instruction (__dp4a) instead of
+// converting every weight and every x to a float.
+__device__ __forceinline__ void gemv_stage_x8(uint4* xs, int stride, const bf16* __restrict__ x,
+                                              int K, int k0, int elems, int n, int tile) {
+    int groups = elems / 32;
+    for (int i = threadIdx.x; i < n * groups; i += blockDim.x) {
+        int j = i / groups, g = i - j * groups;
+        const uint4* src = (const uint4*)(x + (size_t)j * K + k0 + 32 * g);
+        float v[32];
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            uint4 raw = __ldg(src + p);
+            unsigned int words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                v[8 * p + 2 * e] = __uint_as_float(words[e] << 16);
+                v[8 * p + 2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
+            }
+        }
+        float amax = 0.0f, low = 0.0f, high = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(v[e]));
+#pragma unroll
+        for (int e = 0; e < 16; e++) low += v[e];
+#pragma unroll
+        for (int e = 16; e < 32; e++) high += v[e];
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        unsigned int packed[8];
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            unsigned int word = 0;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                // Rounded to nearest by the add of 1.5 · 2^23 (one FMA, no conversion unit):
+                // |v · inv| ≤ 127.
+                int q = __float_as_int(__fmaf_rn(v[4 * w + b], inv, 12582912.0f)) - 0x4B400000;
+                word |= ((unsigned int)q & 0xFFu) << (8 * b);
+            }
+            packed[w] = word;
+        }
+        unsigned char* row = (unsigned char*)(xs + (size_t)j * stride);
+        ((uint4*)(row + 32 * g))[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        ((uint4*)(row + 32 * g))[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+        ((float*)(row + GEMV_X8_SCALES(tile)))[g] = amax / 127.0f;
+        ((float*)(row + GEMV_X8_SUMS(tile)))[2 * g] = low;
+        ((float*)(row + GEMV_X8_SUMS(tile)))[2 * g + 1] = high;
+    }
+}
+
 #ifdef FALLOW_EMULATOR
 #define GEMV_DYNAMIC_X(name) uint4* name = (uint4*)emu::dynamic_shared()
 #else
@@ -568,7 +639,9 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
                        GemvNorm norm, GemvL2 l2, int glu) {
     static_assert(PREFETCH || !RESIDENT, "a resident x streams W with prefetching");
     constexpr int PER_CHUNK = ROWS::PER_CHUNK, X_CHUNKS = PER_CHUNK / 8;  // x: 8 per uint4
-    const int TILE = 32 * UNROLL * PER_CHUNK;
+    constexpr int TILE = 32 * UNROLL * PER_CHUNK;
+    constexpr bool X8 = StagesInt8<ROWS>::value;  // x staged as int8 (gemv_stage_x8)
+    static_assert(!X8 || (!RESIDENT && !GATED), "int8 x is staged tile by tile from bf16 rows");
     __shared__ uint4 x_tile[RESIDENT ? 1 : GEMV_MAX_ROWS][TILE / 8];
     GEMV_DYNAMIC_X(x_all);
     uint4* xs = RESIDENT ? x_all : &x_tile[0][0];
@@ -603,7 +676,11 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
     }
     for (int k0 = 0; k0 < K; k0 += TILE) {
         int chunks = min(TILE, K - k0) / PER_CHUNK;
-        if constexpr (!RESIDENT) {
+        if constexpr (X8) {
+            static_assert(ROWS::TILE == TILE, "the row type reads this tile's staging");
+            gemv_stage_x8(xs, stride, (const bf16*)xin, K, k0, chunks * PER_CHUNK, n, TILE);
+            __syncthreads();
+        } else if constexpr (!RESIDENT) {
             gemv_stage_x<GATED, 1>(xs, stride, xin, K, k0, chunks * X_CHUNKS, n, act);
             __syncthreads();
         }

@@ -38,7 +38,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUgraphInstantiate_flags, CUstream
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 
 pub use device::DeviceInfo;
-pub use weights::{device_block_format, CudaWeights};
+pub use weights::{device_block_format, CudaWeights, QuantX};
 
 use self::buffer::DeviceBuf;
 use self::gemm::Gemm;
@@ -198,6 +198,8 @@ impl CudaBackend {
             std::env::var("FALLOW_CUDA_L2_PREFETCH").ok().as_deref(),
         );
         gemm.gemv_choice = gemv_choice(std::env::var("FALLOW_CUDA_GEMV").ok().as_deref())?;
+        gemm.quant_x = QuantX::from_setting(std::env::var("FALLOW_CUDA_QUANT_X").ok().as_deref())
+            .map_err(CudaError::Failure)?;
         let split_min_keys = attention_split::min_partition_from_setting(
             std::env::var("FALLOW_CUDA_SPLIT_MIN_KEYS").ok().as_deref(),
         )
@@ -300,6 +302,13 @@ impl CudaBackend {
     /// cuBLAS (0 = always cuBLAS; tests compare the two).
     pub fn set_gemv_max_rows(&mut self, rows: usize) {
         self.gemm.set_gemv_max_rows(rows);
+        self.graphs.clear();
+    }
+
+    /// How the quantized matrices' decode products read x ([`QuantX`];
+    /// `FALLOW_CUDA_QUANT_X` sets it for a process).
+    pub fn set_quant_x(&mut self, x: QuantX) {
+        self.gemm.quant_x = x;
         self.graphs.clear();
     }
 

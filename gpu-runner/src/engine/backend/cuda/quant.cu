@@ -210,7 +210,9 @@ struct KQuantRows {
         if constexpr (Q5) r.high = __ldg((const uint4*)(block + 16) + c % 2);
         return r;
     }
-    __device__ __forceinline__ Chunk decode(const Raw& r, int c) const {
+    // Chunk c's groups 2p and 2p + 1: their d·scale (dg) and dmin·min (mg), value dg·q − mg.
+    __device__ __forceinline__ static void group_scales(const Raw& r, int c, float* dg,
+                                                        float* mg) {
         int sub = c % 8 / 2 * 2;  // group 2p
         float d = f16_to_f32((unsigned short)(r.head.x & 0xffff));
         float dmin = f16_to_f32((unsigned short)(r.head.x >> 16));
@@ -222,16 +224,31 @@ struct KQuantRows {
         float sc0, m0, sc1, m1;
         scale_min_k4(sub, scale_byte, &sc0, &m0);
         scale_min_k4(sub + 1, scale_byte, &sc1, &m1);
-        float dg0 = d * sc0, mg0 = dmin * m0, dg1 = d * sc1, mg1 = dmin * m1;
+        dg[0] = d * sc0, mg[0] = dmin * m0, dg[1] = d * sc1, mg[1] = dmin * m1;
+    }
+    // Word e of the chunk's quants of group 2p (half 0) or 2p + 1 (half 1): four values
+    // 0..31, a byte each (Q5_K's fifth bit from the same byte of qh).
+    __device__ __forceinline__ static unsigned int quants(const Raw& r, int c, int e, int half) {
         unsigned int low[4] = {r.low.x, r.low.y, r.low.z, r.low.w};
         unsigned int high[4] = {r.high.x, r.high.y, r.high.z, r.high.w};
+        unsigned int q = (low[e] >> (4 * half)) & 0x0F0F0F0Fu;
+        if constexpr (Q5) q |= ((high[e] >> (c % 8 / 2 * 2 + half)) & 0x01010101u) << 4;
+        return q;
+    }
+    __device__ __forceinline__ Chunk decode(const Raw& r, int c) const {
+        float dg[2], mg[2];
+        group_scales(r, c, dg, mg);
         Chunk ch;
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            unsigned int fifth_lo = Q5 ? ((high[e] >> sub) & 0x01010101u) << 4 : 0;
-            unsigned int fifth_hi = Q5 ? ((high[e] >> (sub + 1)) & 0x01010101u) << 4 : 0;
-            nibbles_affine(low[e], fifth_lo, fifth_hi, dg0, -mg0, dg1, -mg1, ch.lo + 4 * e,
-                           ch.hi + 4 * e);
+            float flo[4], fhi[4];
+            u8x4_as_floats(quants(r, c, e, 0), flo);
+            u8x4_as_floats(quants(r, c, e, 1), fhi);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                ch.lo[4 * e + i] = dg[0] * flo[i] - mg[0];
+                ch.hi[4 * e + i] = dg[1] * fhi[i] - mg[1];
+            }
         }
         return ch;
     }
@@ -249,6 +266,55 @@ struct KQuantRows {
         bf16* lo = out + (size_t)(c / 8) * 256 + first(c);
         store_bf16x16(lo, ch.lo);
         store_bf16x16(lo + 32, ch.hi);
+    }
+};
+
+// Q4_K and Q5_K rows as KQuantRows reads them, for dot products with x staged as int8
+// (gemv_stage_x8: per group of 32 a scale sx, x ≈ sx·qx): a chunk's quants stay bytes, and
+// each group's share of the dot is dg·sx·Σ q·qx (four pairs per __dp4a) − mg·Σ x. About a
+// fifth of KQuantRows' instructions per weight (no conversion of a weight or an x to a
+// float), for x rounded to 8 bits per group as llama.cpp's quantized products do. TILE: the
+// GEMV's tile (where the staging keeps its scales and sums).
+template <int FMT, int TILE_ELEMS>
+struct KQuantX8Rows : KQuantRows<FMT> {
+    using Base = KQuantRows<FMT>;
+    using Raw = typename Base::Raw;
+    static constexpr bool X_INT8 = true;
+    static constexpr int TILE = TILE_ELEMS;
+    struct Chunk {
+        unsigned int q[2][4];  // groups 2p and 2p + 1: 16 quants each, a byte per quant
+        float dg[2], mg[2];
+    };
+    __device__ __forceinline__ KQuantX8Rows(const void* w, int m, int M, int K)
+        : Base(w, m, M, K) {}
+    __device__ __forceinline__ Chunk decode(const Raw& r, int c) const {
+        Chunk ch;
+        Base::group_scales(r, c, ch.dg, ch.mg);
+#pragma unroll
+        for (int half = 0; half < 2; half++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) ch.q[half][e] = Base::quants(r, c, e, half);
+        return ch;
+    }
+    // The chunk's products with the staged x (chunk `at` of the tile).
+    __device__ __forceinline__ float dot(const Chunk& ch, const uint4* x, int at) const {
+        const unsigned char* xb = (const unsigned char*)x;
+        const float* scales = (const float*)(xb + GEMV_X8_SCALES(TILE));
+        const float* sums = (const float*)(xb + GEMV_X8_SUMS(TILE));
+        float s = 0.0f;
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            int pos = at / 8 * 256 + Base::first(at) + 32 * half;  // its 16 elements' first
+            uint4 qx = *(const uint4*)(xb + pos);
+            int dot = __dp4a((int)ch.q[half][0], (int)qx.x, 0);
+            dot = __dp4a((int)ch.q[half][1], (int)qx.y, dot);
+            dot = __dp4a((int)ch.q[half][2], (int)qx.z, dot);
+            dot = __dp4a((int)ch.q[half][3], (int)qx.w, dot);
+            // |dot| ≤ 16 · 31 · 127: exact as a float without the conversion unit.
+            s += ch.dg[half] * scales[pos / 32] * small_int_as_float(dot) -
+                 ch.mg[half] * sums[pos / 16];
+        }
+        return s;
     }
 };
 
@@ -374,6 +440,15 @@ QUANT_KERNELS(q5_1, LegacyRows<FMT_Q5_1>, 2)
 QUANT_KERNELS(q4_k, KQuantRows<FMT_Q4_K>, 2)
 QUANT_KERNELS(q5_k, KQuantRows<FMT_Q5_K>, 2)
 QUANT_KERNELS(q6_k, Q6KRows, 1)
+
+// The K-quant decode products with x staged as int8 (KQuantX8Rows): gemv_q4_k_x8, gemv_q5_k_x8.
+#define QUANT_GEMV_X8(name, FMT)                                                             \
+    extern "C" __global__ void gemv_##name##_x8(const u8* w, const bf16* x, float* out, int M, \
+                                                int K, int n, int ldo) {                     \
+        gemv_rows<KQuantX8Rows<FMT, 2048>, 2>(w, x, out, M, K, n, ldo);                      \
+    }
+QUANT_GEMV_X8(q4_k, FMT_Q4_K)
+QUANT_GEMV_X8(q5_k, FMT_Q5_K)
 
 // Q8_0 (one group of 32 per block, value d·q), split on the device into the blocks' 32 int8
 // quants (so all M rows' quants, [M][K] row-major), then their f16 scales ([M][K / 32]). A

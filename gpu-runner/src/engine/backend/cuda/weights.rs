@@ -101,11 +101,52 @@ impl DeviceMatrix {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuantKernels {
     pub gemv: &'static str,
+    /// Its decode product with x staged as int8, where the format has one (K-quants).
+    pub gemv_int8_x: Option<&'static str>,
     pub dequant: &'static str,
+}
+
+impl QuantKernels {
+    /// The decode product that reads x as `x` says (bf16 where the format has no int8 form).
+    pub fn gemv_reading(&self, x: QuantX) -> &'static str {
+        match x {
+            QuantX::Int8 => self.gemv_int8_x.unwrap_or(self.gemv),
+            QuantX::Bf16 => self.gemv,
+        }
+    }
+}
+
+/// How the decode products of quantized matrices read their input rows: as the bf16 rows
+/// they are (each weight's exact product), or rounded to int8 per group of 32 with integer
+/// dot products (K-quants; about a fifth of the instructions per weight, x's precision that
+/// of llama.cpp's quantized products). `FALLOW_CUDA_QUANT_X=int8` chooses the second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QuantX {
+    #[default]
+    Bf16,
+    Int8,
+}
+
+impl QuantX {
+    /// From `FALLOW_CUDA_QUANT_X`'s value (unset: bf16).
+    pub fn from_setting(setting: Option<&str>) -> Result<QuantX, String> {
+        match setting {
+            None | Some("" | "bf16") => Ok(QuantX::Bf16),
+            Some("int8") => Ok(QuantX::Int8),
+            Some(other) => Err(format!(
+                "FALLOW_CUDA_QUANT_X={other}: expected bf16 or int8"
+            )),
+        }
+    }
 }
 
 /// The kernels for a block format, if they read it.
 pub fn quant_kernels(dtype: GgmlType) -> Option<QuantKernels> {
+    let gemv_int8_x = match dtype {
+        GgmlType::Q4K => Some("gemv_q4_k_x8"),
+        GgmlType::Q5K => Some("gemv_q5_k_x8"),
+        _ => None,
+    };
     let (gemv, dequant) = match dtype {
         GgmlType::Q4_0 => ("gemv_q4_0", "dequant_q4_0"),
         GgmlType::Q4_1 => ("gemv_q4_1", "dequant_q4_1"),
@@ -117,7 +158,11 @@ pub fn quant_kernels(dtype: GgmlType) -> Option<QuantKernels> {
         GgmlType::Q6K => ("gemv_q6_k", "dequant_q6_k"),
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => return None,
     };
-    Some(QuantKernels { gemv, dequant })
+    Some(QuantKernels {
+        gemv,
+        gemv_int8_x,
+        dequant,
+    })
 }
 
 pub struct DeviceLayer {
@@ -368,6 +413,29 @@ mod tests {
     fn matrix(dtype: GgmlType, rows: usize, cols: usize) -> QMatrix {
         let bytes = vec![0u8; rows * cols / dtype.block_elems() * dtype.block_bytes()];
         QMatrix::new(dtype, rows, cols, TensorBytes::Owned(bytes)).expect("whole blocks")
+    }
+
+    #[test]
+    fn int8_x_takes_the_k_quants_integer_products_and_leaves_other_formats_on_bf16_x() {
+        assert_eq!(QuantX::from_setting(None), Ok(QuantX::Bf16));
+        assert_eq!(QuantX::from_setting(Some("int8")), Ok(QuantX::Int8));
+        assert!(QuantX::from_setting(Some("int4")).is_err());
+        let kernels = |t| quant_kernels(t).expect("a device format");
+        assert_eq!(
+            kernels(GgmlType::Q4K).gemv_reading(QuantX::Int8),
+            "gemv_q4_k_x8"
+        );
+        assert_eq!(
+            kernels(GgmlType::Q5K).gemv_reading(QuantX::Int8),
+            "gemv_q5_k_x8"
+        );
+        assert_eq!(
+            kernels(GgmlType::Q4K).gemv_reading(QuantX::Bf16),
+            "gemv_q4_k"
+        );
+        for t in [GgmlType::Q4_1, GgmlType::Q6K, GgmlType::Q8_0] {
+            assert_eq!(kernels(t).gemv_reading(QuantX::Int8), kernels(t).gemv);
+        }
     }
 
     #[test]

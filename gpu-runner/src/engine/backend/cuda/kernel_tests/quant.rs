@@ -6,6 +6,7 @@ use super::runner::Runner;
 use super::{assert_close, from_bf16, to_bf16, Values};
 use crate::engine::backend::cuda::emulator::Arg;
 use crate::engine::backend::cuda::weights::{device_layout, quant_kernels};
+use crate::engine::quant::kquants::{scale_min_k4, unpack_q45k};
 use crate::engine::quant::tests::{raw_blocks, Rng};
 use crate::engine::quant::{GgmlType, QMatrix, TensorBytes};
 
@@ -61,6 +62,36 @@ fn quantized_blocks_expand_on_the_device_as_the_host_dequantizes_them() {
     }
 }
 
+/// Launches a block format's decode product `kernel` over the `(rows, cols)` matrix in
+/// `blocks` and n bf16 rows of x, as the backend does (8 rows of the matrix per block of
+/// 256 threads); the output, rows `ldo` apart, NaN where the kernel does not write.
+fn gemv(
+    emu: &Runner,
+    kernel: &str,
+    blocks: &mut [u8],
+    x: &mut [u16],
+    (rows, cols): (usize, usize),
+    n: usize,
+    ldo: usize,
+) -> Vec<f32> {
+    let mut out = vec![f32::NAN; n * ldo];
+    emu.launch(
+        kernel,
+        (rows.div_ceil(8) as u32, 1, 1),
+        256,
+        &[
+            Arg::buf(blocks),
+            Arg::buf(x),
+            Arg::buf(&mut out),
+            Arg::I32(rows as i32),
+            Arg::I32(cols as i32),
+            Arg::I32(n as i32),
+            Arg::I32(ldo as i32),
+        ],
+    );
+    out
+}
+
 #[test]
 fn quantized_gemv_matches_a_product_with_the_host_dequantized_rows() {
     let Some(emu) = Runner::get() else { return };
@@ -75,21 +106,7 @@ fn quantized_gemv_matches_a_product_with_the_host_dequantized_rows() {
         let mut blocks = device_layout(t, m.bytes()).into_owned();
         for n in [1usize, 3, 8] {
             let mut x = values.bf16s(n * cols);
-            let mut out = vec![f32::NAN; n * ldo];
-            emu.launch(
-                kernels.gemv,
-                (rows.div_ceil(8) as u32, 1, 1),
-                256,
-                &[
-                    Arg::buf(&mut blocks),
-                    Arg::buf(&mut x),
-                    Arg::buf(&mut out),
-                    Arg::I32(rows as i32),
-                    Arg::I32(cols as i32),
-                    Arg::I32(n as i32),
-                    Arg::I32(ldo as i32),
-                ],
-            );
+            let out = gemv(emu, kernels.gemv, &mut blocks, &mut x, (rows, cols), n, ldo);
             let mut w = vec![0f32; cols];
             for r in 0..rows {
                 m.dequantize_row(r, &mut w);
@@ -108,6 +125,86 @@ fn quantized_gemv_matches_a_product_with_the_host_dequantized_rows() {
                 }
             }
             // Columns past the part's rows are left alone.
+            assert!(out[..ldo].iter().skip(rows).all(|v| v.is_nan()), "{t:?}");
+        }
+    }
+}
+
+/// x as `gemv_stage_x8` stages one group of 32: (scale, the int8 values) with the same f32
+/// arithmetic (q rounded by an FMA with 1.5 · 2^23).
+fn int8_group(x: &[f32]) -> (f32, Vec<i32>) {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    let q = x
+        .iter()
+        .map(|v| v.mul_add(inv, 12_582_912.0).to_bits() as i32 - 0x4B40_0000)
+        .collect();
+    (amax / 127.0, q)
+}
+
+#[test]
+fn k_quant_gemv_with_int8_x_computes_the_integer_products_of_their_blocks_and_stays_near_the_exact_one(
+) {
+    let Some(emu) = Runner::get() else { return };
+    // As the GEMV test above: 19 rows written 27 apart, a tile of 2048 and a partial one.
+    let (rows, cols, ldo) = (19usize, 2304usize, 27usize);
+    let mut values = Values(78);
+    for (i, t) in [GgmlType::Q4K, GgmlType::Q5K].into_iter().enumerate() {
+        let m = random_quantized(t, rows, cols, 120 + i as u64);
+        let kernel = quant_kernels(t)
+            .and_then(|k| k.gemv_int8_x)
+            .expect("an int8-x K-quant GEMV");
+        let mut blocks = device_layout(t, m.bytes()).into_owned();
+        let block_bytes = t.block_bytes();
+        for n in [1usize, 3, 8] {
+            let mut x = values.bf16s(n * cols);
+            let out = gemv(emu, kernel, &mut blocks, &mut x, (rows, cols), n, ldo);
+            let mut w = vec![0f32; cols];
+            for r in 0..rows {
+                m.dequantize_row(r, &mut w);
+                for j in 0..n {
+                    let xs: Vec<f32> = (0..cols).map(|k| from_bf16(x[j * cols + k])).collect();
+                    // The kernel's math in f64: per group dg·sx·Σ q·qx − mg·Σ x.
+                    let (mut want, mut size, mut rounding) = (0f64, 0f64, 0f64);
+                    for b in 0..cols / 256 {
+                        let at = (r * cols / 256 + b) * block_bytes;
+                        let block = &m.bytes()[at..at + block_bytes];
+                        let (qh, qs) = match t {
+                            GgmlType::Q4K => (None, &block[16..144]),
+                            _ => (Some(&block[16..48]), &block[48..176]),
+                        };
+                        let q = unpack_q45k(qs, qh);
+                        let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+                        let dmin = half::f16::from_le_bytes([block[2], block[3]]).to_f32();
+                        for g in 0..8 {
+                            let (sc, mn) = scale_min_k4(g, &block[4..16]);
+                            let (dg, mg) = ((d * sc as f32) as f64, (dmin * mn as f32) as f64);
+                            let first = b * 256 + g * 32;
+                            let group = &xs[first..first + 32];
+                            let (sx, qx) = int8_group(group);
+                            let dot: i64 =
+                                (0..32).map(|l| q[g * 32 + l] as i64 * qx[l] as i64).sum();
+                            let sum: f64 = group.iter().map(|&v| v as f64).sum();
+                            want += dg * sx as f64 * dot as f64 - mg * sum;
+                            size += (dg * sx as f64 * dot as f64).abs() + (mg * sum).abs();
+                            // x's rounding: each product off by at most |dg·q| · sx / 2.
+                            rounding += (0..32)
+                                .map(|l| (dg * q[g * 32 + l] as f64).abs() * sx as f64 / 2.0)
+                                .sum::<f64>();
+                        }
+                    }
+                    let got = out[j * ldo + r] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-5 * size + 1e-6,
+                        "{t:?}, {n} rows: out[{j}, {r}] = {got}, want {want}"
+                    );
+                    let exact: f64 = (0..cols).map(|k| w[k] as f64 * xs[k] as f64).sum();
+                    assert!(
+                        (got - exact).abs() <= rounding + 1e-5 * size + 1e-6,
+                        "{t:?}: int8 x moved out[{j}, {r}] from {exact} to {got} (bound {rounding})"
+                    );
+                }
+            }
             assert!(out[..ldo].iter().skip(rows).all(|v| v.is_nan()), "{t:?}");
         }
     }
