@@ -594,27 +594,84 @@ fn follows_llama_cpp_exact_math(
     artifacts: &ModelArtifacts,
     storage: CudaWeights,
 ) {
+    follows_llama_cpp(
+        reference,
+        &format!("{storage:?}"),
+        artifacts.config.vocab_size,
+        |case| {
+            let mut cuda = cuda_with(artifacts, storage);
+            // Prompt + the first STEPS-1 greedy tokens in one prefill, all positions' logits:
+            // row prompt_len-1+i predicts greedy_ids[i].
+            let mut tokens = case.prompt_ids.clone();
+            tokens.extend(&case.greedy_ids[..STEPS - 1]);
+            let blocks = table(0, tokens.len());
+            let logits = cuda
+                .forward(&[SeqSlice {
+                    tokens: &tokens,
+                    start_pos: 0,
+                    block_table: &blocks,
+                    logits: LogitsMode::All,
+                }])
+                .expect("forward");
+            let vocab = artifacts.config.vocab_size;
+            logits[(case.prompt_ids.len() - 1) * vocab..].to_vec()
+        },
+    );
+}
+
+/// As [`follows_llama_cpp_exact_math`], but each greedy token fed back as a decode step (the
+/// decode products, not the prefill's expansion and cuBLAS), the products reading x as `x`.
+fn decoding_follows_llama_cpp_exact_math(
+    reference: &Reference,
+    artifacts: &ModelArtifacts,
+    storage: CudaWeights,
+    x: QuantX,
+) {
+    let what = format!("{storage:?}, decoded, x as {x:?}");
+    follows_llama_cpp(reference, &what, artifacts.config.vocab_size, |case| {
+        let mut cuda = cuda_with(artifacts, storage);
+        cuda.set_quant_x(x);
+        let len = case.prompt_ids.len() + STEPS;
+        let blocks = table(0, len);
+        let mut rows = cuda
+            .forward(&[SeqSlice {
+                tokens: &case.prompt_ids,
+                start_pos: 0,
+                block_table: &blocks,
+                logits: LogitsMode::Last,
+            }])
+            .expect("prefill");
+        for i in 0..STEPS - 1 {
+            let token = [case.greedy_ids[i]];
+            rows.extend(
+                cuda.forward(&[SeqSlice {
+                    tokens: &token,
+                    start_pos: case.prompt_ids.len() + i,
+                    block_table: &blocks,
+                    logits: LogitsMode::Last,
+                }])
+                .expect("decode step"),
+            );
+        }
+        rows
+    });
+}
+
+/// Checks `step_logits(case)` (STEPS rows: row i predicts greedy_ids[i]) of every prompt of
+/// `reference` against llama.cpp: its top 5's logprobs within `NEAR_TIE`, and its token
+/// picked unless llama.cpp was near a tie.
+fn follows_llama_cpp(
+    reference: &Reference,
+    what: &str,
+    vocab: usize,
+    step_logits: impl Fn(&Case) -> Vec<f32>,
+) {
     let mut worst_lp = 0f32;
     let mut flips = 0;
     for (case_no, case) in exact_cases(reference).iter().enumerate() {
-        let mut cuda = cuda_with(artifacts, storage);
-        // Prompt + the first STEPS-1 greedy tokens in one prefill, all positions' logits:
-        // row prompt_len-1+i predicts greedy_ids[i].
-        let mut tokens = case.prompt_ids.clone();
-        tokens.extend(&case.greedy_ids[..STEPS - 1]);
-        let blocks = table(0, tokens.len());
-        let logits = cuda
-            .forward(&[SeqSlice {
-                tokens: &tokens,
-                start_pos: 0,
-                block_table: &blocks,
-                logits: LogitsMode::All,
-            }])
-            .expect("forward");
-        let vocab = artifacts.config.vocab_size;
+        let logits = step_logits(case);
         for i in 0..STEPS {
-            let r = case.prompt_ids.len() - 1 + i;
-            let lp = log_softmax(&logits[r * vocab..(r + 1) * vocab]);
+            let lp = log_softmax(&logits[i * vocab..(i + 1) * vocab]);
             for &(id, want) in &case.top[i] {
                 worst_lp = worst_lp.max((lp[id as usize] - want).abs());
             }
@@ -622,8 +679,8 @@ fn follows_llama_cpp_exact_math(
             if ours != case.greedy_ids[i] {
                 assert!(
                     case.gaps[i] < NEAR_TIE,
-                    "{} prompt {case_no}, step {i}: CUDA picked {ours}, llama.cpp {} with a \
-                     gap of {}",
+                    "{} ({what}) prompt {case_no}, step {i}: CUDA picked {ours}, llama.cpp {} \
+                     with a gap of {}",
                     reference.name,
                     case.greedy_ids[i],
                     case.gaps[i]
@@ -633,15 +690,29 @@ fn follows_llama_cpp_exact_math(
         }
     }
     eprintln!(
-        "{} ({storage:?}) vs llama.cpp f32: max |Δ logprob| over llama.cpp's top-5 = \
+        "{} ({what}) vs llama.cpp f32: max |Δ logprob| over llama.cpp's top-5 = \
          {worst_lp:.4}; {flips} near-tie flips in {STEPS} steps of every prompt",
         reference.name
     );
     assert!(
         worst_lp <= NEAR_TIE,
-        "{} ({storage:?}): top-5 logprobs differ by {worst_lp}",
+        "{} ({what}): top-5 logprobs differ by {worst_lp}",
         reference.name
     );
+}
+
+#[test]
+fn gemma_3_decoding_its_k_quant_blocks_with_x_as_int8_follows_llama_cpp_exact_math() {
+    // Decode steps of a real K-quant model, on a GPU or with FALLOW_CUDA_EMULATOR=all
+    // (minutes on the emulated driver): the int8-x products of QuantX::Int8 and, beside them,
+    // the bf16-x ones.
+    let Some(path) = model_path_on_gpu(&GEMMA3) else {
+        return;
+    };
+    let artifacts = model::open(&path).expect("model opens");
+    for x in [QuantX::Int8, QuantX::Bf16] {
+        decoding_follows_llama_cpp_exact_math(&GEMMA3, &artifacts, CudaWeights::Quantized, x);
+    }
 }
 
 /// Logits of `steps` teacher-forced decode steps of `sequences` sequences (fixed tokens, so
