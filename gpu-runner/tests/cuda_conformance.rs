@@ -723,9 +723,21 @@ fn teacher_forced_decodes(
     sequences: u32,
     steps: usize,
 ) -> (Vec<f32>, usize) {
+    teacher_forced_decodes_after(artifacts, storage, |_| {}, sequences, steps)
+}
+
+/// As [`teacher_forced_decodes`], the backend first set up by `setup`.
+fn teacher_forced_decodes_after(
+    artifacts: &ModelArtifacts,
+    storage: CudaWeights,
+    setup: impl FnOnce(&mut CudaBackend),
+    sequences: u32,
+    steps: usize,
+) -> (Vec<f32>, usize) {
     let vocab = artifacts.config.vocab_size as u32;
     let tables: Vec<Vec<u32>> = (0..sequences).map(|s| table(s * 16, 40)).collect();
     let mut cuda = cuda_with(artifacts, storage);
+    setup(&mut cuda);
     let mut all = Vec::new();
     for pos in 0..steps {
         let tokens: Vec<u32> = (0..sequences)
@@ -1731,33 +1743,21 @@ fn k_quant_decodes_reading_x_as_int8_stay_close_to_the_exact_math_of_their_block
     }
     let floats = wide_llama(|m| m);
     let vocab = floats.config.vocab_size;
-    let int8 = |cuda: &mut CudaBackend| cuda.set_quant_x(QuantX::Int8);
     // The decodes' GEMVs round x to 8 bits per group of 32 (integer dot products); the
     // prompt's chunks expand the blocks for cuBLAS as before.
     let mut cpu = q4_k_values_on_the_cpu();
     let mut cuda = cuda_with(&floats, CudaWeights::Q4K);
-    int8(&mut cuda);
+    cuda.set_quant_x(QuantX::Int8);
     let worst = chunked_prefill_then_decodes_diff(&mut cpu, &mut cuda, vocab);
     eprintln!(
         "Q4_K at load, x as int8, vs the exact math of its blocks: max relative |Δ| {worst:.4}"
     );
     assert!(worst <= INT8_X_TOLERANCE, "{worst}");
     // The int8 products ran: decode logits near, not equal to, those of bf16 x.
-    let decodes = |setup: &dyn Fn(&mut CudaBackend)| {
-        let mut cuda = cuda_with(&floats, CudaWeights::Q4K);
-        setup(&mut cuda);
-        let tables: Vec<Vec<u32>> = (0..3).map(|s| table(s * 16, 40)).collect();
-        (0..6)
-            .flat_map(|pos| {
-                let tokens: Vec<u32> = (0..3u32)
-                    .map(|s| (s * 977 + pos as u32 * 131 + 5) % vocab as u32)
-                    .collect();
-                cuda.forward(&decode_step(&tokens, pos, &tables))
-                    .expect("decode step")
-            })
-            .collect::<Vec<f32>>()
+    let decodes = |setup: fn(&mut CudaBackend)| {
+        teacher_forced_decodes_after(&floats, CudaWeights::Q4K, setup, 3, 6).0
     };
-    let (with_int8, with_bf16) = (decodes(&int8), decodes(&|_| {}));
+    let (with_int8, with_bf16) = (decodes(|c| c.set_quant_x(QuantX::Int8)), decodes(|_| {}));
     let diff = relative_diff(&with_int8, &with_bf16, vocab);
     eprintln!("decode logits, x as int8 vs bf16: max relative |Δ| {diff:.5}");
     assert!(diff > 0.0 && diff <= INT8_X_TOLERANCE, "{diff}");

@@ -34,6 +34,16 @@ __device__ __forceinline__ uint4 bf16x8(const float* v) {
                       bf16_pair(v[6], v[7]));
 }
 
+// The 8 bf16 of a 16-byte vector as floats (bf16x8's inverse, exact).
+__device__ __forceinline__ void bf16x8_as_floats(uint4 v, float* out) {
+    unsigned int words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        out[2 * e] = __uint_as_float(words[e] << 16);
+        out[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
+    }
+}
+
 // 32 values as bf16 at `o` (64-byte aligned) in four 16-byte stores: the threads of a warp
 // each writing their own 32 values with two-byte stores would touch 32 sectors per 64 bytes
 // stored; these touch 32 per 512.
@@ -511,15 +521,7 @@ __device__ __forceinline__ void gemv_stage_x8(uint4* xs, int stride, const bf16*
         const uint4* src = (const uint4*)(x + (size_t)j * K + k0 + 32 * g);
         float v[32];
 #pragma unroll
-        for (int p = 0; p < 4; p++) {
-            uint4 raw = __ldg(src + p);
-            unsigned int words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                v[8 * p + 2 * e] = __uint_as_float(words[e] << 16);
-                v[8 * p + 2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
-            }
-        }
+        for (int p = 0; p < 4; p++) bf16x8_as_floats(__ldg(src + p), v + 8 * p);
         float amax = 0.0f, low = 0.0f, high = 0.0f;
 #pragma unroll
         for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(v[e]));
@@ -586,12 +588,7 @@ struct Bf16Rows {
     __device__ __forceinline__ Raw load(int c) const { return __ldg(row + c); }
     __device__ __forceinline__ Chunk decode(uint4 wv, int) const {
         Chunk c;
-        unsigned int words[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            c.w[2 * e] = __uint_as_float(words[e] << 16);
-            c.w[2 * e + 1] = __uint_as_float(words[e] & 0xffff0000u);
-        }
+        bf16x8_as_floats(wv, c.w);
         return c;
     }
     // The chunk's products with its 8 bf16 of x, summed in order.
