@@ -167,6 +167,18 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
             ],
             bench(&qwen, &[]),
         ),
+        // f15: the sub-block ends split with the next product, every launch timed (the
+        // profile names the splitting and the scaled products; one GEMV variant, not timed
+        // at load: the emulated cuBLAS, timed, would take products from the GEMVs, and with
+        // them the splits).
+        (
+            vec![
+                ("FALLOW_CUDA_SPLIT_NORM", "1"),
+                ("FALLOW_CUDA_PROFILE", "1"),
+                ("FALLOW_CUDA_GEMV", "w8u4"),
+            ],
+            bench(&qwen, &[]),
+        ),
         // f11 and f12: the GEMV timed among the CUDA-core variants only, and cuBLAS not
         // timed against it.
         (
@@ -210,6 +222,20 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
                     && !stderr.contains(": m4s")
                     && !stderr.contains(": m8s"),
                 "a tensor-core GEMV or cuBLAS chosen for a decode product:\n{stderr}"
+            );
+        }
+        if env.contains(&("FALLOW_CUDA_SPLIT_NORM", "1")) {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                [
+                    "gemm o+split",
+                    "gemm down+split",
+                    "gemm qkv+scale",
+                    "gate_up+act+scale"
+                ]
+                .iter()
+                .all(|product| stderr.contains(product)),
+                "no split sub-block ends in the profile:\n{stderr}"
             );
         }
         if env.contains(&("FALLOW_CUDA_PROFILE", "1")) {

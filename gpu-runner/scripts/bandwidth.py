@@ -241,6 +241,8 @@ def summary(args):
          "bf16", "quantized"),
         ("SmolLM2 bf16: greedy vs sampled, temperature 0.8, top-p 0.9 (c2. vs c4.)",
          args.smol_bf16_log, args.smol_sampled_log, "greedy", "top-p"),
+        ("8B shape: sub-block ends whole vs split with the next product (f. vs f15.)",
+         args.fallow_log, args.split_norm_log, "whole", "split"),
         ("8B shape: early-start vs plain launches (f. vs f5.)", args.fallow_log, args.plain_log,
          "early", "plain"),
         ("8B shape: fused norms and RoPE vs add_rms_norm and qkv_prepare launches (f. vs f7.)",
@@ -319,6 +321,8 @@ def main():
     s.add_argument("--smol-json-log", help="c3.: SmolLM2's bench with --json-schema")
     s.add_argument("--smol-sampled-log", help="c4.: SmolLM2's bench sampled with top-p 0.9")
     s.add_argument("--plain-log", help="f5.: the 8B shape's bench without early starts")
+    s.add_argument("--split-norm-log",
+                   help="f15.: the 8B shape's bench with FALLOW_CUDA_SPLIT_NORM=1")
     s.add_argument("--separate-norm-log",
                    help="f7.: the 8B shape's bench with add_rms_norm and qkv_prepare launched")
     s.add_argument("--no-prefetch-log",

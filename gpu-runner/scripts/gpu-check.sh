@@ -10,6 +10,8 @@
 #   d. a random-weight Llama-3.1-8B shaped bf16 checkpoint (make_random_llama.py)
 #   e. the GPU's memory read bandwidth (bandwidth.py)
 #   f. `fallow bench engine` on that checkpoint (f3: per-kernel GPU time, FALLOW_CUDA_PROFILE;
+#      f15: batch 1 and 8 with the sub-block ends split with the next product,
+#      FALLOW_CUDA_SPLIT_NORM=1;
 #      f5: batch 1 without early starts, FALLOW_CUDA_EARLY_START=0; f7: batch 1 with
 #      add_rms_norm and qkv_prepare launches, FALLOW_CUDA_FUSED_NORM=0 FALLOW_CUDA_FUSED_ROPE=0;
 #      f8: batch 1 and 8 without L2 prefetches before the waits, FALLOW_CUDA_L2_PREFETCH=0;
@@ -397,6 +399,11 @@ main() {
       bash -c 'FALLOW_CUDA_PROFILE=1 "$0" bench engine --model "$1" --device cuda \
         --concurrency 1,64 --prompt-tokens 32 --gen-tokens 32 --kv-cache-mib 8192 2>&1' \
       "$FALLOW" "$LLAMA_DIR"
+    # Batch 1 and 8 with the sub-block ends split between the output/down GEMVs and the next
+    # product (their rows added to the residual stream and the 1/rms folded into the next
+    # GEMV's sums): no add_rms_norm launch (an 8B's 4096-wide rows take one), no block walking
+    # whole rows. Opt-in until this measures it (within bf16 rounding, not the same bits).
+    bench_with "f15. fallow bench engine, split sub-block ends" "fallow-bench-split-norm.log" 1,8 FALLOW_CUDA_SPLIT_NORM=1
     # Batch 1 and 8 with decode attention split only past 256 keys (before session 13: one
     # block per KV head at short contexts) instead of 64 (FALLOW_CUDA_SPLIT_MIN_KEYS).
     bench_with "f10. fallow bench engine, attention split from 256 keys" "fallow-bench-split256.log" 1,8 FALLOW_CUDA_SPLIT_MIN_KEYS=256
@@ -458,7 +465,7 @@ main() {
     --q4k-log "$WORK/fallow-bench-q4_k.log" --q4k-int8-log "$WORK/fallow-bench-q4_k-int8.log" \
     --smol-bf16-log "$WORK/smol-bench-bf16.log" --smol-quant-log "$WORK/smol-bench-quantized.log" \
     --smol-json-log "$WORK/smol-bench-json.log" --smol-sampled-log "$WORK/smol-bench-sampled.log" \
-    --plain-log "$WORK/fallow-bench-plain.log" \
+    --plain-log "$WORK/fallow-bench-plain.log" --split-norm-log "$WORK/fallow-bench-split-norm.log" \
     --separate-norm-log "$WORK/fallow-bench-separate-norm.log" \
     --no-prefetch-log "$WORK/fallow-bench-no-prefetch.log" \
     --gated-down-log "$WORK/fallow-bench-gated-down.log" --split256-log "$WORK/fallow-bench-split256.log" \

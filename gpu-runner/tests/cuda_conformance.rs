@@ -1417,6 +1417,15 @@ fn decode_steps_padded_to_a_graph_bucket_equal_unpadded_eager_ones() {
 /// their logits.
 fn prefill_mixed_step_and_decodes(cuda: &mut CudaBackend, vocab: u32) -> Vec<f32> {
     cuda.set_cuda_graphs(true);
+    let all = mixed_steps(cuda, vocab);
+    // Two-sequence and one-sequence decodes: a graph each.
+    assert_eq!(cuda.graphs_captured(), 2, "graphs captured");
+    all
+}
+
+/// [`prefill_mixed_step_and_decodes`]'s steps on any backend: all their logits.
+fn mixed_steps(backend: &mut dyn Backend, vocab: u32) -> Vec<f32> {
+    let cuda = backend;
     let prompt_a = spread_prompt(200, vocab);
     let prompt_b: Vec<u32> = (0..50u32).map(|i| (i * 104_729 + 5) % vocab).collect();
     let (table_a, table_b) = (table(0, 240), table(64, 90));
@@ -1480,9 +1489,17 @@ fn prefill_mixed_step_and_decodes(cuda: &mut CudaBackend, vocab: u32) -> Vec<f32
             .expect("single decode step"),
         );
     }
-    // Two-sequence and one-sequence decodes: a graph each.
-    assert_eq!(cuda.graphs_captured(), 2, "graphs captured");
     all
+}
+
+/// The mean |a - b| over two runs' logits.
+fn mean_abs_diff(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "logit count");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| f64::from((x - y).abs()))
+        .sum::<f64>()
+        / a.len().max(1) as f64
 }
 
 /// Asserts two runs' logits are the same bits.
@@ -1560,6 +1577,62 @@ fn a_gate_up_gemv_writing_the_activation_computes_exactly_what_the_gated_down_ge
         CudaBackend::set_fused_glu,
         "the gate/up GEMV's activation differs from the gated down GEMV's",
     );
+}
+
+#[test]
+fn decode_gemvs_splitting_their_sub_block_ends_compute_within_bf16_rounding_of_the_whole_ends() {
+    // Split: the output and down GEMVs add their rows to the residual stream and write them
+    // times the next norm's weight, their last block each row's 1/rms, and the next GEMV
+    // scales its sums by it (no add_rms_norm launch, no block walking whole rows). The same
+    // norm, rounded to bf16 before it is applied rather than after: close, not the bits —
+    // except for Gemma 3, whose post-norms keep every end whole.
+    for (name, artifacts) in every_model() {
+        let vocab = artifacts.config.vocab_size;
+        let run = |split: bool| {
+            let mut cuda = cuda_with(&artifacts, CudaWeights::Bf16);
+            cuda.set_split_norm(split);
+            prefill_mixed_step_and_decodes(&mut cuda, vocab as u32)
+        };
+        let (split, whole) = (run(true), run(false));
+        let post_norms = artifacts.weights.layers[0].post_attn_norm.is_some();
+        if post_norms {
+            assert_same_bits(&split, &whole, &format!("{name}: no split with post-norms"));
+            continue;
+        }
+        let diff = relative_diff(&split, &whole, vocab);
+        // Neither rounding is the better one: on average the split ends' logits are as far
+        // from the CPU backend's (f32 throughout) as the whole ends' are. (The worst logit is
+        // a poor judge of that: over these few rows it moves ±30 % either way.)
+        let mut cpu = CpuBackend::with_kv_dtype(&artifacts, NUM_BLOCKS, BLOCK_SIZE, KvDtype::F32)
+            .expect("cpu backend");
+        let exact = mixed_steps(&mut cpu, vocab as u32);
+        let (split_off, whole_off) = (mean_abs_diff(&split, &exact), mean_abs_diff(&whole, &exact));
+        let (split_worst, whole_worst) = (
+            relative_diff(&split, &exact, vocab),
+            relative_diff(&whole, &exact, vocab),
+        );
+        eprintln!(
+            "{name}: split vs whole ends: max relative |Δ| {diff:.6}; from the CPU backend: \
+             mean |Δ| split {split_off:.7}, whole {whole_off:.7}; max relative |Δ| split \
+             {split_worst:.6}, whole {whole_worst:.6}"
+        );
+        assert!(
+            diff > 0.0,
+            "{name}: the split ends changed nothing (did they run?)"
+        );
+        // They move the logits less than bf16 already moves them from f32 (on SmolLM2 a
+        // quarter as much; the tiny models' bf16 error is smaller than 1e-2).
+        assert!(
+            diff <= whole_worst.max(1e-2),
+            "{name}: split sub-block ends differ by {diff}, the whole ones from the CPU \
+             backend by {whole_worst}"
+        );
+        assert!(
+            split_off <= 1.15 * whole_off,
+            "{name}: split ends {split_off} from the CPU backend on average, whole ones \
+             {whole_off}"
+        );
+    }
 }
 
 #[test]

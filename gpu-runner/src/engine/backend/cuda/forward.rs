@@ -11,7 +11,7 @@
 use cudarc::driver::LaunchConfig;
 
 use super::attention_split::{head_blocks, AttentionSplit};
-use super::gemm::{GemvForm, NormAfter};
+use super::gemm::{GemvForm, GemvInput, NormAfter};
 use super::launch::KernelArgs;
 use super::step::{addr, grow, LOGPROB_STRIDE};
 use super::weights::DeviceMatrix;
@@ -96,19 +96,21 @@ macro_rules! launch {
     (@push $b:ident) => {};
 }
 
-/// `out = x · wᵀ` for `n` token rows ([`super::gemm::Gemm::matmul`]), timed when profiling
-/// with the weight bytes it streams.
+/// `out = x · wᵀ` for `n` token rows, `x` a [`GemvInput`] (its scale, where it has one,
+/// applied to the sums: [`super::gemm::Gemm::matmul_scaled`]), timed when profiling with the
+/// weight bytes it streams.
 macro_rules! gemm {
     ($self:ident, $what:literal, $x:expr, $w:expr, $n:expr, $out:expr) => {{
-        let (w, n) = ($w, $n);
+        let (w, n, x): (&DeviceMatrix, usize, GemvInput) = ($w, $n, $x);
         let started = $self.profiler.start(&$self.ctx, &$self.stream)?;
-        let done = $self.gemm.matmul($x, w, n, $out);
+        let done = $self.gemm.matmul_scaled(x, w, n, $out);
         let bytes = w.bytes() as u64;
+        let scaled = if x.scale != 0 { "+scale" } else { "" };
         done.and_then(|()| {
             $self.profiler.stop(
                 started,
                 &$self.stream,
-                || format!("gemm {} {}x{} n={n}", $what, w.rows, w.cols),
+                || format!("gemm {}{scaled} {}x{} n={n}", $what, w.rows, w.cols),
                 bytes,
             )
         })
@@ -159,8 +161,10 @@ impl CudaBackend {
         let c = &self.config;
         let l = &self.weights.layers[layer];
         let s = &self.scratch;
-        let (qkv, xn, attn) = (addr(&s.qkv), addr(&s.xn), addr(&s.attn));
-        gemm!(self, "qkv", xn, &l.wqkv, n, qkv)?;
+        let (qkv, attn) = (addr(&s.qkv), addr(&s.attn));
+        // After the first block: the previous feed-forward's end, maybe split into this.
+        let input = self.next_input(layer.checked_sub(1), Product::Down(None), n);
+        gemm!(self, "qkv", input, &l.wqkv, n, qkv)?;
 
         let inv_freq = if c.uses_local_rope(layer) {
             self.inv_freq_local.ptr()
@@ -290,8 +294,42 @@ impl CudaBackend {
                 prefetch_keys
             )?;
         }
-        let (post, next) = (addr(&l.post_attn_norm), l.ffn_norm.ptr());
+        let (post, next, xn) = (addr(&l.post_attn_norm), l.ffn_norm.ptr(), addr(&s.xn));
         self.product_then_norm(layer, Product::Output, attn, n, (post, next, xn))
+    }
+
+    /// Whether the sub-block that `what` of `layer` ends splits its end with the next
+    /// sub-block's first product ([`NormAfter::inv`]; the model's last block: only the adds,
+    /// the head normalises): where asked for, the model has no post-norm there (Gemma's
+    /// needs the whole output first), and both products are bf16 GEMVs.
+    fn splits_end(&self, layer: usize, what: Product, n: usize) -> bool {
+        let l = &self.weights.layers[layer];
+        let (w, post, next) = match what {
+            Product::Output => (&l.wo, &l.post_attn_norm, Some(&l.w_gate_up)),
+            Product::Down(_) => (
+                &l.w_down,
+                &l.post_ffn_norm,
+                self.weights.layers.get(layer + 1).map(|next| &next.wqkv),
+            ),
+        };
+        self.split_norm
+            && post.is_none()
+            && self.gemm.fuses_into_gemv(w, n)
+            && next.is_none_or(|next| self.gemm.fuses_into_gemv(next, n))
+    }
+
+    /// The next sub-block's input after `what` of `layer` (none: the embedding's norm):
+    /// `xn`, scaled by the 1/rms the product wrote where it split its end.
+    fn next_input(&self, layer: Option<usize>, what: Product, n: usize) -> GemvInput {
+        let s = &self.scratch;
+        let scale = match layer {
+            Some(layer) if self.splits_end(layer, what, n) => addr(&s.norm_inv),
+            _ => 0,
+        };
+        GemvInput {
+            x: addr(&s.xn),
+            scale,
+        }
     }
 
     /// Whether the product of `n` rows through `w` ends its sub-block in the GEMV's last block
@@ -348,14 +386,29 @@ impl CudaBackend {
             )?;
             input = activated;
         }
-        let norm = self.norm_in_gemv(w, n, act.is_some()).then(|| NormAfter {
-            x,
-            post_w: post,
-            next_w: next,
-            out,
-            done: addr(&s.norm_done),
-            eps: c.rms_eps,
-        });
+        let split = self.splits_end(layer, what, n);
+        let norm = if split {
+            // (No last block without a next norm: only the adds.)
+            Some(NormAfter {
+                x,
+                next_w: next,
+                out,
+                done: if next != 0 { addr(&s.norm_done) } else { 0 },
+                eps: c.rms_eps,
+                inv: addr(&s.norm_inv),
+                ..NormAfter::default()
+            })
+        } else {
+            self.norm_in_gemv(w, n, act.is_some()).then(|| NormAfter {
+                x,
+                post_w: post,
+                next_w: next,
+                out,
+                done: addr(&s.norm_done),
+                eps: c.rms_eps,
+                inv: 0,
+            })
+        };
         let started = self.profiler.start(&self.ctx, &self.stream)?;
         if fused {
             self.gemm
@@ -365,7 +418,11 @@ impl CudaBackend {
         }
         let label = || {
             let act = if fused && act.is_some() { "+act" } else { "" };
-            let norm = if norm.is_some() { "+norm" } else { "" };
+            let norm = match (split, norm.is_some()) {
+                (true, _) => "+split",
+                (false, true) => "+norm",
+                (false, false) => "",
+            };
             format!(
                 "gemm {}{act}{norm} {}x{} n={n}",
                 what.name(),
@@ -419,6 +476,8 @@ impl CudaBackend {
         let l = &self.weights.layers[layer];
         let s = &self.scratch;
         let (xn, gate_up, head_in) = (addr(&s.xn), addr(&s.gate_up), addr(&s.head_in));
+        // Attention's end, maybe split into the gate/up product.
+        let ffn_in = self.next_input(Some(layer), Product::Output, n);
         let act = match c.activation {
             Activation::Silu => 0i32,
             Activation::GeluTanh => 1,
@@ -431,14 +490,16 @@ impl CudaBackend {
         let (input, down) = if glu {
             let activated = addr(&s.act);
             let started = self.profiler.start(&self.ctx, &self.stream)?;
-            self.gemm.matmul_glu(xn, &l.w_gate_up, n, activated, act)?;
+            self.gemm
+                .matmul_glu(ffn_in, &l.w_gate_up, n, activated, act)?;
             let w = &l.w_gate_up;
-            let label = || format!("gemm gate_up+act {}x{} n={n}", w.rows, w.cols);
+            let scaled = if ffn_in.scale != 0 { "+scale" } else { "" };
+            let label = || format!("gemm gate_up+act{scaled} {}x{} n={n}", w.rows, w.cols);
             self.profiler
                 .stop(started, &self.stream, label, w.bytes() as u64)?;
             (activated, Product::Down(None))
         } else {
-            gemm!(self, "gate_up", xn, &l.w_gate_up, n, gate_up)?;
+            gemm!(self, "gate_up", ffn_in, &l.w_gate_up, n, gate_up)?;
             (gate_up, Product::Down(Some(act)))
         };
         let gated = !glu;
@@ -449,7 +510,10 @@ impl CudaBackend {
         let (next, out, final_norm) = match self.weights.layers.get(layer + 1) {
             Some(next) => (next.attn_norm.ptr(), xn, false),
             // (One row: the head reads x[logit_rows[r]], which is row 0 alone here.)
-            None if n == 1 && self.norm_in_gemv(&l.w_down, n, gated) => {
+            None if n == 1
+                && !self.splits_end(layer, down, n)
+                && self.norm_in_gemv(&l.w_down, n, gated) =>
+            {
                 (self.weights.output_norm.ptr(), head_in, true)
             }
             None => (0, xn, false),
@@ -504,7 +568,7 @@ impl CudaBackend {
         gemm!(
             self,
             "lm_head",
-            head_in,
+            GemvInput::plain(head_in),
             self.weights.lm_head(),
             rows,
             logits

@@ -101,6 +101,7 @@ impl Gemm {
             Storage::Bf16(buf) if decode && !cublas => {
                 let form = GemvForm::Plain;
                 let pick = self.gemv_choice.pick(w.rows, w.cols, form, n);
+                let x = GemvInput::plain(x);
                 self.gemv_bf16(pick, buf.ptr(), w.rows, w.cols, x, n, out, form, None)
             }
             Storage::Bf16(buf) => self.cublas(buf.ptr(), w.rows, w.cols, x, n, out),
@@ -119,6 +120,7 @@ impl Gemm {
                         glu: None,
                     };
                     let (rows, cols) = (part.rows, w.cols);
+                    let x = GemvInput::plain(x);
                     kernel.launch(self, weights, (rows, cols, w.rows), x, n, out, None, None)?;
                     first_row += part.rows;
                 }
@@ -172,16 +174,46 @@ impl Gemm {
         let weights = self.fused_weights(w, n)?;
         let form = act.map_or(GemvForm::Plain, GemvForm::GatedInput);
         let pick = self.gemv_choice.pick(w.rows, w.cols, form, n);
+        let x = GemvInput::plain(x);
         self.gemv_bf16(pick, weights, w.rows, w.cols, x, n, out, form, norm)
+    }
+
+    /// [`Gemm::matmul`] of `x`'s rows, and with its scale ([`GemvInput`]: the bf16 rows a
+    /// split sub-block end wrote, not yet normalised) through a bf16 GEMV that multiplies
+    /// each token row's sums by it; that only where [`Gemm::fuses_into_gemv`].
+    pub fn matmul_scaled(
+        &self,
+        x: GemvInput,
+        w: &DeviceMatrix,
+        n: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        if x.scale == 0 {
+            return self.matmul(x.x, w, n, out);
+        }
+        let weights = self.fused_weights(w, n)?;
+        let pick = self.gemv_choice.pick(w.rows, w.cols, GemvForm::Plain, n);
+        self.gemv_bf16(
+            pick,
+            weights,
+            w.rows,
+            w.cols,
+            x,
+            n,
+            out,
+            GemvForm::Plain,
+            None,
+        )
     }
 
     /// `out[n, w.rows / 2] = bf16(act(gate) · up)` for `[gate | up] = x · wᵀ`, `w` the
     /// feed-forward's fused gate/up matrix, through a bf16 GEMV whose blocks pair the gate
-    /// and up rows (0 = SiLU, 1 = GELU): `gated_act`'s values with no f32 rows in between.
-    /// Only where [`Gemm::fuses_into_gemv`].
+    /// and up rows (0 = SiLU, 1 = GELU): `gated_act`'s values with no f32 rows in between
+    /// (gate and up times `x`'s scale first, where it has one). Only where
+    /// [`Gemm::fuses_into_gemv`].
     pub fn matmul_glu(
         &self,
-        x: u64,
+        x: GemvInput,
         w: &DeviceMatrix,
         n: usize,
         out: u64,
@@ -243,7 +275,7 @@ impl Gemm {
     }
 
     /// `out[n, rows] = x · wᵀ` through bf16 GEMV `pick` (a variant of [`GEMV_VARIANTS`] and
-    /// its prefetch distance), in `form`.
+    /// its prefetch distance), in `form`, ending with `norm`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gemv_bf16(
         &self,
@@ -251,7 +283,7 @@ impl Gemm {
         weights: u64,
         rows: usize,
         cols: usize,
-        x: u64,
+        x: GemvInput,
         n: usize,
         out: u64,
         form: GemvForm,
@@ -382,6 +414,13 @@ impl GemvForm {
 /// input (no norm without `next_w`: the model's last block) — what `add_rms_norm` does, to
 /// the same bits. `done` is a counter at 0, which the last block sets back. Addresses are
 /// device addresses, 0 for none.
+///
+/// With `inv` the end is split with the next product instead (no `post_w`): every block adds
+/// its own rows to `x` (the same bits) and writes them times `next_w` to `out` as bf16, not
+/// yet normalised, and the last block only writes each row's 1/rms (the same bits as
+/// `add_rms_norm`'s) to `inv`, which the next product takes as its input's scale
+/// ([`GemvInput`]): no block walks whole rows, where an 8B's 4096-wide rows make the last
+/// block's whole end slower than the launch it saves. (Without `next_w` only the adds.)
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NormAfter {
     pub x: u64,
@@ -390,10 +429,28 @@ pub struct NormAfter {
     pub out: u64,
     pub done: u64,
     pub eps: f32,
+    pub inv: u64,
+}
+
+/// A bf16 GEMV's input: bf16 rows `x`, and with `scale` (a device address, 0 for none) each
+/// token row's factor for its sums, the 1/rms a split sub-block end wrote ([`NormAfter`]):
+/// the norm folded into the product's output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GemvInput {
+    pub x: u64,
+    pub scale: u64,
+}
+
+impl GemvInput {
+    /// Rows used as they are.
+    pub fn plain(x: u64) -> Self {
+        GemvInput { x, scale: 0 }
+    }
 }
 
 /// One GEMV kernel, its warps and rows per block and the dynamic shared memory it takes;
-/// `l2` for the bf16 variants, which take a [`NormAfter`] (its fields) and then what they
+/// `l2` for the bf16 variants, which take a [`NormAfter`] (its fields), their input's scale
+/// ([`GemvInput`]) and then what they
 /// ask L2 for (kernels.cu's GemvL2): the bytes of each row before the wait ([`L2Prefetch`])
 /// and the distance kept ahead of the loads ([`GemvPick::ahead`]); `glu` for the plain bf16
 /// ones, last: the activation written from paired gate and up rows, or -1.
@@ -418,13 +475,20 @@ impl GemvKernel {
         gemm: &Gemm,
         weights: u64,
         (rows, cols, ldo): (usize, usize, usize),
-        x: u64,
+        x: GemvInput,
         n: usize,
         out: u64,
         act: Option<i32>,
         norm: Option<&NormAfter>,
     ) -> Result<(), CudaError> {
         let (m, k, n_rows, ldo) = (rows as i32, cols as i32, n as i32, ldo as i32);
+        if x.scale != 0 && self.l2.is_none() {
+            return Err(CudaError::Failure(format!(
+                "{} takes no input scale (a split norm needs a bf16 GEMV)",
+                self.name
+            )));
+        }
+        let x_rows = x.x;
         let blocks = match self.glu {
             Some(act) if act >= 0 => (rows / 2).div_ceil(self.pairs_per_block),
             _ => rows.div_ceil(self.rows_per_block),
@@ -436,7 +500,7 @@ impl GemvKernel {
         };
         let mut b = KernelArgs::new();
         b.arg(&weights)
-            .arg(&x)
+            .arg(&x_rows)
             .arg(&out)
             .arg(&m)
             .arg(&k)
@@ -454,6 +518,8 @@ impl GemvKernel {
                 .arg(&norm.out)
                 .arg(&norm.done)
                 .arg(&norm.eps)
+                .arg(&norm.inv)
+                .arg(&x.scale)
                 .arg(before_wait)
                 .arg(ahead);
         }

@@ -8,7 +8,7 @@
 //! driver compiles or runs wrongly) is never chosen.
 
 use super::buffer::DeviceBuf;
-use super::gemm::{GemvForm, GEMV_MAX_ROWS};
+use super::gemm::{GemvForm, GemvInput, GEMV_MAX_ROWS};
 use super::gemv_tune::{GemvPick, GEMV_VARIANTS};
 use super::weights::DeviceMatrix;
 use super::{CudaBackend, CudaError};
@@ -82,8 +82,17 @@ impl CudaBackend {
         let out_bf16 = DeviceBuf::<u16>::zeros(&self.stream, GEMV_MAX_ROWS * rows / 2)?;
         let product = |pick: GemvPick, n: usize| -> Result<Vec<f32>, CudaError> {
             let dst = if glu { out_bf16.ptr() } else { out.ptr() };
-            self.gemm
-                .gemv_bf16(pick, weights, rows, cols, x.ptr(), n, dst, form, None)?;
+            self.gemm.gemv_bf16(
+                pick,
+                weights,
+                rows,
+                cols,
+                GemvInput::plain(x.ptr()),
+                n,
+                dst,
+                form,
+                None,
+            )?;
             if glu {
                 let values = out_bf16.read(&self.stream, n * rows / 2)?;
                 Ok(values

@@ -87,6 +87,9 @@ __device__ void gemv_mma_t(const bf16* __restrict__ w, const bf16* __restrict__ 
         if (rb.real) l2.row_start(rb.at, parts * PASS_BYTES, row_bytes);
     }
     grid_dependency_sync();
+    // (Read after the barrier before the sums are written.)
+    __shared__ float x_scales[GEMV_MAX_ROWS];
+    gemv_load_scale(x_scales, norm, n);
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int pass = part; pass * STEPS < steps; pass += parts) {
@@ -126,6 +129,11 @@ __device__ void gemv_mma_t(const bf16* __restrict__ w, const bf16* __restrict__ 
         }
     }
     // This lane holds D[g | g + 8][2q, 2q + 1]: rows g and g + 8 for token rows 2q and 2q + 1.
+    if (norm.x_scale) {
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[i] *= x_scales[min(2 * q + (i & 1), GEMV_MAX_ROWS - 1)];
+    }
     if (KSPLIT || paired) {
         // Through shared memory: the tile's parts summed in warp order, a GLU pair joined.
         __shared__ float tiles[WARPS][MMA_ROWS][8];
@@ -147,7 +155,7 @@ __device__ void gemv_mma_t(const bf16* __restrict__ w, const bf16* __restrict__ 
                 if (paired)
                     ((bf16*)out)[(size_t)j * ldo + first + r] = gated(sum, up, glu);
                 else
-                    out[(size_t)j * ldo + first + r] = sum;
+                    gemv_store(norm, out, ldo, M, j, first + r, sum);
             }
         }
         if (paired) return;
@@ -156,7 +164,7 @@ __device__ void gemv_mma_t(const bf16* __restrict__ w, const bf16* __restrict__ 
         for (int i = 0; i < 4; i++) {
             int j = 2 * q + (i & 1);
             bool real = i < 2 ? ra.real : rb.real;
-            if (j < n && real) out[(size_t)j * ldo + first + g + 8 * (i >> 1)] = acc[i];
+            if (j < n && real) gemv_store(norm, out, ldo, M, j, first + g + 8 * (i >> 1), acc[i]);
         }
     }
     gemv_end_norm(norm, out, ldo, M, n);

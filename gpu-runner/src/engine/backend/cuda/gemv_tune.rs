@@ -25,7 +25,7 @@ use std::collections::{HashMap, HashSet};
 use cudarc::driver::sys::CUevent_flags;
 
 use super::buffer::DeviceBuf;
-use super::gemm::{GemvForm, GEMV_MAX_ROWS};
+use super::gemm::{GemvForm, GemvInput, GEMV_MAX_ROWS};
 use super::weights::{DeviceMatrix, Storage};
 use super::{CudaBackend, CudaError};
 
@@ -636,7 +636,7 @@ impl CudaBackend {
                             weights(i),
                             rows,
                             cols,
-                            input,
+                            GemvInput::plain(input),
                             batch,
                             out,
                             form,

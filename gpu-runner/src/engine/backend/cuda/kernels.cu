@@ -211,29 +211,38 @@ extern "C" __global__ void rms_norm_bf16(const float* x, const int* rows, const 
 // x += post_w ? rmsnorm(delta) * post_w : delta;  then, unless next_w is null (the last
 // block), out = bf16(rmsnorm(x) * next_w). `delta` is read past L1: in a GEMV's last block
 // it holds the other blocks' outputs. The new x's sum of squares is taken as it is written.
+// With `inv` (a split end's last block, see GemvNorm) x already holds the sum (the other
+// blocks' rows: read past L1 too) and only 1/rms is written, to *inv. (One function for
+// both: a second copy of the sum in the GEMVs' tails raised their registers.)
 __device__ void add_rms_norm_row(float* __restrict__ x, const volatile float* delta,
                                  const float* post_w, const float* next_w, bf16* __restrict__ out,
-                                 int hidden, float eps) {
+                                 int hidden, float eps, float* inv = nullptr) {
     float post_inv = 1.0f;
     if (post_w) {
         float ss = ordered_sum(hidden, [&](int i) { return delta[i] * delta[i]; });
         post_inv = rsqrtf(ss / hidden + eps);
     }
     int groups = sum_groups(hidden);
+    const volatile float* summed = x;
     // (__fadd_rn: the same rounding in the add_rms_norm kernel and in a GEMV's last block.)
     row_pass(
         hidden,
         [&](int i) {
+            if (inv) return summed[i];
             float d = delta[i];
             return __fadd_rn(x[i], post_w ? d * post_inv * post_w[i] : d);
         },
         [&](int i, float v) {
-            x[i] = v;
+            if (!inv) x[i] = v;
             if (next_w) slot_add(i, v * v);
         });
     if (!next_w) return;
-    float inv = rsqrtf(ordered_sum_of_slots(groups) / hidden + eps);
-    row_pass(hidden, [&](int i) { return x[i] * inv * next_w[i]; },
+    float r = rsqrtf(ordered_sum_of_slots(groups) / hidden + eps);
+    if (inv) {
+        if (threadIdx.x == 0) *inv = r;
+        return;
+    }
+    row_pass(hidden, [&](int i) { return x[i] * r * next_w[i]; },
              [&](int i, float v) { out[i] = f32_to_bf16(v); });
 }
 
@@ -389,6 +398,21 @@ extern "C" __global__ void softcap(float* x, long long n, float cap) {
 // sub-block (add_rms_norm_row, same bits as the add_rms_norm launch it replaces), and sets
 // the counter back to 0. One launch fewer, and the next product's early start overlaps this
 // one's tail instead of waiting behind a one-block kernel.
+//
+// With `norm.inv` the end is split with the next product instead (no post-norm): every
+// block adds its own output rows to the residual stream (add_rms_norm's add, same bits) and
+// writes them times the next norm's weight, bf16(x·next_w), as the next sub-block's input,
+// not yet normalised; the last block (counting on `done`) only sums the new rows' squares
+// (add_rms_norm's order, so the same 1/rms) into inv[j]. The next product, given those as
+// `x_scale`, multiplies each token row's sums by them: rmsnorm folded into its output
+// (inv·Σ w·bf16(x·next_w), where the unsplit end rounds x·inv·next_w to bf16: within bf16
+// rounding of it, not its bits). No block walks whole rows: the last one's tail is one read
+// of each row, where the whole end in the last block is three passes (too slow for an 8B's
+// 4096-wide rows, see FUSED_NORM_ROW_BATCH in forward.rs). Without next_w (the model's last
+// block) only the add.
+//
+// `x_scale` (any product, null for none): each token row's sums times x_scale[j] — the
+// previous product's split end.
 struct GemvNorm {
     float* x;             // the residual stream, n rows of M
     const float* post_w;  // Gemma's norm of the sub-block's output, or null
@@ -396,7 +420,37 @@ struct GemvNorm {
     bf16* out;            // the next sub-block's input, n rows of M
     int* done;            // null: no norm here
     float eps;
+    float* inv;             // a split end: each row's 1/rms, n of them; null: not split
+    const float* x_scale;   // this product's input scale per token row, or null
 };
+
+// Each token row's input scale (GemvNorm::x_scale), 1 without one (x · 1 is x: the same
+// bits as no scale), into `scale` (shared, GEMV_MAX_ROWS): called by the whole block after
+// the grid dependency wait (the previous kernel wrote them), read after a barrier.
+__device__ __forceinline__ void gemv_load_scale(float* scale, const GemvNorm& norm, int n) {
+    if (threadIdx.x < GEMV_MAX_ROWS)
+        scale[threadIdx.x] =
+            norm.x_scale && (int)threadIdx.x < n ? norm.x_scale[threadIdx.x] : 1.0f;
+}
+
+// A split end's output (see GemvNorm): s added to the residual stream at `at` and, before a
+// next norm, written times its weight as the next input. (Not inlined: inlined into a
+// kernel's unrolled stores it raised the kernel's registers, though it runs only there.)
+__device__ __forceinline__ void gemv_add_to_stream(const GemvNorm& norm, size_t at, int m, float s) {
+    float v = __fadd_rn(norm.x[at], s);
+    norm.x[at] = v;
+    if (norm.next_w) norm.out[at] = f32_to_bf16(v * norm.next_w[m]);
+}
+
+// Output m of token row j: out[j·ldo + m] = s, or with a split end (norm.inv) into the
+// residual stream (gemv_add_to_stream).
+__device__ __forceinline__ void gemv_store(const GemvNorm& norm, float* out, int ldo, int M,
+                                           int j, int m, float s) {
+    if (norm.inv)
+        gemv_add_to_stream(norm, (size_t)j * M + m, m, s);
+    else
+        out[(size_t)j * ldo + m] = s;
+}
 
 // Whether this block is the last of the `blocks` blocks counting on `counter` to finish, once
 // every other one's writes are visible to it (each thread's made visible before the block
@@ -420,10 +474,14 @@ __device__ __forceinline__ bool last_block(int* counter, int blocks) {
 // thread of the block calls it.
 __device__ __forceinline__ void gemv_end_norm(const GemvNorm& norm, const float* out, int ldo,
                                               int M, int n) {
+    // A split end (norm.inv): every block added its rows (gemv_store), and the last sums the
+    // squares, for a next norm.
+    if (norm.inv && !norm.next_w) return;
     if (norm.done && last_block(norm.done, (int)gridDim.x)) {
         for (int j = 0; j < n; j++)
             add_rms_norm_row(norm.x + (size_t)j * M, out + (size_t)j * ldo, norm.post_w,
-                             norm.next_w, norm.out + (size_t)j * M, M, norm.eps);
+                             norm.next_w, norm.out + (size_t)j * M, M, norm.eps,
+                             norm.inv ? norm.inv + j : nullptr);
     }
 }
 
@@ -442,14 +500,16 @@ __device__ __forceinline__ void gemv_load_w(typename ROWS::Raw* wv, const ROWS& 
     }
 }
 
-// Each of the n rows' sum over the warp's lanes, written to dst[j·stride] (when `keep`).
-__device__ __forceinline__ void gemv_write(const float* acc, float* dst, size_t stride,
-                                           bool keep, int n) {
+// Each of the n rows' sum over the warp's lanes times the row's input scale, stored by
+// lane 0 with store(j, sum) (when `keep`).
+template <class Store>
+__device__ __forceinline__ void gemv_write(const float* acc, const float* scale, bool keep, int n,
+                                           Store store) {
 #pragma unroll
     for (int j = 0; j < GEMV_MAX_ROWS; j++) {
         if (j < n && keep) {
-            float s = warp_sum(acc[j]);
-            if ((threadIdx.x & 31) == 0) dst[j * stride] = s;
+            float s = warp_sum(acc[j]) * scale[j];
+            if ((threadIdx.x & 31) == 0) store(j, s);
         }
     }
 }
@@ -666,6 +726,9 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
     const unsigned int row_bytes = (unsigned int)(K / PER_CHUNK) * ROWS::CHUNK_BYTES;
     if (lane == 0 && live) l2.row_start(wrow, TILE_BYTES, row_bytes);
     grid_dependency_sync();
+    // (Visible after the first staging's barrier: every path stages at least once.)
+    __shared__ float x_scales[GEMV_MAX_ROWS];
+    gemv_load_scale(x_scales, norm, n);
     if constexpr (RESIDENT) {
         // (Two gated chunks at a time: four hold 64 floats, past a 16-warp block's registers.)
         gemv_stage_x<GATED, GATED ? 2 : ROW_BATCH>(xs, stride, xin, K, 0, K / 8, n, act);
@@ -725,7 +788,7 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
     }
     if (glu >= 0) {
         __shared__ float sums[WARPS][GEMV_MAX_ROWS];
-        gemv_write(acc, sums[warp], 1, true, n);
+        gemv_write(acc, x_scales, true, n, [&](int j, float s) { sums[warp][j] = s; });
         __syncthreads();
         // Lane j of a gate warp writes token row j's activation.
         if (warp < HALF && live && lane < n) {
@@ -734,15 +797,17 @@ __device__ void gemv_t(const void* __restrict__ w, const void* __restrict__ xin,
         }
         return;
     }
-    gemv_write(acc, out + m, (size_t)ldo, m < M, n);
+    gemv_write(acc, x_scales, m < M, n,
+               [&](int j, float s) { gemv_store(norm, out, ldo, M, j, m, s); });
     gemv_end_norm(norm, out, ldo, M, n);
 }
 
 // The kernels take GemvNorm's fields one by one (plain parameters, as every launch passes).
 #define GEMV_NORM_PARAMS                                                                   \
     float *norm_x, const float *norm_post_w, const float *norm_next_w, bf16 *norm_out,      \
-        int *norm_done, float norm_eps
-#define GEMV_NORM GemvNorm{norm_x, norm_post_w, norm_next_w, norm_out, norm_done, norm_eps}
+        int *norm_done, float norm_eps, float *norm_inv, const float *x_scale
+#define GEMV_NORM \
+    GemvNorm{norm_x, norm_post_w, norm_next_w, norm_out, norm_done, norm_eps, norm_inv, x_scale}
 #define GEMV_L2_PARAMS unsigned int l2_before_wait, unsigned int l2_ahead
 #define GEMV_L2 GemvL2{l2_before_wait, l2_ahead}
 

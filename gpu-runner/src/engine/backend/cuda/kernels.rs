@@ -484,17 +484,18 @@ mod tests {
             assert!(!sizes.is_empty(), "{name}: no parameters read");
         }
         assert_eq!(parameters["embed"], [8, 8, 8, 4, 4]);
-        // w, x, out, M, K, n, ldo, then the fused norm's x, post_w, next_w, out, done, eps,
-        // then the bytes of each row asked of L2 before the wait and ahead of the loads, then
-        // (a plain product) the activation it writes from paired gate and up rows, or -1.
+        // w, x, out, M, K, n, ldo, then the fused norm's x, post_w, next_w, out, done, eps, a
+        // split end's inv, the input's scale, then the bytes of each row asked of L2 before
+        // the wait and ahead of the loads, then (a plain product) the activation it writes
+        // from paired gate and up rows, or -1.
         assert_eq!(
             parameters["gemv_bf16_w8u4"],
-            [8, 8, 8, 4, 4, 4, 4, 8, 8, 8, 8, 8, 4, 4, 4, 4]
+            [8, 8, 8, 4, 4, 4, 4, 8, 8, 8, 8, 8, 4, 8, 8, 4, 4, 4]
         );
         // The gated down projection: the activation after ldo, no pairing.
         assert_eq!(
             parameters["gemv_bf16_gated_w8u4"],
-            [8, 8, 8, 4, 4, 4, 4, 4, 8, 8, 8, 8, 8, 4, 4, 4]
+            [8, 8, 8, 4, 4, 4, 4, 4, 8, 8, 8, 8, 8, 4, 8, 8, 4, 4]
         );
         assert_eq!(parameters["gemv_q8_0"], [8, 8, 8, 4, 4, 4, 4]);
     }

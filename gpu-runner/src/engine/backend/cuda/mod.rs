@@ -140,6 +140,11 @@ pub struct CudaBackend {
     /// pair gate and up rows) for a plain down GEMV, instead of the down GEMV activating the
     /// [gate | up] rows as it stages them.
     fused_glu: bool,
+    /// Whether decode steps' output and down GEMVs split their sub-block's end with the
+    /// next product where the model has no post-norms ([`gemm::NormAfter::inv`]): no
+    /// `add_rms_norm` launch and no block walking whole rows, at bf16 rounding of the
+    /// unsplit end (off by default until a GPU measures it; `FALLOW_CUDA_SPLIT_NORM=1`).
+    split_norm: bool,
     prefill: PrefillKernel,
     layout: BatchLayout,
     inputs: StepInputs,
@@ -271,6 +276,7 @@ impl CudaBackend {
             fused_norm: std::env::var("FALLOW_CUDA_FUSED_NORM").as_deref() != Ok("0"),
             fused_rope: std::env::var("FALLOW_CUDA_FUSED_ROPE").as_deref() != Ok("0"),
             fused_glu: std::env::var("FALLOW_CUDA_FUSED_GLU").as_deref() != Ok("0"),
+            split_norm: std::env::var("FALLOW_CUDA_SPLIT_NORM").as_deref() == Ok("1"),
             prefill,
             layout: BatchLayout::default(),
             inputs: StepInputs::default(),
@@ -404,6 +410,17 @@ impl CudaBackend {
     /// compare the two).
     pub fn set_fused_glu(&mut self, enabled: bool) {
         self.fused_glu = enabled;
+        self.graphs.clear();
+    }
+
+    /// Splits decode steps' sub-block ends between the product that ends a sub-block and
+    /// the next one, where the model has no post-norms: the first adds its rows to the
+    /// residual stream and writes them times the next norm's weight, its last block each
+    /// row's 1/rms, and the next product scales its sums by it; or (off, the default) ends
+    /// them as [`CudaBackend::set_fused_norm`] says. Within bf16 rounding of each other,
+    /// not the same bits (`FALLOW_CUDA_SPLIT_NORM=1` for a process; tests compare the two).
+    pub fn set_split_norm(&mut self, enabled: bool) {
+        self.split_norm = enabled;
         self.graphs.clear();
     }
 

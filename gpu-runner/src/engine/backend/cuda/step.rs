@@ -8,6 +8,7 @@ use cudarc::driver::CudaStream;
 
 use super::attention_split::head_blocks;
 use super::buffer::DeviceBuf;
+use super::gemm::GEMV_MAX_ROWS;
 use super::CudaError;
 use crate::engine::backend::batch::BatchLayout;
 use crate::engine::backend::SeqSlice;
@@ -382,6 +383,9 @@ pub struct Scratch {
     /// The counter of a GEMV whose last block adds and normalises ([`super::gemm::NormAfter`];
     /// zero between launches: that block resets it).
     pub norm_done: Option<DeviceBuf<i32>>,
+    /// Each token row's 1/rms from a GEMV that split its sub-block's end with the next
+    /// product, which scales its sums by it ([`super::gemm::NormAfter::inv`]).
+    pub norm_inv: Option<DeviceBuf<f32>>,
     /// Grammar masks of the step's masked draws `[masks, vocab / 32 rounded up]`, written
     /// after the step's launches (never read by a captured graph).
     pub masks: Option<DeviceBuf<u32>>,
@@ -443,6 +447,7 @@ impl Scratch {
                 decode_rows.max(1) * head_blocks(c.n_heads, c.n_kv_heads),
             )?,
             grow(&mut self.norm_done, stream, 1)?,
+            grow(&mut self.norm_inv, stream, GEMV_MAX_ROWS)?,
         ];
         Ok(moved.contains(&true))
     }

@@ -2,7 +2,7 @@
 //! the embedding gather and soft-capping against their plain definitions.
 
 use super::runner::Runner;
-use super::{assert_close, from_bf16, Values};
+use super::{assert_close, from_bf16, to_bf16, Values};
 use crate::engine::backend::cuda::emulator::Arg;
 use crate::engine::backend::cuda::gemv_tune::{GemvVariant, GEMV_VARIANTS};
 
@@ -337,15 +337,70 @@ fn every_tensor_core_gemv_computes_the_product() {
 /// its counter back at 0.
 #[test]
 fn a_gemv_with_the_norm_fused_leaves_the_bits_of_the_gemv_then_add_rms_norm() {
+    let cases = [(1usize, false, false), (3, true, false), (8, false, true)];
+    for_each_gemv_end(29, &cases, |mut case| {
+        let (fused, x, out) = case.fused(None);
+        let what = &case.what;
+        assert_eq!(fused, case.product, "{what}: the product");
+        assert_eq!(x, case.x, "{what}: the residual stream");
+        assert_eq!(out, case.out, "{what}: the next block's input");
+    });
+}
+
+/// Every bf16 GEMV variant, plain and gated, with its sub-block's end split with the next
+/// product: the residual stream gets the bits a GEMV then `add_rms_norm` leave, the next
+/// block's input is bf16(x · next_w) (not yet normalised), each row's 1/rms the one
+/// `add_rms_norm` normalised with (its output recomputed from it to the bit), the counter
+/// back at 0; for the last block of a model (no next norm) only the add.
+#[test]
+fn a_gemv_splitting_its_end_leaves_the_residual_and_the_1_over_rms_of_add_rms_norm() {
+    let cases = [(1usize, false, false), (5, false, false), (8, false, true)];
+    for_each_gemv_end(43, &cases, |mut case| {
+        let (m, n, eps) = (case.shape.m, case.shape.n, case.eps);
+        let mut inv = vec![f32::NAN; n];
+        let (_, x, out) = case.fused(Some(&mut inv));
+        let what = &case.what;
+        assert_eq!(x, case.x, "{what}: the residual stream");
+        let Some(next) = case.next.as_deref() else {
+            assert!(out.iter().all(|&b| b == 0), "{what}: no next input");
+            assert!(inv.iter().all(|v| v.is_nan()), "{what}: no 1/rms");
+            return;
+        };
+        for j in 0..n {
+            let row = &x[j * m..(j + 1) * m];
+            let mean = row
+                .iter()
+                .map(|&v| f64::from(v) * f64::from(v))
+                .sum::<f64>()
+                / m as f64;
+            let exact = 1.0 / (mean + f64::from(eps)).sqrt();
+            assert!(
+                (f64::from(inv[j]) - exact).abs() <= exact * 1e-5,
+                "{what}: row {j}'s 1/rms {} vs {exact}",
+                inv[j]
+            );
+            for i in 0..m {
+                let at = j * m + i;
+                assert_eq!(out[at], to_bf16(row[i] * next[i]), "{what}: input {at}");
+                let normed = to_bf16(row[i] * inv[j] * next[i]);
+                assert_eq!(normed, case.out[at], "{what}: normalised {at}");
+            }
+        }
+    });
+}
+
+/// Calls `check` for every bf16 GEMV variant's plain and gated kernels ending a sub-block,
+/// for each case of (token rows, a post-norm, the model's last block: no next norm), with
+/// what the GEMV then `add_rms_norm` leave. hidden (M) is not a multiple of any block's
+/// columns, and past the 1024 sum slots; K in whole 32-input steps (the tensor cores' too).
+fn for_each_gemv_end(seed: u64, cases: &[(usize, bool, bool)], mut check: impl FnMut(GemvEnd<'_>)) {
     let Some(emu) = Runner::get() else { return };
-    let mut values = Values(29);
-    // hidden (M) not a multiple of any block's columns, and past the 1024 sum slots; K in
-    // whole 32-input steps (the tensor cores' too).
+    let mut values = Values(seed);
     let (m, k, eps) = (1100usize, 288usize, 1e-6f32);
     let mut w = values.bf16s(m * k);
     let mut post = values.vec(m);
     let mut next = values.vec(m);
-    for (n, sandwich, last) in [(1usize, false, false), (3, true, false), (8, false, true)] {
+    for &(n, sandwich, last) in cases {
         let mut x_in = values.bf16s(n * k);
         let mut gate_up: Vec<f32> = values.vec(n * 2 * k);
         let residual = values.vec(n * m);
@@ -356,47 +411,155 @@ fn a_gemv_with_the_norm_fused_leaves_the_bits_of_the_gemv_then_add_rms_norm() {
                 v.gated.map(|g| (g, Arg::buf(&mut gate_up), Some(0))),
             ];
             for (name, input, act) in forms.into_iter().flatten() {
-                let what = format!("{name}, {n} rows, post-norm {sandwich}, last {last}");
-                // Separately: the product, then add_rms_norm over its rows.
-                let mut product = shape.run(emu, name, &mut w, input, act);
-                let (mut x_want, mut out_want) = (residual.clone(), vec![0u16; n * m]);
-                emu.launch(
-                    "add_rms_norm",
-                    (n as u32, 1, 1),
-                    1024,
-                    &[
-                        Arg::buf(&mut x_want),
-                        Arg::buf(&mut product),
-                        if sandwich {
-                            Arg::buf(&mut post)
-                        } else {
-                            Arg::Ptr(0)
-                        },
-                        if last {
-                            Arg::Ptr(0)
-                        } else {
-                            Arg::buf(&mut next)
-                        },
-                        Arg::buf(&mut out_want),
-                        Arg::I32(m as i32),
-                        Arg::F32(eps),
-                    ],
+                let (post, next) = (
+                    sandwich.then_some(&mut post[..]),
+                    (!last).then_some(&mut next[..]),
                 );
-                // Fused.
-                let (mut x, mut out, mut done) = (residual.clone(), vec![0u16; n * m], [0i32]);
-                let mut norm = NormArgs {
-                    x: &mut x,
-                    post_w: sandwich.then_some(&mut post[..]),
-                    next_w: (!last).then_some(&mut next[..]),
-                    out: &mut out,
-                    done: &mut done,
+                let mut case = GemvEnd {
+                    emu,
+                    shape: &shape,
+                    kernel: (name, &mut w[..], input, act),
+                    residual: &residual,
+                    post,
+                    next,
                     eps,
+                    product: Vec::new(),
+                    x: Vec::new(),
+                    out: Vec::new(),
+                    what: format!("{name}, {n} rows, post-norm {sandwich}, last {last}"),
                 };
-                let fused = shape.run_then_norm(emu, name, &mut w, input, act, Some(&mut norm));
-                assert_eq!(fused, product, "{what}: the product");
-                assert_eq!(x, x_want, "{what}: the residual stream");
-                assert_eq!(out, out_want, "{what}: the next block's input");
-                assert_eq!(done, [0], "{what}: the counter");
+                case.separately();
+                check(case);
+            }
+        }
+    }
+}
+
+/// One GEMV kernel ending a sub-block ([`for_each_gemv_end`]): its launch, the residual rows,
+/// the norms' weights, and what the product then `add_rms_norm` leave (the product, the
+/// residual stream, the next block's input).
+struct GemvEnd<'a> {
+    emu: &'a Runner,
+    shape: &'a GemvShape,
+    /// The kernel, its weights, its input, a gated kernel's activation.
+    kernel: (&'a str, &'a mut [u16], Arg, Option<i32>),
+    residual: &'a [f32],
+    post: Option<&'a mut [f32]>,
+    next: Option<&'a mut [f32]>,
+    eps: f32,
+    product: Vec<f32>,
+    x: Vec<f32>,
+    out: Vec<u16>,
+    what: String,
+}
+
+impl GemvEnd<'_> {
+    /// The unfused end: the GEMV, then the `add_rms_norm` launch over its rows.
+    fn separately(&mut self) {
+        let (name, ref mut w, input, act) = self.kernel;
+        let mut product = self.shape.run(self.emu, name, w, input, act);
+        let (mut x, mut out) = (self.residual.to_vec(), vec![0u16; self.residual.len()]);
+        let optional = |w: &mut Option<&mut [f32]>| w.as_deref_mut().map_or(Arg::Ptr(0), Arg::buf);
+        self.emu.launch(
+            "add_rms_norm",
+            (self.shape.n as u32, 1, 1),
+            1024,
+            &[
+                Arg::buf(&mut x),
+                Arg::buf(&mut product),
+                optional(&mut self.post),
+                optional(&mut self.next),
+                Arg::buf(&mut out),
+                Arg::I32(self.shape.m as i32),
+                Arg::F32(self.eps),
+            ],
+        );
+        (self.product, self.x, self.out) = (product, x, out);
+    }
+
+    /// The GEMV ending the sub-block itself (split with the next product where given `inv`,
+    /// where it writes each row's 1/rms): its product, the residual stream and the next
+    /// block's input; its counter checked back at 0.
+    fn fused(&mut self, inv: Option<&mut [f32]>) -> (Vec<f32>, Vec<f32>, Vec<u16>) {
+        let (name, ref mut w, input, act) = self.kernel;
+        let (mut x, mut out, mut done) = (
+            self.residual.to_vec(),
+            vec![0u16; self.residual.len()],
+            [0i32],
+        );
+        let mut norm = NormArgs {
+            x: &mut x,
+            post_w: self.post.as_deref_mut(),
+            next_w: self.next.as_deref_mut(),
+            out: &mut out,
+            done: &mut done,
+            eps: self.eps,
+            inv,
+        };
+        let product =
+            self.shape
+                .run_then_norm(self.emu, name, w, input, act, Some(&mut norm), None);
+        assert_eq!(done, [0], "{}: the counter", self.what);
+        (product, x, out)
+    }
+}
+
+/// Every bf16 GEMV variant given an input scale per token row (a split end's 1/rms)
+/// multiplies each row's sums by it: exactly the product times the scale, but where a
+/// block's warps share a tile (their parts scaled before they are summed: within f32
+/// rounding); in a GLU-output product gate and up both, before the activation.
+#[test]
+fn a_gemv_given_an_input_scale_multiplies_each_token_row_by_it() {
+    let Some(emu) = Runner::get() else { return };
+    let mut values = Values(47);
+    let (f, k) = (37usize, 288usize);
+    let mut w = values.bf16s(2 * f * k);
+    for (act, n) in [(0i32, 1usize), (1, 3), (0, 8)] {
+        let mut x = values.bf16s(n * k);
+        let mut scale: Vec<f32> = (0..n).map(|j| 0.25 + 0.5 * j as f32).collect();
+        for v in GEMV_VARIANTS {
+            let shape = GemvShape::of(&v, 2 * f, k, n);
+            let what = format!("{}: {n} rows", v.name);
+            let product = shape.run(emu, v.plain, &mut w, Arg::buf(&mut x), None);
+            let mut want: Vec<f32> = product
+                .iter()
+                .enumerate()
+                .map(|(i, p)| p * scale[i / (2 * f)])
+                .collect();
+            let got = shape.run_then_norm(
+                emu,
+                v.plain,
+                &mut w,
+                Arg::buf(&mut x),
+                None,
+                None,
+                Some(&mut scale),
+            );
+            if v.ksplit {
+                let tolerance = want.iter().fold(0f32, |t, v| t.max(v.abs())) * 1e-5;
+                assert_close(&got, &want, tolerance, &what);
+            } else {
+                assert_eq!(got, want, "{what}");
+            }
+            let glu_want = gated_act(emu, &mut want, (n, f), act);
+            let glu = shape.run_glu_scaled(
+                emu,
+                v.plain,
+                &mut w,
+                Arg::buf(&mut x),
+                act,
+                Some(&mut scale),
+            );
+            for (g, w) in glu.iter().zip(&glu_want) {
+                let (g, w) = (from_bf16(*g), from_bf16(*w));
+                assert!(
+                    if v.ksplit {
+                        (g - w).abs() <= w.abs() / 128.0 + 1e-6
+                    } else {
+                        g == w
+                    },
+                    "{what}, GLU act {act}: {g} vs {w}"
+                );
             }
         }
     }
@@ -417,7 +580,8 @@ struct GemvShape {
 }
 
 /// A bf16 GEMV's fused residual add and norm (kernels.cu's GemvNorm), as its last
-/// parameters: the residual rows, the optional weights, the normalised rows, the counter.
+/// parameters: the residual rows, the optional weights, the normalised rows, the counter,
+/// and for a split end the rows' 1/rms.
 struct NormArgs<'a> {
     x: &'a mut [f32],
     post_w: Option<&'a mut [f32]>,
@@ -425,10 +589,11 @@ struct NormArgs<'a> {
     out: &'a mut [u16],
     done: &'a mut [i32],
     eps: f32,
+    inv: Option<&'a mut [f32]>,
 }
 
 impl NormArgs<'_> {
-    fn args(&mut self) -> [Arg; 6] {
+    fn args(&mut self) -> [Arg; 7] {
         let optional = |w: &mut Option<&mut [f32]>| w.as_deref_mut().map_or(Arg::Ptr(0), Arg::buf);
         [
             Arg::buf(self.x),
@@ -437,6 +602,7 @@ impl NormArgs<'_> {
             Arg::buf(self.out),
             Arg::buf(self.done),
             Arg::F32(self.eps),
+            optional(&mut self.inv),
         ]
     }
 }
@@ -468,11 +634,12 @@ impl GemvShape {
     /// Runs GEMV kernel `name` over `w` and the input `x` (bf16 rows, or [gate | up] f32
     /// rows for a gated kernel, which takes `act`).
     fn run(&self, emu: &Runner, name: &str, w: &mut [u16], x: Arg, act: Option<i32>) -> Vec<f32> {
-        self.run_then_norm(emu, name, w, x, act, None)
+        self.run_then_norm(emu, name, w, x, act, None, None)
     }
 
-    /// [`GemvShape::run`], a bf16 kernel's last block then adding the output to the residual
-    /// rows and normalising them when `norm` is given.
+    /// [`GemvShape::run`] of a bf16 kernel ending its sub-block with `norm` where given, and
+    /// scaling each token row's sums by `scale` where given.
+    #[allow(clippy::too_many_arguments)]
     fn run_then_norm(
         &self,
         emu: &Runner,
@@ -481,31 +648,40 @@ impl GemvShape {
         x: Arg,
         act: Option<i32>,
         norm: Option<&mut NormArgs<'_>>,
+        scale: Option<&mut [f32]>,
     ) -> Vec<f32> {
         let mut out = vec![0f32; self.n * self.m];
         let form = act.map_or(Form::Plain, Form::Gated);
-        self.launch(emu, name, w, x, (Arg::buf(&mut out), self.m), form, norm);
+        let out_arg = (Arg::buf(&mut out), self.m);
+        self.launch(emu, name, w, x, out_arg, form, norm, scale);
         out
     }
 
     /// Plain kernel `name` over the fused [gate | up] matrix `w` (m = 2·F rows) writing
     /// bf16(act(gate)·up), F per token row.
     fn run_glu(&self, emu: &Runner, name: &str, w: &mut [u16], x: Arg, act: i32) -> Vec<u16> {
+        self.run_glu_scaled(emu, name, w, x, act, None)
+    }
+
+    /// [`GemvShape::run_glu`], with each token row's input `scale` where given.
+    fn run_glu_scaled(
+        &self,
+        emu: &Runner,
+        name: &str,
+        w: &mut [u16],
+        x: Arg,
+        act: i32,
+        scale: Option<&mut [f32]>,
+    ) -> Vec<u16> {
         let f = self.m / 2;
         let mut out = vec![0u16; self.n * f];
-        self.launch(
-            emu,
-            name,
-            w,
-            x,
-            (Arg::buf(&mut out), f),
-            Form::Glu(act),
-            None,
-        );
+        let out_arg = (Arg::buf(&mut out), f);
+        self.launch(emu, name, w, x, out_arg, Form::Glu(act), None, scale);
         out
     }
 
-    /// One launch of `name` writing `out` (rows `ldo` apart).
+    /// One launch of `name` writing `out` (rows `ldo` apart), a bf16 kernel ending with
+    /// `norm` and scaling each token row's sums by `scale` where given.
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
@@ -516,6 +692,7 @@ impl GemvShape {
         (out, ldo): (Arg, usize),
         form: Form,
         norm: Option<&mut NormArgs<'_>>,
+        scale: Option<&mut [f32]>,
     ) {
         let mut args = vec![
             Arg::buf(w),
@@ -532,8 +709,13 @@ impl GemvShape {
         if name.starts_with("gemv_bf16") || name.starts_with("gemv_mma") {
             match norm {
                 Some(norm) => args.extend(norm.args()),
-                None => args.extend([Arg::Ptr(0); 5].into_iter().chain([Arg::F32(0.0)])),
+                None => args.extend(
+                    [Arg::Ptr(0); 5]
+                        .into_iter()
+                        .chain([Arg::F32(0.0), Arg::Ptr(0)]),
+                ),
             }
+            args.push(scale.map_or(Arg::Ptr(0), Arg::buf));
             args.extend(self.l2.map(Arg::I32));
             match form {
                 Form::Plain => args.push(Arg::I32(-1)),
