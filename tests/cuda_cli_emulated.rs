@@ -144,7 +144,7 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
             ),
         ),
         // f13 and f14: Q4_K at load (the tiny model's rows are narrower than a super-block:
-        // Q8_0, so f14's int8 x, a K-quant product's, is only taken as a setting here).
+        // Q8_0), x read as int8 (Q8_0's integer products).
         (
             vec![
                 ("FALLOW_CUDA_GEMV", "w8u4"),

@@ -237,6 +237,8 @@ def summary(args):
          "q4_k"),
         ("8B shape, Q4_K at load: x read as bf16 vs rounded to int8 (f13. vs f14.)",
          args.q4k_log, args.q4k_int8_log, "bf16 x", "q4_k int8 x"),
+        ("8B shape, Q8_0 at load: x read as bf16 vs rounded to int8 (f4. vs f14.)",
+         args.q8_log, args.q8_int8_log, "bf16 x", "q8_0 int8 x"),
         ("SmolLM2 Q4_1: bf16 vs its own blocks (c2.)", args.smol_bf16_log, args.smol_quant_log,
          "bf16", "quantized"),
         ("SmolLM2 bf16: greedy vs sampled, temperature 0.8, top-p 0.9 (c2. vs c4.)",
@@ -269,7 +271,8 @@ def summary(args):
             d1 = alt[b][1] if b in alt else None
             say(f"{b:>5} {fmt(d0):>12} {fmt(d1):>16} {fmt(ratio(d1, d0), '.2f'):>6}")
         # Bytes per weight against bf16's 2: Q8_0 keeps 34 per 32 weights, Q4_K 144 per 256.
-        share = {"q8_0": 34 / 64, "q4_k": 144 / 512, "q4_k int8 x": 144 / 512}.get(other)
+        share = {"q8_0": 34 / 64, "q4_k": 144 / 512, "q4_k int8 x": 144 / 512,
+                 "q8_0 int8 x": 34 / 64}.get(other)
         if share and roof and 1 in alt:
             say(f"  {other} batch 1 = {pct(alt[1][1] * share)} % of its own roofline")
 
@@ -316,6 +319,8 @@ def main():
     s.add_argument("--q4k-log", help="f13.: the 8B shape's bench with Q4_K weights")
     s.add_argument("--q4k-int8-log",
                    help="f14.: the same with x rounded to int8 (FALLOW_CUDA_QUANT_X=int8)")
+    s.add_argument("--q8-int8-log",
+                   help="f14.: Q8_0 weights with x rounded to int8 (FALLOW_CUDA_QUANT_X=int8)")
     s.add_argument("--smol-bf16-log", help="c2.: SmolLM2's bench with bf16 weights")
     s.add_argument("--smol-quant-log", help="c2.: SmolLM2's bench with its own blocks")
     s.add_argument("--smol-json-log", help="c3.: SmolLM2's bench with --json-schema")

@@ -21,7 +21,7 @@
 #      f12: batch 1 and 8 with no decode-sized product given to cuBLAS, FALLOW_CUDA_GEMV_CUBLAS=0;
 #      f6: a 4096-token
 #      prompt's prefill, attention on tensor cores vs f32; f4: its matrices quantized to Q8_0
-#      at load; f13: to Q4_K at load, batch 1 and 8; f14: the same reading x as int8,
+#      at load; f13: to Q4_K at load, batch 1 and 8; f14: Q4_K and Q8_0 reading x as int8,
 #      FALLOW_CUDA_QUANT_X=int8; f2: without CUDA graphs)
 #   g. transformers generate() on it (hf_bench.py)
 #   h. a summary: Fallow vs transformers, and batch 1 against the bandwidth roofline
@@ -441,11 +441,13 @@ main() {
     run_step "f13. fallow bench engine, Q4_K weights" 120 "$WORK/fallow-bench-q4_k.log" \
       "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda --cuda-weights q4_k \
       --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
-    # The same with the K-quant decode products reading x rounded to int8 per group of 32
-    # (integer dot products: about a fifth of the instructions per weight of f13.'s).
-    run_step "f14. fallow bench engine, Q4_K weights, x as int8" 120 "$WORK/fallow-bench-q4_k-int8.log" \
-      env FALLOW_CUDA_QUANT_X=int8 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
-      --cuda-weights q4_k --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+    # Q4_K and Q8_0 at load with the decode products reading x rounded to int8 per group of
+    # 32 (integer dot products: about a fifth of the instructions per weight of f13.'s; Q8_0's
+    # are pure __dp4a), against f13. and f4.
+    run_step "f14. fallow bench engine, Q4_K and Q8_0 weights, x as int8" 150 - \
+      bash -c 'for s in q4_k q8_0; do FALLOW_CUDA_QUANT_X=int8 "$0" bench engine --model "$1" \
+        --device cuda --cuda-weights $s --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 \
+        --kv-cache-mib 8192 > "$2/fallow-bench-$s-int8.log" || exit; done' "$FALLOW" "$LLAMA_DIR" "$WORK"
     run_step "f2. fallow bench engine, no CUDA graphs" 120 "$WORK/fallow-bench-nographs.log" \
       env FALLOW_CUDA_GRAPHS=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
       --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
@@ -463,6 +465,7 @@ main() {
     --bytes-per-step "$LLAMA_DIR/bytes_per_step.txt" ${bw:+--bandwidth-gbs "$bw"} \
     --steps "$OUT/steps.tsv" --q8-log "$WORK/fallow-bench-q8_0.log" \
     --q4k-log "$WORK/fallow-bench-q4_k.log" --q4k-int8-log "$WORK/fallow-bench-q4_k-int8.log" \
+    --q8-int8-log "$WORK/fallow-bench-q8_0-int8.log" \
     --smol-bf16-log "$WORK/smol-bench-bf16.log" --smol-quant-log "$WORK/smol-bench-quantized.log" \
     --smol-json-log "$WORK/smol-bench-json.log" --smol-sampled-log "$WORK/smol-bench-sampled.log" \
     --plain-log "$WORK/fallow-bench-plain.log" --split-norm-log "$WORK/fallow-bench-split-norm.log" \

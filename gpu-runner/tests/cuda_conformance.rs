@@ -1792,48 +1792,55 @@ fn float_weights_quantized_to_q4_k_at_load_compute_the_exact_math_of_those_block
     // kernels would quantize the activations to 8 bits): a prompt in two chunks (the
     // expansion to bf16 and cuBLAS) and decodes (the Q4_K GEMV). Measured on the emulator:
     // 0.019, where bf16 weights against f32 ones give 0.015; a wrong group min gives 0.59.
-    let mut cpu = q4_k_values_on_the_cpu();
+    let mut cpu = values_on_the_cpu(GgmlType::Q4K);
     let mut cuda = cuda_with(&floats, CudaWeights::Q4K);
     let worst = chunked_prefill_then_decodes_diff(&mut cpu, &mut cuda, vocab);
     eprintln!("Q4_K at load vs the exact math of its blocks: max relative |Δ| {worst:.4}");
     assert!(worst <= RELATIVE_TOLERANCE, "{worst}");
 }
 
-/// The CPU backend on the values of `wide_llama`'s matrices quantized to Q4_K, as f32 (the
-/// blocks' exact math; its own K-quant kernels would quantize the activations to 8 bits).
-fn q4_k_values_on_the_cpu() -> CpuBackend {
+/// The CPU backend on the values of `wide_llama`'s matrices quantized to `t` (as the CUDA
+/// backend quantizes them at load), as f32 (the blocks' exact math; its own quantized
+/// kernels would quantize the activations to 8 bits).
+fn values_on_the_cpu(t: GgmlType) -> CpuBackend {
     let exact = wide_llama(|m| {
-        let q = m.quantized(GgmlType::Q4K).expect("whole super-blocks");
+        let q = m.quantized(t).expect("whole blocks");
         QMatrix::from_f32(q.rows, q.cols, &q.dequantize_all()).expect("f32")
     });
     CpuBackend::with_kv_dtype(&exact, NUM_BLOCKS, BLOCK_SIZE, KvDtype::F32).expect("cpu backend")
 }
 
 #[test]
-fn k_quant_decodes_reading_x_as_int8_stay_close_to_the_exact_math_of_their_blocks() {
+fn quantized_decodes_reading_x_as_int8_stay_close_to_the_exact_math_of_their_blocks() {
     if !gpu() {
         return;
     }
     let floats = wide_llama(|m| m);
     let vocab = floats.config.vocab_size;
-    // The decodes' GEMVs round x to 8 bits per group of 32 (integer dot products); the
-    // prompt's chunks expand the blocks for cuBLAS as before.
-    let mut cpu = q4_k_values_on_the_cpu();
-    let mut cuda = cuda_with(&floats, CudaWeights::Q4K);
-    cuda.set_quant_x(QuantX::Int8);
-    let worst = chunked_prefill_then_decodes_diff(&mut cpu, &mut cuda, vocab);
-    eprintln!(
-        "Q4_K at load, x as int8, vs the exact math of its blocks: max relative |Δ| {worst:.4}"
-    );
-    assert!(worst <= INT8_X_TOLERANCE, "{worst}");
-    // The int8 products ran: decode logits near, not equal to, those of bf16 x.
-    let decodes = |setup: fn(&mut CudaBackend)| {
-        teacher_forced_decodes_after(&floats, CudaWeights::Q4K, setup, 3, 6).0
-    };
-    let (with_int8, with_bf16) = (decodes(|c| c.set_quant_x(QuantX::Int8)), decodes(|_| {}));
-    let diff = relative_diff(&with_int8, &with_bf16, vocab);
-    eprintln!("decode logits, x as int8 vs bf16: max relative |Δ| {diff:.5}");
-    assert!(diff > 0.0 && diff <= INT8_X_TOLERANCE, "{diff}");
+    for (t, storage) in [
+        (GgmlType::Q4K, CudaWeights::Q4K),
+        (GgmlType::Q8_0, CudaWeights::Q8_0),
+    ] {
+        // The decodes' GEMVs round x to 8 bits per group of 32 (integer dot products); the
+        // prompt's chunks expand the blocks for cuBLAS as before.
+        let mut cpu = values_on_the_cpu(t);
+        let mut cuda = cuda_with(&floats, storage);
+        cuda.set_quant_x(QuantX::Int8);
+        let worst = chunked_prefill_then_decodes_diff(&mut cpu, &mut cuda, vocab);
+        eprintln!(
+            "{t:?} at load, x as int8, vs the exact math of its blocks: max relative |Δ| \
+             {worst:.4}"
+        );
+        assert!(worst <= INT8_X_TOLERANCE, "{t:?}: {worst}");
+        // The int8 products ran: decode logits near, not equal to, those of bf16 x.
+        let decodes = |setup: fn(&mut CudaBackend)| {
+            teacher_forced_decodes_after(&floats, storage, setup, 3, 6).0
+        };
+        let (with_int8, with_bf16) = (decodes(|c| c.set_quant_x(QuantX::Int8)), decodes(|_| {}));
+        let diff = relative_diff(&with_int8, &with_bf16, vocab);
+        eprintln!("{t:?}: decode logits, x as int8 vs bf16: max relative |Δ| {diff:.5}");
+        assert!(diff > 0.0 && diff <= INT8_X_TOLERANCE, "{t:?}: {diff}");
+    }
 }
 
 #[test]

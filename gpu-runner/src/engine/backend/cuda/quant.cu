@@ -493,6 +493,43 @@ extern "C" __global__ void gemv_q8_0(const u8* w, const bf16* x, float* out, int
     gemv_rows<Q8_0Rows, 4>(w, x, out, M, K, n, ldo);
 }
 
+// Q8_0 rows whose products take x staged as int8 (gemv_stage_x8, a tile of TILE_ELEMS): a
+// chunk's 16 quants times x's 16 bytes in four __dp4a, times the block's d and the x group's
+// scale (no offsets: Q8_0 is symmetric) — llama.cpp's q8_0 · q8_1 product, where the bf16-x
+// form converts every weight and every x to a float.
+template <int TILE_ELEMS>
+struct Q8_0X8Rows : Q8_0Rows {
+    static constexpr bool X_INT8 = true;
+    static constexpr int TILE = TILE_ELEMS;
+    struct Chunk {
+        uint4 q;
+        float d;
+    };
+    __device__ __forceinline__ Q8_0X8Rows(const void* w, int m, int M, int K)
+        : Q8_0Rows(w, m, M, K) {}
+    __device__ __forceinline__ Chunk decode(const Raw& r, int) const {
+        return Chunk{r.q, f16_to_f32(r.d)};
+    }
+    // The chunk's products with the staged x (chunk `at` of the tile: elements 16·at on).
+    __device__ __forceinline__ float dot(const Chunk& c, const uint4* x, int at) const {
+        const unsigned char* xb = (const unsigned char*)x;
+        const float* scales = (const float*)(xb + GEMV_X8_SCALES(TILE));
+        int pos = 16 * at;
+        uint4 qx = *(const uint4*)(xb + pos);
+        int dot = __dp4a((int)c.q.x, (int)qx.x, 0);
+        dot = __dp4a((int)c.q.y, (int)qx.y, dot);
+        dot = __dp4a((int)c.q.z, (int)qx.z, dot);
+        dot = __dp4a((int)c.q.w, (int)qx.w, dot);
+        // |dot| ≤ 16 · 128 · 127: exact as a float without the conversion unit.
+        return c.d * scales[pos / 32] * small_int_as_float(dot);
+    }
+};
+
+extern "C" __global__ void gemv_q8_0_x8(const u8* w, const bf16* x, float* out, int M, int K,
+                                        int n, int ldo) {
+    gemv_rows<Q8_0X8Rows<2048>, 4>(w, x, out, M, K, n, ldo);
+}
+
 // The rows × K Q8_0 matrix (the device layout above) as bf16. Launched as the other formats'
 // dequant kernels (a thread per group of 32), but each thread expands 4 pieces of 8 quants,
 // blockDim.x pieces apart in its block's range: consecutive threads load consecutive 8-byte

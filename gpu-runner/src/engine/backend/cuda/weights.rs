@@ -101,7 +101,8 @@ impl DeviceMatrix {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuantKernels {
     pub gemv: &'static str,
-    /// Its decode product with x staged as int8, where the format has one (K-quants).
+    /// Its decode product with x staged as int8, where the format has one (Q4_K, Q5_K,
+    /// Q8_0).
     pub gemv_int8_x: Option<&'static str>,
     pub dequant: &'static str,
 }
@@ -118,8 +119,9 @@ impl QuantKernels {
 
 /// How the decode products of quantized matrices read their input rows: as the bf16 rows
 /// they are (each weight's exact product), or rounded to int8 per group of 32 with integer
-/// dot products (K-quants; about a fifth of the instructions per weight, x's precision that
-/// of llama.cpp's quantized products). `FALLOW_CUDA_QUANT_X=int8` chooses the second.
+/// dot products (Q4_K, Q5_K and Q8_0; about a fifth of the K-quants' instructions per
+/// weight, x's precision that of llama.cpp's quantized products). `FALLOW_CUDA_QUANT_X=int8`
+/// chooses the second.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum QuantX {
     #[default]
@@ -145,6 +147,7 @@ pub fn quant_kernels(dtype: GgmlType) -> Option<QuantKernels> {
     let gemv_int8_x = match dtype {
         GgmlType::Q4K => Some("gemv_q4_k_x8"),
         GgmlType::Q5K => Some("gemv_q5_k_x8"),
+        GgmlType::Q8_0 => Some("gemv_q8_0_x8"),
         _ => None,
     };
     let (gemv, dequant) = match dtype {
@@ -416,7 +419,7 @@ mod tests {
     }
 
     #[test]
-    fn int8_x_takes_the_k_quants_integer_products_and_leaves_other_formats_on_bf16_x() {
+    fn int8_x_takes_the_k_quants_and_q8_0s_integer_products_and_leaves_other_formats_on_bf16_x() {
         assert_eq!(QuantX::from_setting(None), Ok(QuantX::Bf16));
         assert_eq!(QuantX::from_setting(Some("int8")), Ok(QuantX::Int8));
         assert!(QuantX::from_setting(Some("int4")).is_err());
@@ -430,10 +433,14 @@ mod tests {
             "gemv_q5_k_x8"
         );
         assert_eq!(
+            kernels(GgmlType::Q8_0).gemv_reading(QuantX::Int8),
+            "gemv_q8_0_x8"
+        );
+        assert_eq!(
             kernels(GgmlType::Q4K).gemv_reading(QuantX::Bf16),
             "gemv_q4_k"
         );
-        for t in [GgmlType::Q4_1, GgmlType::Q6K, GgmlType::Q8_0] {
+        for t in [GgmlType::Q4_1, GgmlType::Q6K] {
             assert_eq!(kernels(t).gemv_reading(QuantX::Int8), kernels(t).gemv);
         }
     }

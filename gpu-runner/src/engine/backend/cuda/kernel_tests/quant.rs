@@ -142,56 +142,78 @@ fn int8_group(x: &[f32]) -> (f32, Vec<i32>) {
     (amax / 127.0, q)
 }
 
+/// Each group of 32 weights of row `r` of `m` (a format with an int8-x product) as the
+/// kernel applies it: (its first element, dg, mg, its 32 quants), the weights dg·q − mg.
+fn int8_x_groups(m: &QMatrix, r: usize) -> Vec<(usize, f64, f64, Vec<i64>)> {
+    let t = m.dtype;
+    let row = &m.bytes()[r * m.row_bytes()..(r + 1) * m.row_bytes()];
+    let f16 = |b: &[u8]| f64::from(half::f16::from_le_bytes([b[0], b[1]]).to_f32());
+    let mut groups = Vec::new();
+    for (b, block) in row.chunks_exact(t.block_bytes()).enumerate() {
+        if t == GgmlType::Q8_0 {
+            let q = block[2..34].iter().map(|&v| i64::from(v as i8)).collect();
+            groups.push((b * 32, f16(&block[0..2]), 0.0, q));
+            continue;
+        }
+        let (qh, qs) = match t {
+            GgmlType::Q4K => (None, &block[16..144]),
+            _ => (Some(&block[16..48]), &block[48..176]),
+        };
+        let q = unpack_q45k(qs, qh);
+        let (d, dmin) = (f16(&block[0..2]), f16(&block[2..4]));
+        for g in 0..8 {
+            let (sc, mn) = scale_min_k4(g, &block[4..16]);
+            // (The kernel's d·sc and dmin·min are f32 products.)
+            let dg = (d as f32 * sc as f32) as f64;
+            let mg = (dmin as f32 * mn as f32) as f64;
+            let q = q[g * 32..g * 32 + 32]
+                .iter()
+                .map(|&v| i64::from(v))
+                .collect();
+            groups.push((b * 256 + g * 32, dg, mg, q));
+        }
+    }
+    groups
+}
+
 #[test]
-fn k_quant_gemv_with_int8_x_computes_the_integer_products_of_their_blocks_and_stays_near_the_exact_one(
-) {
+fn gemv_with_int8_x_computes_the_integer_products_of_the_blocks_and_stays_near_the_exact_one() {
     let Some(emu) = Runner::get() else { return };
     // As the GEMV test above: 19 rows written 27 apart, a tile of 2048 and a partial one.
     let (rows, cols, ldo) = (19usize, 2304usize, 27usize);
     let mut values = Values(78);
-    for (i, t) in [GgmlType::Q4K, GgmlType::Q5K].into_iter().enumerate() {
+    for (i, t) in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q8_0]
+        .into_iter()
+        .enumerate()
+    {
         let m = random_quantized(t, rows, cols, 120 + i as u64);
         let kernel = quant_kernels(t)
             .and_then(|k| k.gemv_int8_x)
-            .expect("an int8-x K-quant GEMV");
+            .expect("an int8-x GEMV");
         let mut blocks = device_layout(t, m.bytes()).into_owned();
-        let block_bytes = t.block_bytes();
         for n in [1usize, 3, 8] {
             let mut x = values.bf16s(n * cols);
             let out = gemv(emu, kernel, &mut blocks, &mut x, (rows, cols), n, ldo);
             let mut w = vec![0f32; cols];
             for r in 0..rows {
                 m.dequantize_row(r, &mut w);
+                let groups = int8_x_groups(&m, r);
                 for j in 0..n {
                     let xs: Vec<f32> = (0..cols).map(|k| from_bf16(x[j * cols + k])).collect();
                     // The kernel's math in f64: per group dg·sx·Σ q·qx − mg·Σ x.
                     let (mut want, mut size, mut rounding) = (0f64, 0f64, 0f64);
-                    for b in 0..cols / 256 {
-                        let at = (r * cols / 256 + b) * block_bytes;
-                        let block = &m.bytes()[at..at + block_bytes];
-                        let (qh, qs) = match t {
-                            GgmlType::Q4K => (None, &block[16..144]),
-                            _ => (Some(&block[16..48]), &block[48..176]),
-                        };
-                        let q = unpack_q45k(qs, qh);
-                        let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
-                        let dmin = half::f16::from_le_bytes([block[2], block[3]]).to_f32();
-                        for g in 0..8 {
-                            let (sc, mn) = scale_min_k4(g, &block[4..16]);
-                            let (dg, mg) = ((d * sc as f32) as f64, (dmin * mn as f32) as f64);
-                            let first = b * 256 + g * 32;
-                            let group = &xs[first..first + 32];
-                            let (sx, qx) = int8_group(group);
-                            let dot: i64 =
-                                (0..32).map(|l| q[g * 32 + l] as i64 * qx[l] as i64).sum();
-                            let sum: f64 = group.iter().map(|&v| v as f64).sum();
-                            want += dg * sx as f64 * dot as f64 - mg * sum;
-                            size += (dg * sx as f64 * dot as f64).abs() + (mg * sum).abs();
-                            // x's rounding: each product off by at most |dg·q| · sx / 2.
-                            rounding += (0..32)
-                                .map(|l| (dg * q[g * 32 + l] as f64).abs() * sx as f64 / 2.0)
-                                .sum::<f64>();
-                        }
+                    for (first, dg, mg, q) in &groups {
+                        let group = &xs[*first..first + 32];
+                        let (sx, qx) = int8_group(group);
+                        let dot: i64 = q.iter().zip(&qx).map(|(&a, &b)| a * b as i64).sum();
+                        let sum: f64 = group.iter().map(|&v| v as f64).sum();
+                        want += dg * sx as f64 * dot as f64 - mg * sum;
+                        size += (dg * sx as f64 * dot as f64).abs() + (mg * sum).abs();
+                        // x's rounding: each product off by at most |dg·q| · sx / 2.
+                        rounding += q
+                            .iter()
+                            .map(|&v| (dg * v as f64).abs() * sx as f64 / 2.0)
+                            .sum::<f64>();
                     }
                     let got = out[j * ldo + r] as f64;
                     assert!(
