@@ -412,7 +412,7 @@ impl CudaBackend {
         let started = self.profiler.start(&self.ctx, &self.stream)?;
         if fused {
             self.gemm
-                .matmul_fused(input, act, w, n, proj, norm.as_ref())?;
+                .matmul_fused(GemvInput::plain(input), act, w, n, proj, norm.as_ref())?;
         } else {
             self.gemm.matmul(input, w, n, proj)?;
         }

@@ -160,11 +160,11 @@ impl Gemm {
 
     /// `out[n, w.rows] = x · wᵀ` through a bf16 GEMV, with `act` `x` being [gate | up] rows
     /// (`[n, 2·w.cols]` f32) whose gated activation is computed as the GEMV stages them (0 =
-    /// SiLU, 1 = GELU), and with `norm` the GEMV's last block ending the sub-block. Only
-    /// where [`Gemm::fuses_into_gemv`].
+    /// SiLU, 1 = GELU), with `x`'s scale where it has one ([`GemvInput`]), and with `norm`
+    /// the GEMV's last block ending the sub-block. Only where [`Gemm::fuses_into_gemv`].
     pub fn matmul_fused(
         &self,
-        x: u64,
+        x: GemvInput,
         act: Option<i32>,
         w: &DeviceMatrix,
         n: usize,
@@ -174,7 +174,6 @@ impl Gemm {
         let weights = self.fused_weights(w, n)?;
         let form = act.map_or(GemvForm::Plain, GemvForm::GatedInput);
         let pick = self.gemv_choice.pick(w.rows, w.cols, form, n);
-        let x = GemvInput::plain(x);
         self.gemv_bf16(pick, weights, w.rows, w.cols, x, n, out, form, norm)
     }
 
@@ -191,19 +190,7 @@ impl Gemm {
         if x.scale == 0 {
             return self.matmul(x.x, w, n, out);
         }
-        let weights = self.fused_weights(w, n)?;
-        let pick = self.gemv_choice.pick(w.rows, w.cols, GemvForm::Plain, n);
-        self.gemv_bf16(
-            pick,
-            weights,
-            w.rows,
-            w.cols,
-            x,
-            n,
-            out,
-            GemvForm::Plain,
-            None,
-        )
+        self.matmul_fused(x, None, w, n, out, None)
     }
 
     /// `out[n, w.rows / 2] = bf16(act(gate) · up)` for `[gate | up] = x · wᵀ`, `w` the

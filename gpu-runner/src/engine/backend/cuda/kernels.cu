@@ -433,23 +433,19 @@ __device__ __forceinline__ void gemv_load_scale(float* scale, const GemvNorm& no
             norm.x_scale && (int)threadIdx.x < n ? norm.x_scale[threadIdx.x] : 1.0f;
 }
 
-// A split end's output (see GemvNorm): s added to the residual stream at `at` and, before a
-// next norm, written times its weight as the next input. (Not inlined: inlined into a
-// kernel's unrolled stores it raised the kernel's registers, though it runs only there.)
-__device__ __forceinline__ void gemv_add_to_stream(const GemvNorm& norm, size_t at, int m, float s) {
+// Output m of token row j: out[j·ldo + m] = s, or with a split end (norm.inv, see
+// GemvNorm) s added to the residual stream and, before a next norm, written times its
+// weight as the next input.
+__device__ __forceinline__ void gemv_store(const GemvNorm& norm, float* out, int ldo, int M,
+                                           int j, int m, float s) {
+    if (!norm.inv) {
+        out[(size_t)j * ldo + m] = s;
+        return;
+    }
+    size_t at = (size_t)j * M + m;
     float v = __fadd_rn(norm.x[at], s);
     norm.x[at] = v;
     if (norm.next_w) norm.out[at] = f32_to_bf16(v * norm.next_w[m]);
-}
-
-// Output m of token row j: out[j·ldo + m] = s, or with a split end (norm.inv) into the
-// residual stream (gemv_add_to_stream).
-__device__ __forceinline__ void gemv_store(const GemvNorm& norm, float* out, int ldo, int M,
-                                           int j, int m, float s) {
-    if (norm.inv)
-        gemv_add_to_stream(norm, (size_t)j * M + m, m, s);
-    else
-        out[(size_t)j * ldo + m] = s;
 }
 
 // Whether this block is the last of the `blocks` blocks counting on `counter` to finish, once
