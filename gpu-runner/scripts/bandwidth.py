@@ -241,6 +241,8 @@ def summary(args):
          args.q8_log, args.q8_int8_log, "bf16 x", "q8_0 int8 x"),
         ("SmolLM2 Q4_1: bf16 vs its own blocks (c2.)", args.smol_bf16_log, args.smol_quant_log,
          "bf16", "quantized"),
+        ("SmolLM2 Q4_1, its own blocks: x read as bf16 vs rounded to int8 (c2.)",
+         args.smol_quant_log, args.smol_int8_log, "bf16 x", "int8 x"),
         ("SmolLM2 bf16: greedy vs sampled, temperature 0.8, top-p 0.9 (c2. vs c4.)",
          args.smol_bf16_log, args.smol_sampled_log, "greedy", "top-p"),
         ("8B shape: sub-block ends whole vs split with the next product (f. vs f15.)",
@@ -323,6 +325,8 @@ def main():
                    help="f14.: Q8_0 weights with x rounded to int8 (FALLOW_CUDA_QUANT_X=int8)")
     s.add_argument("--smol-bf16-log", help="c2.: SmolLM2's bench with bf16 weights")
     s.add_argument("--smol-quant-log", help="c2.: SmolLM2's bench with its own blocks")
+    s.add_argument("--smol-int8-log",
+                   help="c2.: the same with x rounded to int8 (FALLOW_CUDA_QUANT_X=int8)")
     s.add_argument("--smol-json-log", help="c3.: SmolLM2's bench with --json-schema")
     s.add_argument("--smol-sampled-log", help="c4.: SmolLM2's bench sampled with top-p 0.9")
     s.add_argument("--plain-log", help="f5.: the 8B shape's bench without early starts")

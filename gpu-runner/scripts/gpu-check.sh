@@ -5,7 +5,8 @@
 #   b. the prebuilt cargo test executables in .gpu/tests/, on device cuda (the runner's
 #      kernel tests through the driver first, FALLOW_KERNEL_TESTS=driver)
 #   c. `fallow generate` with SmolLM2-135M on cuda and on cpu; its decode speed with bf16
-#      and with quantized (the file's blocks) weights, under a JSON schema (c3), and sampled
+#      and with quantized (the file's blocks) weights (c2; also with x as int8,
+#      FALLOW_CUDA_QUANT_X=int8), under a JSON schema (c3), and sampled
 #      with top-p 0.9 (c4)
 #   d. a random-weight Llama-3.1-8B shaped bf16 checkpoint (make_random_llama.py)
 #   e. the GPU's memory read bandwidth (bandwidth.py)
@@ -343,6 +344,11 @@ step_generate() {
       "$FALLOW" bench engine --model "$SMOL" --device cuda --cuda-weights "$storage" \
       --concurrency 1,8,64 --prompt-tokens 32 --gen-tokens 64 --kv-cache-mib 2048
   done
+  # Its own blocks again, the decode products reading x rounded to int8 (Q4_1 · q8 __dp4a).
+  run_step "c2. SmolLM2 bench, quantized weights, x as int8" 60 "$WORK/smol-bench-int8.log" \
+    env FALLOW_CUDA_QUANT_X=int8 "$FALLOW" bench engine --model "$SMOL" --device cuda \
+    --cuda-weights quantized --concurrency 1,8,64 --prompt-tokens 32 --gen-tokens 64 \
+    --kv-cache-mib 2048
   # JSON-schema constrained decoding (masks applied on the GPU) against unconstrained.
   run_step "c3. SmolLM2 bench, JSON schema" 60 "$WORK/smol-bench-json.log" \
     "$FALLOW" bench engine --model "$SMOL" --device cuda --concurrency 1,16 \
@@ -363,6 +369,7 @@ main() {
   if [ "${GPU_CHECK_ONLY:-}" = model ]; then
     timeout 30 "$PY" gpu-runner/scripts/bandwidth.py summary --steps "$OUT/steps.tsv" \
       --smol-bf16-log "$WORK/smol-bench-bf16.log" --smol-quant-log "$WORK/smol-bench-quantized.log" \
+      --smol-int8-log "$WORK/smol-bench-int8.log" \
       --smol-json-log "$WORK/smol-bench-json.log" --smol-sampled-log "$WORK/smol-bench-sampled.log" \
       --out "$OUT/summary.txt" || echo "summary: FAILED rc=$?"
     echo "gpu-check: GPU_CHECK_ONLY=model, done in $((SECONDS - START_S))s"
@@ -467,6 +474,7 @@ main() {
     --q4k-log "$WORK/fallow-bench-q4_k.log" --q4k-int8-log "$WORK/fallow-bench-q4_k-int8.log" \
     --q8-int8-log "$WORK/fallow-bench-q8_0-int8.log" \
     --smol-bf16-log "$WORK/smol-bench-bf16.log" --smol-quant-log "$WORK/smol-bench-quantized.log" \
+      --smol-int8-log "$WORK/smol-bench-int8.log" \
     --smol-json-log "$WORK/smol-bench-json.log" --smol-sampled-log "$WORK/smol-bench-sampled.log" \
     --plain-log "$WORK/fallow-bench-plain.log" --split-norm-log "$WORK/fallow-bench-split-norm.log" \
     --separate-norm-log "$WORK/fallow-bench-separate-norm.log" \

@@ -491,7 +491,10 @@ fn model_file(reference: &Reference) -> Option<PathBuf> {
 /// with the same dequantized weights (rounded to bf16) and bf16 activations, so this is its
 /// reference; the CPU backend quantizes activations like llama.cpp's quantized run and
 /// follows `smollm2_logits.json` instead (the two llama.cpp variants differ by up to ~2
-/// logits and take different greedy paths; see the fixtures README).
+/// logits and take different greedy paths; see the fixtures README). The int8-x products
+/// round activations as llama.cpp's quantized run does, but are no closer to that run than
+/// to this one (SmolLM2: mean |Δ logprob| 0.185 against 0.171, its noise and ours being
+/// independent), so they follow this one too, within `INT8_X`'s bounds.
 struct Case {
     prompt_ids: Vec<u32>,
     greedy_ids: Vec<u32>,
@@ -596,6 +599,7 @@ fn follows_llama_cpp_exact_math(
 ) {
     follows_llama_cpp(
         reference,
+        &EXACT,
         &format!("{storage:?}"),
         artifacts.config.vocab_size,
         |case| {
@@ -620,65 +624,106 @@ fn follows_llama_cpp_exact_math(
 }
 
 /// As [`follows_llama_cpp_exact_math`], but each greedy token fed back as a decode step (the
-/// decode products, not the prefill's expansion and cuBLAS), the products reading x as `x`.
-fn decoding_follows_llama_cpp_exact_math(
+/// decode products, not the prefill's expansion and cuBLAS), the products reading x as `x`
+/// (int8 x within `INT8_X`'s bounds).
+fn decoding_follows_llama_cpp(
     reference: &Reference,
     artifacts: &ModelArtifacts,
     storage: CudaWeights,
     x: QuantX,
 ) {
     let what = format!("{storage:?}, decoded, x as {x:?}");
-    follows_llama_cpp(reference, &what, artifacts.config.vocab_size, |case| {
-        let mut cuda = cuda_with(artifacts, storage);
-        cuda.set_quant_x(x);
-        let len = case.prompt_ids.len() + STEPS;
-        let blocks = table(0, len);
-        let mut rows = cuda
-            .forward(&[SeqSlice {
-                tokens: &case.prompt_ids,
-                start_pos: 0,
-                block_table: &blocks,
-                logits: LogitsMode::Last,
-            }])
-            .expect("prefill");
-        for i in 0..STEPS - 1 {
-            let token = [case.greedy_ids[i]];
-            rows.extend(
-                cuda.forward(&[SeqSlice {
-                    tokens: &token,
-                    start_pos: case.prompt_ids.len() + i,
+    let bounds = match x {
+        QuantX::Bf16 => &EXACT,
+        QuantX::Int8 => &INT8_X,
+    };
+    follows_llama_cpp(
+        reference,
+        bounds,
+        &what,
+        artifacts.config.vocab_size,
+        |case| {
+            let mut cuda = cuda_with(artifacts, storage);
+            cuda.set_quant_x(x);
+            let len = case.prompt_ids.len() + STEPS;
+            let blocks = table(0, len);
+            let mut rows = cuda
+                .forward(&[SeqSlice {
+                    tokens: &case.prompt_ids,
+                    start_pos: 0,
                     block_table: &blocks,
                     logits: LogitsMode::Last,
                 }])
-                .expect("decode step"),
-            );
-        }
-        rows
-    });
+                .expect("prefill");
+            for i in 0..STEPS - 1 {
+                let token = [case.greedy_ids[i]];
+                rows.extend(
+                    cuda.forward(&[SeqSlice {
+                        tokens: &token,
+                        start_pos: case.prompt_ids.len() + i,
+                        block_table: &blocks,
+                        logits: LogitsMode::Last,
+                    }])
+                    .expect("decode step"),
+                );
+            }
+            rows
+        },
+    );
 }
 
+/// How closely a path must follow llama.cpp's exact math: its greedy token may differ only
+/// where llama.cpp's top-1/top-2 gap is below `near_tie`; the logprobs of llama.cpp's top 5
+/// within `worst` each and `mean` on average.
+struct Follows {
+    near_tie: f32,
+    worst: f32,
+    mean: f32,
+}
+
+/// bf16 x: the CPU suite's bounds (the mean implied by the worst).
+const EXACT: Follows = Follows {
+    near_tie: NEAR_TIE,
+    worst: NEAR_TIE,
+    mean: NEAR_TIE,
+};
+
+/// int8 x: every product rounds x to 8 bits per group of 32 first, as llama.cpp's own
+/// quantized run does (which sits up to ~2 logits from its exact math: fixtures README).
+/// Measured on the emulated driver, decoding the files' own blocks: SmolLM2 (Q4_1, Q8_0)
+/// worst 1.48, mean 0.171, greedy flips at gaps up to 0.501; Gemma 3 (Q4_K, Q5_0, Q6_K,
+/// Q8_0) 1.02, 0.126, up to 0.447. A wrong scale or offset moves them by whole logits.
+const INT8_X: Follows = Follows {
+    near_tie: 1.0,
+    worst: 2.0,
+    mean: 0.25,
+};
+
 /// Checks `step_logits(case)` (STEPS rows: row i predicts greedy_ids[i]) of every prompt of
-/// `reference` against llama.cpp: its top 5's logprobs within `NEAR_TIE`, and its token
-/// picked unless llama.cpp was near a tie.
+/// `reference` against llama.cpp within `bounds`.
 fn follows_llama_cpp(
     reference: &Reference,
+    bounds: &Follows,
     what: &str,
     vocab: usize,
     step_logits: impl Fn(&Case) -> Vec<f32>,
 ) {
-    let mut worst_lp = 0f32;
+    let (mut worst_lp, mut sum_lp, mut compared) = (0f32, 0f64, 0usize);
     let mut flips = 0;
     for (case_no, case) in exact_cases(reference).iter().enumerate() {
         let logits = step_logits(case);
         for i in 0..STEPS {
             let lp = log_softmax(&logits[i * vocab..(i + 1) * vocab]);
             for &(id, want) in &case.top[i] {
-                worst_lp = worst_lp.max((lp[id as usize] - want).abs());
+                let diff = (lp[id as usize] - want).abs();
+                worst_lp = worst_lp.max(diff);
+                sum_lp += f64::from(diff);
+                compared += 1;
             }
             let ours = fallow_runner::engine::sampler::argmax(&lp);
             if ours != case.greedy_ids[i] {
                 assert!(
-                    case.gaps[i] < NEAR_TIE,
+                    case.gaps[i] < bounds.near_tie,
                     "{} ({what}) prompt {case_no}, step {i}: CUDA picked {ours}, llama.cpp {} \
                      with a gap of {}",
                     reference.name,
@@ -689,29 +734,44 @@ fn follows_llama_cpp(
             }
         }
     }
+    let mean_lp = (sum_lp / compared.max(1) as f64) as f32;
     eprintln!(
-        "{} ({what}) vs llama.cpp f32: max |Δ logprob| over llama.cpp's top-5 = \
-         {worst_lp:.4}; {flips} near-tie flips in {STEPS} steps of every prompt",
+        "{} ({what}) vs llama.cpp f32: |Δ logprob| over llama.cpp's top-5 max {worst_lp:.4}, \
+         mean {mean_lp:.4}; {flips} near-tie flips in {STEPS} steps of every prompt",
         reference.name
     );
     assert!(
-        worst_lp <= NEAR_TIE,
-        "{} ({what}): top-5 logprobs differ by {worst_lp}",
+        worst_lp <= bounds.worst && mean_lp <= bounds.mean,
+        "{} ({what}): top-5 logprobs differ by {worst_lp} (mean {mean_lp})",
         reference.name
     );
 }
 
 #[test]
-fn gemma_3_decoding_its_k_quant_blocks_with_x_as_int8_follows_llama_cpp_exact_math() {
-    // Decode steps of a real K-quant model, on a GPU or with FALLOW_CUDA_EMULATOR=all
-    // (minutes on the emulated driver): the int8-x products of QuantX::Int8 and, beside them,
-    // the bf16-x ones.
+fn the_default_model_decoding_its_q4_1_blocks_follows_llama_cpp_with_x_as_int8_and_as_bf16() {
+    // Decode steps of the default model's own Q4_1 (and Q8_0 head) blocks, on a GPU or with
+    // FALLOW_CUDA_EMULATOR=all: the int8-x products of QuantX::Int8 and, beside them, the
+    // bf16-x ones.
+    let Some(path) = default_model_path_on_gpu() else {
+        return;
+    };
+    let artifacts = model::open(&path).expect("model opens");
+    for x in [QuantX::Int8, QuantX::Bf16] {
+        decoding_follows_llama_cpp(&SMOLLM2, &artifacts, CudaWeights::Quantized, x);
+    }
+}
+
+#[test]
+fn gemma_3_decoding_its_k_quant_blocks_follows_llama_cpp_with_x_as_int8_and_as_bf16() {
+    // Decode steps of a real K-quant model (its Q4_K_M file: Q4_K, Q5_0, Q6_K and Q8_0
+    // blocks), on a GPU or with FALLOW_CUDA_EMULATOR=all (minutes on the emulated driver):
+    // the int8-x products of QuantX::Int8 and, beside them, the bf16-x ones.
     let Some(path) = model_path_on_gpu(&GEMMA3) else {
         return;
     };
     let artifacts = model::open(&path).expect("model opens");
     for x in [QuantX::Int8, QuantX::Bf16] {
-        decoding_follows_llama_cpp_exact_math(&GEMMA3, &artifacts, CudaWeights::Quantized, x);
+        decoding_follows_llama_cpp(&GEMMA3, &artifacts, CudaWeights::Quantized, x);
     }
 }
 
@@ -1815,26 +1875,37 @@ fn quantized_decodes_reading_x_as_int8_stay_close_to_the_exact_math_of_their_blo
     if !gpu() {
         return;
     }
-    let floats = wide_llama(|m| m);
-    let vocab = floats.config.vocab_size;
-    for (t, storage) in [
-        (GgmlType::Q4K, CudaWeights::Q4K),
-        (GgmlType::Q8_0, CudaWeights::Q8_0),
+    let vocab = wide_llama(|m| m).config.vocab_size;
+    // Two ways the blocks come: quantized at load (the K-quant and Q8_0 storages), and as
+    // a file's blocks kept as they are (the default model's Q4_1; Q6_K, beside Q4_K in every
+    // Q4_K_M file).
+    let at_load = |storage| (wide_llama(|m| m), storage);
+    let as_stored = |t| {
+        (
+            wide_llama(|m| m.quantized(t).expect("whole blocks")),
+            CudaWeights::Quantized,
+        )
+    };
+    for (t, (model, storage)) in [
+        (GgmlType::Q4K, at_load(CudaWeights::Q4K)),
+        (GgmlType::Q8_0, at_load(CudaWeights::Q8_0)),
+        (GgmlType::Q4_1, as_stored(GgmlType::Q4_1)),
+        (GgmlType::Q6K, as_stored(GgmlType::Q6K)),
     ] {
         // The decodes' GEMVs round x to 8 bits per group of 32 (integer dot products); the
         // prompt's chunks expand the blocks for cuBLAS as before.
         let mut cpu = values_on_the_cpu(t);
-        let mut cuda = cuda_with(&floats, storage);
+        let mut cuda = cuda_with(&model, storage);
         cuda.set_quant_x(QuantX::Int8);
         let worst = chunked_prefill_then_decodes_diff(&mut cpu, &mut cuda, vocab);
         eprintln!(
-            "{t:?} at load, x as int8, vs the exact math of its blocks: max relative |Δ| \
+            "{t:?} ({storage:?}), x as int8, vs the exact math of its blocks: max relative |Δ| \
              {worst:.4}"
         );
         assert!(worst <= INT8_X_TOLERANCE, "{t:?}: {worst}");
         // The int8 products ran: decode logits near, not equal to, those of bf16 x.
         let decodes = |setup: fn(&mut CudaBackend)| {
-            teacher_forced_decodes_after(&floats, storage, setup, 3, 6).0
+            teacher_forced_decodes_after(&model, storage, setup, 3, 6).0
         };
         let (with_int8, with_bf16) = (decodes(|c| c.set_quant_x(QuantX::Int8)), decodes(|_| {}));
         let diff = relative_diff(&with_int8, &with_bf16, vocab);

@@ -52,7 +52,7 @@ pub(crate) fn unpack_q45k(qs: &[u8], qh: Option<&[u8]>) -> [u8; QK_K] {
 
 /// Quants (−32..32) of a Q6_K block, in element order.
 #[inline(always)]
-fn unpack_q6k(block: &[u8]) -> [i8; QK_K] {
+pub(crate) fn unpack_q6k(block: &[u8]) -> [i8; QK_K] {
     let (ql, qh) = (&block[0..128], &block[128..192]);
     let mut q = [0i8; QK_K];
     for half in 0..2 {

@@ -1,5 +1,6 @@
-//! Encoding floats as Q4_K / Q5_K super-blocks (layouts in `kquants.rs`): round to nearest
-//! over each group's min/max range, not llama.cpp's error-minimising search (files
+//! Encoding floats as Q4_K / Q5_K / Q6_K super-blocks (layouts in `kquants.rs`): round to
+//! nearest over each group's min/max range (Q6_K: its signed extreme), not llama.cpp's
+//! error-minimising search (files
 //! quantized by llama.cpp's tools keep their better blocks). `QMatrix::quantized` (quantize.rs)
 //! encodes rows with it; the tests build K-quant matrices with it.
 
@@ -74,4 +75,48 @@ fn pack_scale_min_k4(sc: &[u8; 8], mn: &[u8; 8]) -> [u8; 12] {
         s[j + 8] = (sc[j + 4] & 0x0F) | ((mn[j + 4] & 0x0F) << 4);
     }
     s
+}
+
+/// Q6_K: per group of 16 a signed scale, quantized to i8 against the super-block's `d`.
+pub(crate) fn quantize_q6_k(x: &[f32], out: &mut Vec<u8>) {
+    let group_scale: [f32; 16] = std::array::from_fn(|g| {
+        let max = x[16 * g..16 * g + 16].iter().copied().fold(0f32, |m, v| {
+            if v.abs() > m.abs() {
+                v
+            } else {
+                m
+            }
+        });
+        max / -32.0
+    });
+    let amax = group_scale.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = f16::from_f32(amax / 127.0).to_f32();
+    let sc: [i8; 16] = std::array::from_fn(|g| {
+        if d > 0.0 {
+            (group_scale[g] / d).round().clamp(-127.0, 127.0) as i8
+        } else {
+            0
+        }
+    });
+    let q: [u8; 256] = std::array::from_fn(|i| {
+        let dg = d * sc[i / 16] as f32;
+        let v = if dg != 0.0 { (x[i] / dg).round() } else { 0.0 };
+        (v.clamp(-32.0, 31.0) + 32.0) as u8
+    });
+    let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
+    for half in 0..2 {
+        let q = &q[128 * half..];
+        for l in 0..32 {
+            ql[64 * half + l] = (q[l] & 0x0F) | ((q[l + 64] & 0x0F) << 4);
+            ql[64 * half + l + 32] = (q[l + 32] & 0x0F) | ((q[l + 96] & 0x0F) << 4);
+            qh[32 * half + l] = (q[l] >> 4)
+                | ((q[l + 32] >> 4) << 2)
+                | ((q[l + 64] >> 4) << 4)
+                | ((q[l + 96] >> 4) << 6);
+        }
+    }
+    out.extend(ql);
+    out.extend(qh);
+    out.extend(sc.iter().map(|&s| s as u8));
+    put_f16(out, d);
 }

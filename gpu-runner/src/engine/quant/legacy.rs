@@ -15,7 +15,7 @@ use super::ggml_type::QK;
 
 /// Unpacks the 32 4-bit quants of a Q4 block (bytes `qs`) into `0..16` values.
 #[inline(always)]
-fn unpack_nibbles(qs: &[u8]) -> [u8; QK] {
+pub(crate) fn unpack_nibbles(qs: &[u8]) -> [u8; QK] {
     let mut q = [0u8; QK];
     for j in 0..QK / 2 {
         q[j] = qs[j] & 0x0F;
@@ -26,7 +26,7 @@ fn unpack_nibbles(qs: &[u8]) -> [u8; QK] {
 
 /// Unpacks the 32 5-bit quants of a Q5 block (`qh` high bits, `qs` nibbles) into `0..32`.
 #[inline(always)]
-fn unpack_q5(qh: &[u8], qs: &[u8]) -> [u8; QK] {
+pub(crate) fn unpack_q5(qh: &[u8], qs: &[u8]) -> [u8; QK] {
     let high = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
     let mut q = unpack_nibbles(qs);
     for (j, v) in q.iter_mut().enumerate() {

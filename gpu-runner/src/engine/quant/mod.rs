@@ -27,8 +27,9 @@ mod interleave;
 pub(crate) mod kquants;
 pub(crate) mod kquants_quantize;
 pub(crate) mod legacy;
+mod legacy_quantize;
 mod matmul;
-mod quantize;
+pub(crate) mod quantize;
 #[cfg(test)]
 pub(crate) mod tests;
 #[cfg(target_arch = "x86_64")]
@@ -59,7 +60,7 @@ pub enum QuantError {
         expected: usize,
         got: usize,
     },
-    #[error("no quantizer writes {0:?} (Q8_0, Q4_K and Q5_K)")]
+    #[error("{0:?} is not a block format: nothing quantizes to it")]
     NoQuantizer(GgmlType),
 }
 

@@ -1,23 +1,37 @@
-//! Quantizing a matrix's rows into block formats on the host: Q8_0 (ggml's reference
-//! rounding, near-lossless) and Q4_K / Q5_K (round to nearest, `kquants_quantize`). The CUDA
-//! backend stores float matrices this way at load (`--cuda-weights q8_0|q4_k`); tests build
-//! quantized models with it.
+//! Quantizing a matrix's rows into block formats on the host: Q8_0 and the legacy formats
+//! (ggml's reference rounding, `legacy_quantize`) and the K-quants (round to nearest,
+//! `kquants_quantize`). The CUDA backend stores float matrices this way at load
+//! (`--cuda-weights q8_0|q4_k`); tests build quantized models with it.
 
 use rayon::prelude::*;
 
-use super::kquants_quantize::quantize_q45_k;
+use super::kquants_quantize::{quantize_q45_k, quantize_q6_k};
 use super::legacy::quantize_q8_0;
+use super::legacy_quantize::{quantize_affine, quantize_symmetric};
 use super::{GgmlType, QMatrix, QuantError, TensorBytes};
 
+/// Appends the block that holds a block's worth of values.
+pub(crate) type BlockQuantizer = fn(&[f32], &mut Vec<u8>);
+
+/// The quantizer of every block format; none for the float types.
+pub(crate) fn block_quantizer(dtype: GgmlType) -> Option<BlockQuantizer> {
+    Some(match dtype {
+        GgmlType::Q4_0 => |x, out| quantize_symmetric(x, 4, out),
+        GgmlType::Q5_0 => |x, out| quantize_symmetric(x, 5, out),
+        GgmlType::Q4_1 => |x, out| quantize_affine(x, 4, out),
+        GgmlType::Q5_1 => |x, out| quantize_affine(x, 5, out),
+        GgmlType::Q8_0 => quantize_q8_0,
+        GgmlType::Q4K => |x, out| quantize_q45_k(x, false, out),
+        GgmlType::Q5K => |x, out| quantize_q45_k(x, true, out),
+        GgmlType::Q6K => quantize_q6_k,
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => return None,
+    })
+}
+
 impl QMatrix {
-    /// This matrix's rows (of any type) quantized to `dtype`: Q8_0, Q4_K or Q5_K.
+    /// This matrix's rows (of any type) quantized to the block format `dtype`.
     pub fn quantized(&self, dtype: GgmlType) -> Result<QMatrix, QuantError> {
-        let encode: fn(&[f32], &mut Vec<u8>) = match dtype {
-            GgmlType::Q8_0 => quantize_q8_0,
-            GgmlType::Q4K => |x, out| quantize_q45_k(x, false, out),
-            GgmlType::Q5K => |x, out| quantize_q45_k(x, true, out),
-            _ => return Err(QuantError::NoQuantizer(dtype)),
-        };
+        let encode = block_quantizer(dtype).ok_or(QuantError::NoQuantizer(dtype))?;
         let block = dtype.block_elems();
         let row_bytes = dtype.row_bytes(self.cols).ok_or(QuantError::PartialBlock {
             dtype,
@@ -109,12 +123,13 @@ mod tests {
     }
 
     #[test]
-    fn only_the_formats_with_a_quantizer_are_asked_for() {
+    fn only_block_formats_are_quantized_to_and_only_whole_blocks() {
         let m = QMatrix::from_f32(1, 32, &[0.5; 32]).expect("f32 matrix");
         assert!(matches!(
-            m.quantized(GgmlType::Q4_0),
-            Err(QuantError::NoQuantizer(GgmlType::Q4_0))
+            m.quantized(GgmlType::F16),
+            Err(QuantError::NoQuantizer(GgmlType::F16))
         ));
+        assert!(m.quantized(GgmlType::Q4_0).is_ok());
         assert!(matches!(
             m.quantized(GgmlType::Q4K),
             Err(QuantError::PartialBlock { .. })

@@ -35,7 +35,7 @@ pub(super) fn source_defines(name: &str) -> Vec<&'static str> {
 }
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 83] = [
+pub const NAMES: [&str; 88] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -108,9 +108,14 @@ pub const NAMES: [&str; 83] = [
     "gemv_q4_k",
     "gemv_q5_k",
     "gemv_q6_k",
+    "gemv_q4_0_x8",
+    "gemv_q4_1_x8",
+    "gemv_q5_0_x8",
+    "gemv_q5_1_x8",
+    "gemv_q8_0_x8",
     "gemv_q4_k_x8",
     "gemv_q5_k_x8",
-    "gemv_q8_0_x8",
+    "gemv_q6_k_x8",
     "dequant_q4_0",
     "dequant_q4_1",
     "dequant_q5_0",

@@ -60,21 +60,28 @@ __device__ __forceinline__ unsigned int spread_bits(unsigned int bits) {
     return ((bits & 0xF) * 0x00204081u) & 0x01010101u;
 }
 
-// The low and high nibbles of `word`'s four bytes, scaled: lo[i] = d0 · q + m0 for the low
-// nibble q of byte i, hi[i] = d1 · q + m1 for its high one, each q with its fifth bit (bit 4)
-// taken from the same byte of fifth_lo / fifth_hi (0 for 4-bit formats).
-__device__ __forceinline__ void nibbles_affine(unsigned int word, unsigned int fifth_lo,
-                                               unsigned int fifth_hi, float d0, float m0,
-                                               float d1, float m1, float* lo, float* hi) {
-    float flo[4], fhi[4];
-    u8x4_as_floats((word & 0x0F0F0F0Fu) | fifth_lo, flo);
-    u8x4_as_floats(((word >> 4) & 0x0F0F0F0Fu) | fifth_hi, fhi);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        lo[i] = d0 * flo[i] + m0;
-        hi[i] = d1 * fhi[i] + m1;
-    }
+// acc plus the products of 16 signed bytes (q's four words) with the 16 of qx, four pairs per
+// __dp4a: a chunk's quants times x staged as int8 (gemv_stage_x8).
+__device__ __forceinline__ int dot_s8x16(const unsigned int* q, uint4 qx, int acc) {
+    acc = __dp4a((int)q[0], (int)qx.x, acc);
+    acc = __dp4a((int)q[1], (int)qx.y, acc);
+    acc = __dp4a((int)q[2], (int)qx.z, acc);
+    return __dp4a((int)q[3], (int)qx.w, acc);
 }
+
+// A token row of x as gemv_stage_x8 stages a tile of TILE elements: its int8 values, each
+// group of 32's scale and each half-group of 16's sum (of the bf16 values).
+template <int TILE>
+struct StagedX8 {
+    const unsigned char* q;
+    const float *scales, *sums;
+    __device__ __forceinline__ explicit StagedX8(const uint4* x)
+        : q((const unsigned char*)x),
+          scales((const float*)(q + GEMV_X8_SCALES(TILE))),
+          sums((const float*)(q + GEMV_X8_SUMS(TILE))) {}
+    // The 16 int8 values from element `pos` (a multiple of 16).
+    __device__ __forceinline__ uint4 sixteen(int pos) const { return *(const uint4*)(q + pos); }
+};
 
 // 16 values as bf16, two 16-byte stores.
 __device__ __forceinline__ void store_bf16x16(bf16* o, const float* v) {
@@ -140,18 +147,32 @@ struct LegacyRows {
         }
         return r;
     }
-    __device__ __forceinline__ Chunk decode(const Raw& r, int) const {
-        float d = f16_to_f32((unsigned short)(r.d_m & 0xFFFF));
-        float m = HAS_MIN ? f16_to_f32((unsigned short)(r.d_m >> 16)) : (FIFTH ? -16.0f : -8.0f) * d;
+    // The block's scale and offset: value d·q + m.
+    __device__ __forceinline__ static void scale_min(const Raw& r, float* d, float* m) {
+        *d = f16_to_f32((unsigned short)(r.d_m & 0xFFFF));
+        *m = HAS_MIN ? f16_to_f32((unsigned short)(r.d_m >> 16)) : (FIFTH ? -16.0f : -8.0f) * *d;
+    }
+    // Word e (0..4) of the block's quants of elements [16·half, 16·half + 16): elements
+    // 16·half + 4e .. + 4, a byte each, 0..31 (the fifth bit from the block's 32).
+    __device__ __forceinline__ static unsigned int quants(const Raw& r, int e, int half) {
         unsigned int words[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+        unsigned int q = (words[e] >> (4 * half)) & 0x0F0F0F0Fu;
+        if constexpr (FIFTH) q |= spread_bits(r.high >> (16 * half + 4 * e)) << 4;
+        return q;
+    }
+    __device__ __forceinline__ Chunk decode(const Raw& r, int) const {
+        float d, m;
+        scale_min(r, &d, &m);
         Chunk ch;
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            unsigned int fifth_lo = FIFTH ? spread_bits(r.high >> (4 * e)) << 4 : 0;
-            unsigned int fifth_hi = FIFTH ? spread_bits(r.high >> (16 + 4 * e)) << 4 : 0;
-            nibbles_affine(words[e], fifth_lo, fifth_hi, d, m, d, m, ch.v + 4 * e,
-                           ch.v + 16 + 4 * e);
-        }
+        for (int half = 0; half < 2; half++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float f[4];
+                u8x4_as_floats(quants(r, e, half), f);
+#pragma unroll
+                for (int i = 0; i < 4; i++) ch.v[16 * half + 4 * e + i] = d * f[i] + m;
+            }
         return ch;
     }
     // The chunk's 32 products with x, in element order.
@@ -163,6 +184,43 @@ struct LegacyRows {
     }
     __device__ __forceinline__ void store(const Chunk& ch, bf16* out, int c) const {
         store_bf16x32(out + (size_t)c * 32, ch.v);
+    }
+};
+
+// The legacy formats' rows for dot products with x staged as int8 (gemv_stage_x8, a tile of
+// TILE_ELEMS): a block's 32 quants stay bytes, and its share of the dot is
+// d·sx·Σ q·qx (four pairs per __dp4a) + m·Σ x — llama.cpp's q4_0/q4_1/q5_0/q5_1 · q8_1
+// products (there m·Σ x is taken from the rounded x), where the bf16-x form converts every
+// weight and every x to a float.
+template <int FMT, int TILE_ELEMS>
+struct LegacyX8Rows : LegacyRows<FMT> {
+    using Base = LegacyRows<FMT>;
+    using Raw = typename Base::Raw;
+    static constexpr bool X_INT8 = true;
+    static constexpr int TILE = TILE_ELEMS;
+    struct Chunk {
+        unsigned int q[2][4];  // elements 0..16 and 16..32, a byte per quant
+        float d, m;
+    };
+    __device__ __forceinline__ LegacyX8Rows(const void* w, int m, int M, int K)
+        : Base(w, m, M, K) {}
+    __device__ __forceinline__ Chunk decode(const Raw& r, int) const {
+        Chunk ch;
+        Base::scale_min(r, &ch.d, &ch.m);
+#pragma unroll
+        for (int half = 0; half < 2; half++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) ch.q[half][e] = Base::quants(r, e, half);
+        return ch;
+    }
+    // The block's products with the staged x (chunk `at` of the tile: elements 32·at on).
+    __device__ __forceinline__ float dot(const Chunk& ch, const uint4* x, int at) const {
+        const StagedX8<TILE> sx(x);
+        int pos = 32 * at;
+        int dot = dot_s8x16(ch.q[1], sx.sixteen(pos + 16), dot_s8x16(ch.q[0], sx.sixteen(pos), 0));
+        // |dot| ≤ 32 · 31 · 127: exact as a float without the conversion unit.
+        return ch.d * sx.scales[at] * small_int_as_float(dot) +
+               ch.m * (sx.sums[2 * at] + sx.sums[2 * at + 1]);
     }
 };
 
@@ -298,21 +356,15 @@ struct KQuantX8Rows : KQuantRows<FMT> {
     }
     // The chunk's products with the staged x (chunk `at` of the tile).
     __device__ __forceinline__ float dot(const Chunk& ch, const uint4* x, int at) const {
-        const unsigned char* xb = (const unsigned char*)x;
-        const float* scales = (const float*)(xb + GEMV_X8_SCALES(TILE));
-        const float* sums = (const float*)(xb + GEMV_X8_SUMS(TILE));
+        const StagedX8<TILE> sx(x);
         float s = 0.0f;
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             int pos = at / 8 * 256 + Base::first(at) + 32 * half;  // its 16 elements' first
-            uint4 qx = *(const uint4*)(xb + pos);
-            int dot = __dp4a((int)ch.q[half][0], (int)qx.x, 0);
-            dot = __dp4a((int)ch.q[half][1], (int)qx.y, dot);
-            dot = __dp4a((int)ch.q[half][2], (int)qx.z, dot);
-            dot = __dp4a((int)ch.q[half][3], (int)qx.w, dot);
+            int dot = dot_s8x16(ch.q[half], sx.sixteen(pos), 0);
             // |dot| ≤ 16 · 31 · 127: exact as a float without the conversion unit.
-            s += ch.dg[half] * scales[pos / 32] * small_int_as_float(dot) -
-                 ch.mg[half] * sums[pos / 16];
+            s += ch.dg[half] * sx.scales[pos / 32] * small_int_as_float(dot) -
+                 ch.mg[half] * sx.sums[pos / 16];
         }
         return s;
     }
@@ -354,26 +406,33 @@ struct Q6KRows {
         r.d = __ldg(d + b);
         return r;
     }
-    __device__ __forceinline__ Chunk decode(const Raw& r, int c) const {
+    // Chunk c's d·scale of each quarter t: the half's scale a + 2·t.
+    __device__ __forceinline__ static void quarter_scales(const Raw& r, int c, float* dsc) {
         int a = c % 2;
         float d = f16_to_f32((unsigned short)r.d);
-        // Quarter t's scale: byte a + 2·t of the half's 8.
-        float dsc[4] = {d * small_int_as_float(s8_of(r.scales.x, a)),
-                        d * small_int_as_float(s8_of(r.scales.x, a + 2)),
-                        d * small_int_as_float(s8_of(r.scales.y, a)),
-                        d * small_int_as_float(s8_of(r.scales.y, a + 2))};
+        dsc[0] = d * small_int_as_float(s8_of(r.scales.x, a));
+        dsc[1] = d * small_int_as_float(s8_of(r.scales.x, a + 2));
+        dsc[2] = d * small_int_as_float(s8_of(r.scales.y, a));
+        dsc[3] = d * small_int_as_float(s8_of(r.scales.y, a + 2));
+    }
+    // Word e (0..4) of quarter t's 16 quants in the chunk: four values 0..63, a byte each.
+    __device__ __forceinline__ static unsigned int quants(const Raw& r, int e, int t) {
         unsigned int ql0[4] = {r.ql0.x, r.ql0.y, r.ql0.z, r.ql0.w};
         unsigned int ql1[4] = {r.ql1.x, r.ql1.y, r.ql1.z, r.ql1.w};
         unsigned int qh[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
+        unsigned int low = ((t % 2 ? ql1[e] : ql0[e]) >> (t / 2 * 4)) & 0x0F0F0F0Fu;
+        return low | ((qh[e] >> (2 * t)) & 0x03030303u) << 4;
+    }
+    __device__ __forceinline__ Chunk decode(const Raw& r, int c) const {
+        float dsc[4];
+        quarter_scales(r, c, dsc);
         Chunk ch;
 #pragma unroll
         for (int e = 0; e < 4; e++) {
 #pragma unroll
             for (int t = 0; t < 4; t++) {
-                unsigned int low = ((t % 2 ? ql1[e] : ql0[e]) >> (t / 2 * 4)) & 0x0F0F0F0Fu;
-                unsigned int q = low | ((qh[e] >> (2 * t)) & 0x03030303u) << 4;
                 float f[4];
-                u8x4_as_floats(q, f);
+                u8x4_as_floats(quants(r, e, t), f);
 #pragma unroll
                 for (int i = 0; i < 4; i++) ch.v[t][4 * e + i] = dsc[t] * (f[i] - 32.0f);
             }
@@ -397,6 +456,45 @@ struct Q6KRows {
         bf16* q0 = out + (size_t)(c / 4) * 256 + first(c);
 #pragma unroll
         for (int t = 0; t < 4; t++) store_bf16x16(q0 + 32 * t, ch.v[t]);
+    }
+};
+
+// Q6_K rows for dot products with x staged as int8 (gemv_stage_x8, a tile of TILE_ELEMS): a
+// chunk's quants stay bytes (0..63), and each quarter's share of the dot is
+// dsc·(sx·Σ q·qx − 32·Σ x) (four pairs per __dp4a; the offset on the exact sum of its 16 x):
+// a third of Q6KRows' registers for the chunk, no conversion of a weight or an x to a float.
+template <int TILE_ELEMS>
+struct Q6KX8Rows : Q6KRows {
+    static constexpr bool X_INT8 = true;
+    static constexpr int TILE = TILE_ELEMS;
+    struct Chunk {
+        unsigned int q[4][4];  // quarter t's 16 quants
+        float dsc[4];
+    };
+    __device__ __forceinline__ Q6KX8Rows(const void* w, int m, int M, int K)
+        : Q6KRows(w, m, M, K) {}
+    __device__ __forceinline__ Chunk decode(const Raw& r, int c) const {
+        Chunk ch;
+        quarter_scales(r, c, ch.dsc);
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) ch.q[t][e] = quants(r, e, t);
+        return ch;
+    }
+    // The chunk's products with the staged x, quarter by quarter (chunk `at` of the tile).
+    __device__ __forceinline__ float dot(const Chunk& ch, const uint4* x, int at) const {
+        const StagedX8<TILE> sx(x);
+        int q0 = at / 4 * 256 + first(at);
+        float s = 0.0f;
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            int pos = q0 + 32 * t;
+            // |dot| ≤ 16 · 63 · 127: exact as a float without the conversion unit.
+            float dot = small_int_as_float(dot_s8x16(ch.q[t], sx.sixteen(pos), 0));
+            s += ch.dsc[t] * (sx.scales[pos / 32] * dot - 32.0f * sx.sums[pos / 16]);
+        }
+        return s;
     }
 };
 
@@ -441,14 +539,20 @@ QUANT_KERNELS(q4_k, KQuantRows<FMT_Q4_K>, 2)
 QUANT_KERNELS(q5_k, KQuantRows<FMT_Q5_K>, 2)
 QUANT_KERNELS(q6_k, Q6KRows, 1)
 
-// The K-quant decode products with x staged as int8 (KQuantX8Rows): gemv_q4_k_x8, gemv_q5_k_x8.
-#define QUANT_GEMV_X8(name, FMT)                                                             \
+// The decode products with x staged as int8 (tiles of 2048, as the bf16-x forms above):
+// gemv_q4_0_x8 … gemv_q6_k_x8 (Q8_0's below, with its rows).
+#define QUANT_GEMV_X8(name, UNROLL, ...)                                                     \
     extern "C" __global__ void gemv_##name##_x8(const u8* w, const bf16* x, float* out, int M, \
                                                 int K, int n, int ldo) {                     \
-        gemv_rows<KQuantX8Rows<FMT, 2048>, 2>(w, x, out, M, K, n, ldo);                      \
+        gemv_rows<__VA_ARGS__, UNROLL>(w, x, out, M, K, n, ldo);                             \
     }
-QUANT_GEMV_X8(q4_k, FMT_Q4_K)
-QUANT_GEMV_X8(q5_k, FMT_Q5_K)
+QUANT_GEMV_X8(q4_0, 2, LegacyX8Rows<FMT_Q4_0, 2048>)
+QUANT_GEMV_X8(q4_1, 2, LegacyX8Rows<FMT_Q4_1, 2048>)
+QUANT_GEMV_X8(q5_0, 2, LegacyX8Rows<FMT_Q5_0, 2048>)
+QUANT_GEMV_X8(q5_1, 2, LegacyX8Rows<FMT_Q5_1, 2048>)
+QUANT_GEMV_X8(q4_k, 2, KQuantX8Rows<FMT_Q4_K, 2048>)
+QUANT_GEMV_X8(q5_k, 2, KQuantX8Rows<FMT_Q5_K, 2048>)
+QUANT_GEMV_X8(q6_k, 1, Q6KX8Rows<2048>)
 
 // Q8_0 (one group of 32 per block, value d·q), split on the device into the blocks' 32 int8
 // quants (so all M rows' quants, [M][K] row-major), then their f16 scales ([M][K / 32]). A
@@ -502,26 +606,20 @@ struct Q8_0X8Rows : Q8_0Rows {
     static constexpr bool X_INT8 = true;
     static constexpr int TILE = TILE_ELEMS;
     struct Chunk {
-        uint4 q;
+        unsigned int q[4];
         float d;
     };
     __device__ __forceinline__ Q8_0X8Rows(const void* w, int m, int M, int K)
         : Q8_0Rows(w, m, M, K) {}
     __device__ __forceinline__ Chunk decode(const Raw& r, int) const {
-        return Chunk{r.q, f16_to_f32(r.d)};
+        return Chunk{{r.q.x, r.q.y, r.q.z, r.q.w}, f16_to_f32(r.d)};
     }
     // The chunk's products with the staged x (chunk `at` of the tile: elements 16·at on).
     __device__ __forceinline__ float dot(const Chunk& c, const uint4* x, int at) const {
-        const unsigned char* xb = (const unsigned char*)x;
-        const float* scales = (const float*)(xb + GEMV_X8_SCALES(TILE));
-        int pos = 16 * at;
-        uint4 qx = *(const uint4*)(xb + pos);
-        int dot = __dp4a((int)c.q.x, (int)qx.x, 0);
-        dot = __dp4a((int)c.q.y, (int)qx.y, dot);
-        dot = __dp4a((int)c.q.z, (int)qx.z, dot);
-        dot = __dp4a((int)c.q.w, (int)qx.w, dot);
+        const StagedX8<TILE> sx(x);
+        int dot = dot_s8x16(c.q, sx.sixteen(16 * at), 0);
         // |dot| ≤ 16 · 128 · 127: exact as a float without the conversion unit.
-        return c.d * scales[pos / 32] * small_int_as_float(dot);
+        return c.d * sx.scales[at / 2] * small_int_as_float(dot);
     }
 };
 

@@ -101,17 +101,16 @@ impl DeviceMatrix {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuantKernels {
     pub gemv: &'static str,
-    /// Its decode product with x staged as int8, where the format has one (Q4_K, Q5_K,
-    /// Q8_0).
-    pub gemv_int8_x: Option<&'static str>,
+    /// Its decode product with x staged as int8.
+    pub gemv_int8_x: &'static str,
     pub dequant: &'static str,
 }
 
 impl QuantKernels {
-    /// The decode product that reads x as `x` says (bf16 where the format has no int8 form).
+    /// The decode product that reads x as `x` says.
     pub fn gemv_reading(&self, x: QuantX) -> &'static str {
         match x {
-            QuantX::Int8 => self.gemv_int8_x.unwrap_or(self.gemv),
+            QuantX::Int8 => self.gemv_int8_x,
             QuantX::Bf16 => self.gemv,
         }
     }
@@ -119,8 +118,8 @@ impl QuantKernels {
 
 /// How the decode products of quantized matrices read their input rows: as the bf16 rows
 /// they are (each weight's exact product), or rounded to int8 per group of 32 with integer
-/// dot products (Q4_K, Q5_K and Q8_0; about a fifth of the K-quants' instructions per
-/// weight, x's precision that of llama.cpp's quantized products). `FALLOW_CUDA_QUANT_X=int8`
+/// dot products (every format the kernels read; about a fifth of the K-quants' instructions
+/// per weight, x's precision that of llama.cpp's quantized products). `FALLOW_CUDA_QUANT_X=int8`
 /// chooses the second.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum QuantX {
@@ -144,21 +143,15 @@ impl QuantX {
 
 /// The kernels for a block format, if they read it.
 pub fn quant_kernels(dtype: GgmlType) -> Option<QuantKernels> {
-    let gemv_int8_x = match dtype {
-        GgmlType::Q4K => Some("gemv_q4_k_x8"),
-        GgmlType::Q5K => Some("gemv_q5_k_x8"),
-        GgmlType::Q8_0 => Some("gemv_q8_0_x8"),
-        _ => None,
-    };
-    let (gemv, dequant) = match dtype {
-        GgmlType::Q4_0 => ("gemv_q4_0", "dequant_q4_0"),
-        GgmlType::Q4_1 => ("gemv_q4_1", "dequant_q4_1"),
-        GgmlType::Q5_0 => ("gemv_q5_0", "dequant_q5_0"),
-        GgmlType::Q5_1 => ("gemv_q5_1", "dequant_q5_1"),
-        GgmlType::Q8_0 => ("gemv_q8_0", "dequant_q8_0"),
-        GgmlType::Q4K => ("gemv_q4_k", "dequant_q4_k"),
-        GgmlType::Q5K => ("gemv_q5_k", "dequant_q5_k"),
-        GgmlType::Q6K => ("gemv_q6_k", "dequant_q6_k"),
+    let (gemv, gemv_int8_x, dequant) = match dtype {
+        GgmlType::Q4_0 => ("gemv_q4_0", "gemv_q4_0_x8", "dequant_q4_0"),
+        GgmlType::Q4_1 => ("gemv_q4_1", "gemv_q4_1_x8", "dequant_q4_1"),
+        GgmlType::Q5_0 => ("gemv_q5_0", "gemv_q5_0_x8", "dequant_q5_0"),
+        GgmlType::Q5_1 => ("gemv_q5_1", "gemv_q5_1_x8", "dequant_q5_1"),
+        GgmlType::Q8_0 => ("gemv_q8_0", "gemv_q8_0_x8", "dequant_q8_0"),
+        GgmlType::Q4K => ("gemv_q4_k", "gemv_q4_k_x8", "dequant_q4_k"),
+        GgmlType::Q5K => ("gemv_q5_k", "gemv_q5_k_x8", "dequant_q5_k"),
+        GgmlType::Q6K => ("gemv_q6_k", "gemv_q6_k_x8", "dequant_q6_k"),
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => return None,
     };
     Some(QuantKernels {
@@ -419,29 +412,20 @@ mod tests {
     }
 
     #[test]
-    fn int8_x_takes_the_k_quants_and_q8_0s_integer_products_and_leaves_other_formats_on_bf16_x() {
+    fn int8_x_takes_every_formats_integer_product_and_bf16_x_its_float_one() {
         assert_eq!(QuantX::from_setting(None), Ok(QuantX::Bf16));
         assert_eq!(QuantX::from_setting(Some("int8")), Ok(QuantX::Int8));
         assert!(QuantX::from_setting(Some("int4")).is_err());
-        let kernels = |t| quant_kernels(t).expect("a device format");
-        assert_eq!(
-            kernels(GgmlType::Q4K).gemv_reading(QuantX::Int8),
-            "gemv_q4_k_x8"
-        );
-        assert_eq!(
-            kernels(GgmlType::Q5K).gemv_reading(QuantX::Int8),
-            "gemv_q5_k_x8"
-        );
-        assert_eq!(
-            kernels(GgmlType::Q8_0).gemv_reading(QuantX::Int8),
-            "gemv_q8_0_x8"
-        );
-        assert_eq!(
-            kernels(GgmlType::Q4K).gemv_reading(QuantX::Bf16),
-            "gemv_q4_k"
-        );
-        for t in [GgmlType::Q4_1, GgmlType::Q6K] {
-            assert_eq!(kernels(t).gemv_reading(QuantX::Int8), kernels(t).gemv);
+        for t in GgmlType::ALL {
+            let Some(kernels) = quant_kernels(t) else {
+                continue;
+            };
+            assert_eq!(kernels.gemv_reading(QuantX::Bf16), kernels.gemv, "{t:?}");
+            assert_eq!(
+                kernels.gemv_reading(QuantX::Int8),
+                format!("{}_x8", kernels.gemv),
+                "{t:?}"
+            );
         }
     }
 

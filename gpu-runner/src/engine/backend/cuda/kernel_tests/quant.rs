@@ -6,7 +6,8 @@ use super::runner::Runner;
 use super::{assert_close, from_bf16, to_bf16, Values};
 use crate::engine::backend::cuda::emulator::Arg;
 use crate::engine::backend::cuda::weights::{device_layout, quant_kernels};
-use crate::engine::quant::kquants::{scale_min_k4, unpack_q45k};
+use crate::engine::quant::kquants::{scale_min_k4, unpack_q45k, unpack_q6k};
+use crate::engine::quant::legacy::{unpack_nibbles, unpack_q5};
 use crate::engine::quant::tests::{raw_blocks, Rng};
 use crate::engine::quant::{GgmlType, QMatrix, TensorBytes};
 
@@ -142,35 +143,83 @@ fn int8_group(x: &[f32]) -> (f32, Vec<i32>) {
     (amax / 127.0, q)
 }
 
-/// Each group of 32 weights of row `r` of `m` (a format with an int8-x product) as the
-/// kernel applies it: (its first element, dg, mg, its 32 quants), the weights dg·q − mg.
-fn int8_x_groups(m: &QMatrix, r: usize) -> Vec<(usize, f64, f64, Vec<i64>)> {
+/// A group of weights as an int8-x product applies them: elements `first..first + q.len()`
+/// (16 or 32 of them, within one group of 32 of x), the weights dg·q − mg.
+struct Int8Group {
+    first: usize,
+    dg: f64,
+    mg: f64,
+    q: Vec<i64>,
+}
+
+/// The groups of row `r` of `m` as its int8-x product applies them.
+fn int8_x_groups(m: &QMatrix, r: usize) -> Vec<Int8Group> {
     let t = m.dtype;
     let row = &m.bytes()[r * m.row_bytes()..(r + 1) * m.row_bytes()];
-    let f16 = |b: &[u8]| f64::from(half::f16::from_le_bytes([b[0], b[1]]).to_f32());
+    let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let ints = |q: &[u8]| q.iter().map(|&v| i64::from(v)).collect::<Vec<_>>();
     let mut groups = Vec::new();
     for (b, block) in row.chunks_exact(t.block_bytes()).enumerate() {
-        if t == GgmlType::Q8_0 {
-            let q = block[2..34].iter().map(|&v| i64::from(v as i8)).collect();
-            groups.push((b * 32, f16(&block[0..2]), 0.0, q));
-            continue;
-        }
-        let (qh, qs) = match t {
-            GgmlType::Q4K => (None, &block[16..144]),
-            _ => (Some(&block[16..48]), &block[48..176]),
+        let at = b * t.block_elems();
+        let mut push = |first, dg: f32, mg: f32, q| {
+            groups.push(Int8Group {
+                first,
+                dg: dg.into(),
+                mg: mg.into(),
+                q,
+            })
         };
-        let q = unpack_q45k(qs, qh);
-        let (d, dmin) = (f16(&block[0..2]), f16(&block[2..4]));
-        for g in 0..8 {
-            let (sc, mn) = scale_min_k4(g, &block[4..16]);
-            // (The kernel's d·sc and dmin·min are f32 products.)
-            let dg = (d as f32 * sc as f32) as f64;
-            let mg = (dmin as f32 * mn as f32) as f64;
-            let q = q[g * 32..g * 32 + 32]
-                .iter()
-                .map(|&v| i64::from(v))
-                .collect();
-            groups.push((b * 256 + g * 32, dg, mg, q));
+        match t {
+            GgmlType::Q8_0 => {
+                let q = block[2..34].iter().map(|&v| i64::from(v as i8)).collect();
+                push(at, f16(&block[0..2]), 0.0, q);
+            }
+            // Value d·q + m, m = −8·d (Q4_0) or −16·d (Q5_0): mg = −m.
+            GgmlType::Q4_0 => {
+                let d = f16(&block[0..2]);
+                push(at, d, 8.0 * d, ints(&unpack_nibbles(&block[2..18])));
+            }
+            GgmlType::Q5_0 => {
+                let d = f16(&block[0..2]);
+                push(
+                    at,
+                    d,
+                    16.0 * d,
+                    ints(&unpack_q5(&block[2..6], &block[6..22])),
+                );
+            }
+            GgmlType::Q4_1 => {
+                let q = ints(&unpack_nibbles(&block[4..20]));
+                push(at, f16(&block[0..2]), -f16(&block[2..4]), q);
+            }
+            GgmlType::Q5_1 => {
+                let q = ints(&unpack_q5(&block[4..8], &block[8..24]));
+                push(at, f16(&block[0..2]), -f16(&block[2..4]), q);
+            }
+            GgmlType::Q4K | GgmlType::Q5K => {
+                let (qh, qs) = match t {
+                    GgmlType::Q4K => (None, &block[16..144]),
+                    _ => (Some(&block[16..48]), &block[48..176]),
+                };
+                let q = unpack_q45k(qs, qh);
+                let (d, dmin) = (f16(&block[0..2]), f16(&block[2..4]));
+                for g in 0..8 {
+                    let (sc, mn) = scale_min_k4(g, &block[4..16]);
+                    // (The kernel's d·sc and dmin·min are f32 products.)
+                    let (dg, mg) = (d * f32::from(sc), dmin * f32::from(mn));
+                    push(at + g * 32, dg, mg, ints(&q[g * 32..g * 32 + 32]));
+                }
+            }
+            GgmlType::Q6K => {
+                // Groups of 16, value d·sc·(q − 32) for the quants 0..64.
+                let q = unpack_q6k(block).map(|v| (i16::from(v) + 32) as u8);
+                let d = f16(&block[208..210]);
+                for g in 0..16 {
+                    let dg = d * f32::from(block[192 + g] as i8);
+                    push(at + g * 16, dg, 32.0 * dg, ints(&q[g * 16..g * 16 + 16]));
+                }
+            }
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("not a block format"),
         }
     }
     groups
@@ -182,14 +231,9 @@ fn gemv_with_int8_x_computes_the_integer_products_of_the_blocks_and_stays_near_t
     // As the GEMV test above: 19 rows written 27 apart, a tile of 2048 and a partial one.
     let (rows, cols, ldo) = (19usize, 2304usize, 27usize);
     let mut values = Values(78);
-    for (i, t) in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q8_0]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, t) in device_formats().enumerate() {
         let m = random_quantized(t, rows, cols, 120 + i as u64);
-        let kernel = quant_kernels(t)
-            .and_then(|k| k.gemv_int8_x)
-            .expect("an int8-x GEMV");
+        let kernel = quant_kernels(t).expect("a device format").gemv_int8_x;
         let mut blocks = device_layout(t, m.bytes()).into_owned();
         for n in [1usize, 3, 8] {
             let mut x = values.bf16s(n * cols);
@@ -200,13 +244,15 @@ fn gemv_with_int8_x_computes_the_integer_products_of_the_blocks_and_stays_near_t
                 let groups = int8_x_groups(&m, r);
                 for j in 0..n {
                     let xs: Vec<f32> = (0..cols).map(|k| from_bf16(x[j * cols + k])).collect();
-                    // The kernel's math in f64: per group dg·sx·Σ q·qx − mg·Σ x.
+                    // The kernel's math in f64: per group dg·sx·Σ q·qx − mg·Σ x, sx and qx
+                    // those of x's group of 32 that holds it.
                     let (mut want, mut size, mut rounding) = (0f64, 0f64, 0f64);
-                    for (first, dg, mg, q) in &groups {
-                        let group = &xs[*first..first + 32];
-                        let (sx, qx) = int8_group(group);
-                        let dot: i64 = q.iter().zip(&qx).map(|(&a, &b)| a * b as i64).sum();
-                        let sum: f64 = group.iter().map(|&v| v as f64).sum();
+                    for Int8Group { first, dg, mg, q } in &groups {
+                        let x_group = first / 32 * 32;
+                        let (sx, qx) = int8_group(&xs[x_group..x_group + 32]);
+                        let qx = &qx[first - x_group..];
+                        let dot: i64 = q.iter().zip(qx).map(|(&a, &b)| a * b as i64).sum();
+                        let sum: f64 = xs[*first..first + q.len()].iter().map(|&v| v as f64).sum();
                         want += dg * sx as f64 * dot as f64 - mg * sum;
                         size += (dg * sx as f64 * dot as f64).abs() + (mg * sum).abs();
                         // x's rounding: each product off by at most |dg·q| · sx / 2.
