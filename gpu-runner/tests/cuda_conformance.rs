@@ -749,29 +749,27 @@ fn follows_llama_cpp(
 
 #[test]
 fn the_default_model_decoding_its_q4_1_blocks_follows_llama_cpp_with_x_as_int8_and_as_bf16() {
-    // Decode steps of the default model's own Q4_1 (and Q8_0 head) blocks, on a GPU or with
-    // FALLOW_CUDA_EMULATOR=all: the int8-x products of QuantX::Int8 and, beside them, the
-    // bf16-x ones.
-    let Some(path) = default_model_path_on_gpu() else {
-        return;
-    };
-    let artifacts = model::open(&path).expect("model opens");
-    for x in [QuantX::Int8, QuantX::Bf16] {
-        decoding_follows_llama_cpp(&SMOLLM2, &artifacts, CudaWeights::Quantized, x);
-    }
+    // The default model's own Q4_1 (and Q8_0 head) blocks.
+    decoding_its_blocks_follows_llama_cpp_with_either_x(&SMOLLM2);
 }
 
 #[test]
 fn gemma_3_decoding_its_k_quant_blocks_follows_llama_cpp_with_x_as_int8_and_as_bf16() {
-    // Decode steps of a real K-quant model (its Q4_K_M file: Q4_K, Q5_0, Q6_K and Q8_0
-    // blocks), on a GPU or with FALLOW_CUDA_EMULATOR=all (minutes on the emulated driver):
-    // the int8-x products of QuantX::Int8 and, beside them, the bf16-x ones.
-    let Some(path) = model_path_on_gpu(&GEMMA3) else {
+    // A real K-quant model (its Q4_K_M file: Q4_K, Q5_0, Q6_K and Q8_0 blocks; minutes on the
+    // emulated driver).
+    decoding_its_blocks_follows_llama_cpp_with_either_x(&GEMMA3);
+}
+
+/// Decode steps of `reference`'s file, its blocks kept as stored, on a GPU or with
+/// FALLOW_CUDA_EMULATOR=all: the int8-x products of QuantX::Int8 and, beside them, the
+/// bf16-x ones.
+fn decoding_its_blocks_follows_llama_cpp_with_either_x(reference: &Reference) {
+    let Some(path) = model_path_on_gpu(reference) else {
         return;
     };
     let artifacts = model::open(&path).expect("model opens");
     for x in [QuantX::Int8, QuantX::Bf16] {
-        decoding_follows_llama_cpp(&GEMMA3, &artifacts, CudaWeights::Quantized, x);
+        decoding_follows_llama_cpp(reference, &artifacts, CudaWeights::Quantized, x);
     }
 }
 
@@ -1875,7 +1873,6 @@ fn quantized_decodes_reading_x_as_int8_stay_close_to_the_exact_math_of_their_blo
     if !gpu() {
         return;
     }
-    let vocab = wide_llama(|m| m).config.vocab_size;
     // Two ways the blocks come: quantized at load (the K-quant and Q8_0 storages), and as
     // a file's blocks kept as they are (the default model's Q4_1; Q6_K, beside Q4_K in every
     // Q4_K_M file).
@@ -1892,6 +1889,7 @@ fn quantized_decodes_reading_x_as_int8_stay_close_to_the_exact_math_of_their_blo
         (GgmlType::Q4_1, as_stored(GgmlType::Q4_1)),
         (GgmlType::Q6K, as_stored(GgmlType::Q6K)),
     ] {
+        let vocab = model.config.vocab_size;
         // The decodes' GEMVs round x to 8 bits per group of 32 (integer dot products); the
         // prompt's chunks expand the blocks for cuBLAS as before.
         let mut cpu = values_on_the_cpu(t);

@@ -1,8 +1,8 @@
 //! Encoding floats as Q4_K / Q5_K / Q6_K super-blocks (layouts in `kquants.rs`): round to
 //! nearest over each group's min/max range (Q6_K: its signed extreme), not llama.cpp's
-//! error-minimising search (files
-//! quantized by llama.cpp's tools keep their better blocks). `QMatrix::quantized` (quantize.rs)
-//! encodes rows with it; the tests build K-quant matrices with it.
+//! error-minimising search (files quantized by llama.cpp's tools keep their better blocks).
+//! `QMatrix::quantized` (quantize.rs) encodes rows with it; the tests build K-quant matrices
+//! with it.
 
 use half::f16;
 

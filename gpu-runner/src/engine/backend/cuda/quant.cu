@@ -83,6 +83,23 @@ struct StagedX8 {
     __device__ __forceinline__ uint4 sixteen(int pos) const { return *(const uint4*)(q + pos); }
 };
 
+// What a row type that takes x staged as int8 declares: that it does (StagesInt8), and the
+// tile whose staging it reads (gemv_rows checks it against its own).
+template <int TILE_ELEMS>
+struct ReadsX8 {
+    static constexpr bool X_INT8 = true;
+    static constexpr int TILE = TILE_ELEMS;
+};
+
+// A chunk's runs of 16 quants as N × 4 words, a byte per quant: word e of run t is quants(e, t).
+template <int N, class Quants>
+__device__ __forceinline__ void gather_quants(unsigned int (&q)[N][4], Quants quants) {
+#pragma unroll
+    for (int t = 0; t < N; t++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) q[t][e] = quants(e, t);
+}
+
 // 16 values as bf16, two 16-byte stores.
 __device__ __forceinline__ void store_bf16x16(bf16* o, const float* v) {
     ((uint4*)o)[0] = bf16x8(v);
@@ -193,11 +210,9 @@ struct LegacyRows {
 // products (there m·Σ x is taken from the rounded x), where the bf16-x form converts every
 // weight and every x to a float.
 template <int FMT, int TILE_ELEMS>
-struct LegacyX8Rows : LegacyRows<FMT> {
+struct LegacyX8Rows : LegacyRows<FMT>, ReadsX8<TILE_ELEMS> {
     using Base = LegacyRows<FMT>;
     using Raw = typename Base::Raw;
-    static constexpr bool X_INT8 = true;
-    static constexpr int TILE = TILE_ELEMS;
     struct Chunk {
         unsigned int q[2][4];  // elements 0..16 and 16..32, a byte per quant
         float d, m;
@@ -207,15 +222,12 @@ struct LegacyX8Rows : LegacyRows<FMT> {
     __device__ __forceinline__ Chunk decode(const Raw& r, int) const {
         Chunk ch;
         Base::scale_min(r, &ch.d, &ch.m);
-#pragma unroll
-        for (int half = 0; half < 2; half++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) ch.q[half][e] = Base::quants(r, e, half);
+        gather_quants(ch.q, [&](int e, int half) { return Base::quants(r, e, half); });
         return ch;
     }
     // The block's products with the staged x (chunk `at` of the tile: elements 32·at on).
     __device__ __forceinline__ float dot(const Chunk& ch, const uint4* x, int at) const {
-        const StagedX8<TILE> sx(x);
+        const StagedX8<TILE_ELEMS> sx(x);
         int pos = 32 * at;
         int dot = dot_s8x16(ch.q[1], sx.sixteen(pos + 16), dot_s8x16(ch.q[0], sx.sixteen(pos), 0));
         // |dot| ≤ 32 · 31 · 127: exact as a float without the conversion unit.
@@ -334,11 +346,9 @@ struct KQuantRows {
 // float), for x rounded to 8 bits per group as llama.cpp's quantized products do. TILE: the
 // GEMV's tile (where the staging keeps its scales and sums).
 template <int FMT, int TILE_ELEMS>
-struct KQuantX8Rows : KQuantRows<FMT> {
+struct KQuantX8Rows : KQuantRows<FMT>, ReadsX8<TILE_ELEMS> {
     using Base = KQuantRows<FMT>;
     using Raw = typename Base::Raw;
-    static constexpr bool X_INT8 = true;
-    static constexpr int TILE = TILE_ELEMS;
     struct Chunk {
         unsigned int q[2][4];  // groups 2p and 2p + 1: 16 quants each, a byte per quant
         float dg[2], mg[2];
@@ -348,15 +358,12 @@ struct KQuantX8Rows : KQuantRows<FMT> {
     __device__ __forceinline__ Chunk decode(const Raw& r, int c) const {
         Chunk ch;
         Base::group_scales(r, c, ch.dg, ch.mg);
-#pragma unroll
-        for (int half = 0; half < 2; half++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) ch.q[half][e] = Base::quants(r, c, e, half);
+        gather_quants(ch.q, [&](int e, int half) { return Base::quants(r, c, e, half); });
         return ch;
     }
     // The chunk's products with the staged x (chunk `at` of the tile).
     __device__ __forceinline__ float dot(const Chunk& ch, const uint4* x, int at) const {
-        const StagedX8<TILE> sx(x);
+        const StagedX8<TILE_ELEMS> sx(x);
         float s = 0.0f;
 #pragma unroll
         for (int half = 0; half < 2; half++) {
@@ -464,9 +471,7 @@ struct Q6KRows {
 // dsc·(sx·Σ q·qx − 32·Σ x) (four pairs per __dp4a; the offset on the exact sum of its 16 x):
 // a third of Q6KRows' registers for the chunk, no conversion of a weight or an x to a float.
 template <int TILE_ELEMS>
-struct Q6KX8Rows : Q6KRows {
-    static constexpr bool X_INT8 = true;
-    static constexpr int TILE = TILE_ELEMS;
+struct Q6KX8Rows : Q6KRows, ReadsX8<TILE_ELEMS> {
     struct Chunk {
         unsigned int q[4][4];  // quarter t's 16 quants
         float dsc[4];
@@ -476,15 +481,12 @@ struct Q6KX8Rows : Q6KRows {
     __device__ __forceinline__ Chunk decode(const Raw& r, int c) const {
         Chunk ch;
         quarter_scales(r, c, ch.dsc);
-#pragma unroll
-        for (int t = 0; t < 4; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) ch.q[t][e] = quants(r, e, t);
+        gather_quants(ch.q, [&](int e, int t) { return quants(r, e, t); });
         return ch;
     }
     // The chunk's products with the staged x, quarter by quarter (chunk `at` of the tile).
     __device__ __forceinline__ float dot(const Chunk& ch, const uint4* x, int at) const {
-        const StagedX8<TILE> sx(x);
+        const StagedX8<TILE_ELEMS> sx(x);
         int q0 = at / 4 * 256 + first(at);
         float s = 0.0f;
 #pragma unroll
@@ -602,9 +604,7 @@ extern "C" __global__ void gemv_q8_0(const u8* w, const bf16* x, float* out, int
 // scale (no offsets: Q8_0 is symmetric) — llama.cpp's q8_0 · q8_1 product, where the bf16-x
 // form converts every weight and every x to a float.
 template <int TILE_ELEMS>
-struct Q8_0X8Rows : Q8_0Rows {
-    static constexpr bool X_INT8 = true;
-    static constexpr int TILE = TILE_ELEMS;
+struct Q8_0X8Rows : Q8_0Rows, ReadsX8<TILE_ELEMS> {
     struct Chunk {
         unsigned int q[4];
         float d;
@@ -616,7 +616,7 @@ struct Q8_0X8Rows : Q8_0Rows {
     }
     // The chunk's products with the staged x (chunk `at` of the tile: elements 16·at on).
     __device__ __forceinline__ float dot(const Chunk& c, const uint4* x, int at) const {
-        const StagedX8<TILE> sx(x);
+        const StagedX8<TILE_ELEMS> sx(x);
         int dot = dot_s8x16(c.q, sx.sixteen(16 * at), 0);
         // |dot| ≤ 16 · 128 · 127: exact as a float without the conversion unit.
         return c.d * sx.scales[at / 2] * small_int_as_float(dot);
