@@ -235,7 +235,8 @@ def summary(args):
          "q8_0"),
         ("8B shape: bf16 vs Q4_K at load (f. vs f13.)", args.fallow_log, args.q4k_log, "bf16",
          "q4_k"),
-        ("8B shape, Q4_K at load: x read as bf16 vs rounded to int8 (f13. vs f14.)",
+        ("8B shape, Q4_K at load: x read as bf16 vs rounded to int8 (f13. vs f14.; at 64 the "
+         "blocks expanded for cuBLAS vs the int8 tensor-core products)",
          args.q4k_log, args.q4k_int8_log, "bf16 x", "q4_k int8 x"),
         ("8B shape, Q8_0 at load: x read as bf16 vs rounded to int8 (f4. vs f14.)",
          args.q8_log, args.q8_int8_log, "bf16 x", "q8_0 int8 x"),

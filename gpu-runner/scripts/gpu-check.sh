@@ -22,8 +22,8 @@
 #      f12: batch 1 and 8 with no decode-sized product given to cuBLAS, FALLOW_CUDA_GEMV_CUBLAS=0;
 #      f6: a 4096-token
 #      prompt's prefill, attention on tensor cores vs f32; f4: its matrices quantized to Q8_0
-#      at load; f13: to Q4_K at load, batch 1 and 8; f14: Q4_K and Q8_0 reading x as int8,
-#      FALLOW_CUDA_QUANT_X=int8; f2: without CUDA graphs)
+#      at load; f13: to Q4_K at load, batch 1, 8 and 64; f14: Q4_K and Q8_0 reading x as int8,
+#      FALLOW_CUDA_QUANT_X=int8, batch 64 on the int8 tensor cores; f2: without CUDA graphs)
 #   g. transformers generate() on it (hf_bench.py)
 #   h. a summary: Fallow vs transformers, and batch 1 against the bandwidth roofline
 #
@@ -444,16 +444,18 @@ main() {
       "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda --cuda-weights q8_0 \
       --concurrency 1,8,64 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
     # Quantized to Q4_K at load (0.28 of bf16's bytes): the K-quant GEMV (16-byte loads of
-    # super-blocks in the bf16 GEMV's loop) at decode sizes only.
-    run_step "f13. fallow bench engine, Q4_K weights" 120 "$WORK/fallow-bench-q4_k.log" \
+    # super-blocks in the bf16 GEMV's loop) at decode sizes; at 64 the blocks expanded to
+    # bf16 for cuBLAS.
+    run_step "f13. fallow bench engine, Q4_K weights" 150 "$WORK/fallow-bench-q4_k.log" \
       "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda --cuda-weights q4_k \
-      --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
-    # Q4_K and Q8_0 at load with the decode products reading x rounded to int8 per group of
-    # 32 (integer dot products: about a fifth of the instructions per weight of f13.'s; Q8_0's
-    # are pure __dp4a), against f13. and f4.
-    run_step "f14. fallow bench engine, Q4_K and Q8_0 weights, x as int8" 150 - \
+      --concurrency 1,8,64 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
+    # Q4_K and Q8_0 at load with the products reading x rounded to int8 per group of 32
+    # (integer dot products: about a fifth of the instructions per weight of f13.'s; Q8_0's
+    # are pure __dp4a), against f13. and f4.; at 64 the int8 tensor-core products (mmq.cu,
+    # ~0.56 bytes per Q4_K weight) against f13.'s and f4.'s expansion for cuBLAS (~4.6).
+    run_step "f14. fallow bench engine, Q4_K and Q8_0 weights, x as int8" 210 - \
       bash -c 'for s in q4_k q8_0; do FALLOW_CUDA_QUANT_X=int8 "$0" bench engine --model "$1" \
-        --device cuda --cuda-weights $s --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 \
+        --device cuda --cuda-weights $s --concurrency 1,8,64 --prompt-tokens 32 --gen-tokens 128 \
         --kv-cache-mib 8192 > "$2/fallow-bench-$s-int8.log" || exit; done' "$FALLOW" "$LLAMA_DIR" "$WORK"
     run_step "f2. fallow bench engine, no CUDA graphs" 120 "$WORK/fallow-bench-nographs.log" \
       env FALLOW_CUDA_GRAPHS=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \

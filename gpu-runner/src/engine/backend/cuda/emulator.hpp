@@ -126,7 +126,7 @@ inline std::vector<uint64_t> lanes;
 // reverse order (see `run`).
 inline unsigned block_threads = 0, live = 0;
 inline bool reverse_order = false;
-// Each thread's mma operands (A's 4 registers, then B's 2), for mma_bf16_16816.
+// Each thread's mma operands (A's 4 registers, then B's 2), for warp_mma.
 inline std::vector<uint32_t> mma_operands;
 // Which threads of the running block have called grid_dependency_sync (see kernels.cu).
 inline std::vector<uint8_t> synced;
@@ -278,11 +278,11 @@ inline float bf16_half(uint32_t word, unsigned high) {
     return f;
 }
 
-// One warp's m16n8k16 product, D += A·B, from every lane's fragments as the PTX ISA lays
-// them out (see mma_bf16_16816 in prefill_mma.cu): A[r][c] is in lane 4·(r % 8) + (c % 8) / 2,
-// register (r >= 8) + 2·(c >= 8), half c % 2; B[k][n] in lane 4·n + (k % 8) / 2, register
-// k >= 8, half k % 2; this lane's d[i] is D[g + 8·(i >= 2)][2q + i % 2] (lane 4g + q).
-inline void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2]) {
+// One warp's mma: every lane's fragments (A's 4 registers, B's 2) published, then each of this
+// lane's 4 results D[row][col] = product(all, row, col, C[row][col]) from all of them (`all`:
+// 6 words per lane), written back once every lane has read.
+template <class T, class Product>
+void warp_mma(T d[4], const unsigned a[4], const unsigned b[2], Product product) {
     unsigned warp = linear / 32, lane = linear % 32;
     whole_warp();
     uint32_t* mine = &mma_operands[linear * 6];
@@ -291,21 +291,42 @@ inline void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2])
     mine[5] = b[1];
     wait(warp_barriers[warp]);
     const uint32_t* all = &mma_operands[warp * 32 * 6];
-    unsigned g = lane / 4, q = lane % 4;
-    float out[4];
-    for (int i = 0; i < 4; i++) {
-        unsigned row = g + (i >= 2 ? 8 : 0), col = 2 * q + (i % 2);
-        float sum = d[i];
+    T out[4];
+    for (int i = 0; i < 4; i++)
+        out[i] = product(all, lane / 4 + (i >= 2 ? 8 : 0), 2 * (lane % 4) + (i % 2), d[i]);
+    wait(warp_barriers[warp]);
+    for (int i = 0; i < 4; i++) d[i] = out[i];
+}
+
+// One warp's m16n8k16 product, D += A·B, from every lane's fragments as the PTX ISA lays
+// them out (see mma_bf16_16816 in prefill_mma.cu): A[r][c] is in lane 4·(r % 8) + (c % 8) / 2,
+// register (r >= 8) + 2·(c >= 8), half c % 2; B[k][n] in lane 4·n + (k % 8) / 2, register
+// k >= 8, half k % 2; this lane's d[i] is D[g + 8·(i >= 2)][2q + i % 2] (lane 4g + q).
+inline void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2]) {
+    warp_mma(d, a, b, [](const uint32_t* all, unsigned row, unsigned col, float sum) {
         for (unsigned k = 0; k < 16; k++) {
             float x = bf16_half(all[(4 * (row % 8) + (k % 8) / 2) * 6 + (row >= 8) + 2 * (k >= 8)],
                                 k % 2);
             float y = bf16_half(all[(4 * col + (k % 8) / 2) * 6 + 4 + (k >= 8)], k % 2);
             sum += x * y;  // exact product; the hardware's summation order is its own
         }
-        out[i] = sum;
-    }
-    wait(warp_barriers[warp]);
-    for (int i = 0; i < 4; i++) d[i] = out[i];
+        return sum;
+    });
+}
+
+// One warp's m16n8k32 product of signed bytes, D += A·B in s32 (see mma_s8_16832 in
+// mmq.cu): A[r][c] is in lane 4·(r % 8) + (c % 16) / 4, register (r >= 8) + 2·(c >= 16), byte
+// c % 4; B[k][n] in lane 4·n + (k % 16) / 4, register k >= 16, byte k % 4; d as above.
+inline void mma_s8_16832(int d[4], const unsigned a[4], const unsigned b[2]) {
+    auto byte = [](uint32_t word, unsigned i) { return (int)(signed char)(word >> (8 * i)); };
+    warp_mma(d, a, b, [&](const uint32_t* all, unsigned row, unsigned col, int sum) {
+        for (unsigned k = 0; k < 32; k++) {
+            int x = byte(all[(4 * (row % 8) + (k % 16) / 4) * 6 + (row >= 8) + 2 * (k >= 16)], k % 4);
+            int y = byte(all[(4 * col + (k % 16) / 4) * 6 + 4 + (k >= 16)], k % 4);
+            sum += x * y;
+        }
+        return sum;
+    });
 }
 
 inline int run(dim3 grid, dim3 block, std::function<void()> body) {
@@ -444,6 +465,9 @@ inline void l2_prefetch(const void* p, unsigned int bytes) {
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::syncwarp(); }
 inline void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2]) {
     emu::mma_bf16_16816(d, a, b);
+}
+inline void mma_s8_16832(int d[4], const unsigned a[4], const unsigned b[2]) {
+    emu::mma_s8_16832(d, a, b);
 }
 
 template <class T>

@@ -3,7 +3,9 @@
 //! (a few token rows) run our own GEMV kernel, which streams each weight once at close to
 //! the memory bandwidth (in the instantiation timed fastest for the shape at load,
 //! [`super::gemv_tune`]); larger ones go through cuBLAS, and so do decode-sized ones that
-//! timing found cuBLAS clearly faster at.
+//! timing found cuBLAS clearly faster at. Quantized matrices: the block formats' GEMVs for
+//! decode-sized products, the int8 tensor-core products for up to 64 rows where x is read as
+//! int8 ([`super::mmq`]), else the blocks expanded to bf16 for cuBLAS.
 
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ use super::buffer::DeviceBuf;
 use super::gemv_tune::{GemvChoice, GemvPick, GemvVariant, DEFAULT_VARIANT, GEMV_VARIANTS};
 use super::l2_prefetch::L2Prefetch;
 use super::launch::{KernelArgs, Launcher};
+use super::mmq::{MmqSplit, MMQ_BLOCK_ROWS, MMQ_MAX_ROWS, MMQ_SUM_THREADS, MMQ_WARPS};
 use super::weights::{DeviceMatrix, QuantPart, QuantX, Storage};
 use super::CudaError;
 
@@ -33,7 +36,8 @@ pub struct Gemm {
     blas: CudaBlas,
     _workspace: DeviceBuf<u8>,
     /// Where a quantized matrix is expanded to bf16 for cuBLAS (sized at load for the
-    /// largest one: nothing is allocated while a CUDA graph is captured).
+    /// largest one: nothing is allocated while a CUDA graph is captured), and where the int8
+    /// tensor-core products, which expand nothing, keep their slices' partial sums.
     expanded: Option<DeviceBuf<u16>>,
     launcher: Launcher,
     gemv_max_rows: usize,
@@ -41,8 +45,10 @@ pub struct Gemm {
     pub(super) gemv_choice: GemvChoice,
     /// How much of its rows a bf16 GEMV asks L2 for before its early start waits.
     pub(super) l2_prefetch: L2Prefetch,
-    /// How the quantized matrices' decode products read x.
+    /// How the quantized matrices' products of up to 64 token rows read x.
     pub(super) quant_x: QuantX,
+    /// Blocks an int8 tensor-core product aims for ([`MmqSplit`]): a few per SM.
+    pub(super) mmq_blocks: usize,
 }
 
 impl Gemm {
@@ -71,6 +77,7 @@ impl Gemm {
             gemv_choice: GemvChoice::default(),
             l2_prefetch: L2Prefetch::default(),
             quant_x: QuantX::default(),
+            mmq_blocks: 264,
         })
     }
 
@@ -126,6 +133,9 @@ impl Gemm {
                 }
                 Ok(())
             }
+            Storage::Quantized(parts) if self.mmq_serves(parts, w.cols, n) => {
+                self.mmq(parts, w, x, n, out)
+            }
             Storage::Quantized(parts) => {
                 let expanded = self
                     .expanded
@@ -145,6 +155,106 @@ impl Gemm {
                 self.cublas(expanded.ptr(), w.rows, w.cols, x, n, out)
             }
         }
+    }
+
+    /// Whether the int8 tensor-core products (mmq.cu) serve `n` token rows through these
+    /// parts of `cols` inputs: x read as int8, a batch the GEMVs do not take and the
+    /// tensor-core tile does, every part's format with such a product.
+    fn mmq_serves(&self, parts: &[QuantPart], cols: usize, n: usize) -> bool {
+        self.quant_x == QuantX::Int8
+            && n <= MMQ_MAX_ROWS
+            && cols.is_multiple_of(32)
+            && parts.iter().all(|p| p.kernels.mmq.is_some())
+    }
+
+    /// `out[n, w.rows] = x · wᵀ` through the int8 tensor-core product of each part (where
+    /// [`Gemm::mmq_serves`]), split over K as [`MmqSplit`] plans with the expansion buffer
+    /// holding the slices' partial sums.
+    fn mmq(
+        &self,
+        parts: &[QuantPart],
+        w: &DeviceMatrix,
+        x: u64,
+        n: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let scratch = self.expanded.as_ref();
+        let room = scratch.map_or(0, |b| b.len() / 2);
+        let mut first_row = 0;
+        for part in parts {
+            let name = part.kernels.mmq.ok_or_else(|| {
+                CudaError::Failure(format!("{:?} has no int8 tensor-core product", part.dtype))
+            })?;
+            let part_out = out + (first_row * std::mem::size_of::<f32>()) as u64;
+            let split = MmqSplit::plan(part.rows, w.cols, n, self.mmq_blocks, room);
+            // One slice writes the output; several write their partial sums to the scratch.
+            let (dst, ldo, stride) = match scratch {
+                Some(buf) if split.scratch(part.rows, n) > 0 => {
+                    (buf.ptr(), part.rows, n * part.rows)
+                }
+                _ => (part_out, w.rows, 0),
+            };
+            let (m, k, rows, ldo) = (part.rows as i32, w.cols as i32, n as i32, ldo as i32);
+            let (slice_groups, stride) = (split.slice_groups as i32, stride as i64);
+            let weights = part.buf.ptr();
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    part.rows.div_ceil(MMQ_BLOCK_ROWS) as u32,
+                    split.slices as u32,
+                    1,
+                ),
+                block_dim: ((MMQ_WARPS * 32) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = KernelArgs::new();
+            b.arg(&weights)
+                .arg(&x)
+                .arg(&dst)
+                .arg(&m)
+                .arg(&k)
+                .arg(&rows)
+                .arg(&ldo)
+                .arg(&slice_groups)
+                .arg(&stride);
+            // SAFETY: the part holds `rows` whole-block rows of `cols` (cols % 32 == 0, checked
+            // by `mmq_serves`); `x` has n·cols bf16; `dst` has room for the slices' n rows
+            // (`out`'s, ldo = w.rows, or the scratch's, which `plan` fitted in `room`).
+            unsafe { self.launcher.launch(name, cfg, &mut b) }?;
+            if split.slices > 1 {
+                self.mmq_sum(dst, part_out, part.rows, n, w.rows, split.slices)?;
+            }
+            first_row += part.rows;
+        }
+        Ok(())
+    }
+
+    /// `out[j·ldo + m]` = the sum of the `slices` partial products at `parts` (slice, token
+    /// row, weight row), in slice order.
+    fn mmq_sum(
+        &self,
+        parts: u64,
+        out: u64,
+        rows: usize,
+        n: usize,
+        ldo: usize,
+        slices: usize,
+    ) -> Result<(), CudaError> {
+        let cfg = LaunchConfig {
+            grid_dim: ((rows * n).div_ceil(MMQ_SUM_THREADS) as u32, 1, 1),
+            block_dim: (MMQ_SUM_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (m, n, ldo, slices) = (rows as i32, n as i32, ldo as i32, slices as i32);
+        let mut b = KernelArgs::new();
+        b.arg(&parts)
+            .arg(&out)
+            .arg(&m)
+            .arg(&n)
+            .arg(&ldo)
+            .arg(&slices);
+        // SAFETY: `parts` holds slices·n·rows floats (written by the product just before);
+        // `out` has n rows `ldo` floats apart, `rows` of them from here.
+        unsafe { self.launcher.launch("mmq_sum", cfg, &mut b) }
     }
 
     /// Whether the product of `n` rows through `w` is one of our bf16 GEMVs (a decode-sized

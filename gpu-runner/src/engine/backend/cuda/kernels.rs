@@ -11,14 +11,15 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 
 /// The kernel source (also compiled by the PTX test on machines without a GPU): the step's
 /// row kernels and GEMV with the helpers all share, attention, the tensor-core GEMV, token
-/// picking, and the kernels that read GGUF block formats.
+/// picking, the kernels that read GGUF block formats, and their int8 tensor-core products.
 pub const SOURCE: &str = concat!(
     include_str!("kernels.cu"),
     include_str!("attention.cu"),
     include_str!("prefill_mma.cu"),
     include_str!("gemv_mma.cu"),
     include_str!("pick.cu"),
-    include_str!("quant.cu")
+    include_str!("quant.cu"),
+    include_str!("mmq.cu")
 );
 
 /// The values `#define NAME value` lines of [`SOURCE`] give `name` (tests check the constants
@@ -35,7 +36,7 @@ pub(super) fn source_defines(name: &str) -> Vec<&'static str> {
 }
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 88] = [
+pub const NAMES: [&str; 97] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -124,6 +125,15 @@ pub const NAMES: [&str; 88] = [
     "dequant_q4_k",
     "dequant_q5_k",
     "dequant_q6_k",
+    "mmq_q4_0",
+    "mmq_q4_1",
+    "mmq_q5_0",
+    "mmq_q5_1",
+    "mmq_q8_0",
+    "mmq_q4_k",
+    "mmq_q5_k",
+    "mmq_q6_k",
+    "mmq_sum",
 ];
 
 /// NVRTC's options besides the architecture.
@@ -570,6 +580,7 @@ mod tests {
         };
         use super::super::gemm::{EXPAND_THREADS, QUANT_GEMV_WARPS};
         use super::super::gemv_tune::{GEMV_VARIANTS, RESIDENT_BYTES};
+        use super::super::mmq::{MMQ_SUM_THREADS, MMQ_WARPS};
         use super::super::prefill::PrefillKernel;
         if let Some(v) = GEMV_VARIANTS
             .iter()
@@ -588,6 +599,8 @@ mod tests {
             _ if name.starts_with("paged_prefill_") => PrefillKernel::F32.threads(),
             _ if name.starts_with("gemv_q") => (QUANT_GEMV_WARPS * 32) as u32,
             _ if name.starts_with("dequant_") => EXPAND_THREADS as u32,
+            "mmq_sum" => MMQ_SUM_THREADS as u32,
+            _ if name.starts_with("mmq_") => (MMQ_WARPS * 32) as u32,
             _ => panic!("no launch shape known for kernel {name}: add it here"),
         };
         (threads, 0)

@@ -26,6 +26,7 @@ mod kernel_tests;
 pub mod kernels;
 mod l2_prefetch;
 mod launch;
+mod mmq;
 mod prefill;
 mod profile;
 mod step;
@@ -202,6 +203,7 @@ impl CudaBackend {
                 .max(0) as usize,
             std::env::var("FALLOW_CUDA_L2_PREFETCH").ok().as_deref(),
         );
+        gemm.mmq_blocks = mmq::MMQ_BLOCKS_PER_SM * sm_count;
         gemm.gemv_choice = gemv_choice(std::env::var("FALLOW_CUDA_GEMV").ok().as_deref())?;
         gemm.quant_x = QuantX::from_setting(std::env::var("FALLOW_CUDA_QUANT_X").ok().as_deref())
             .map_err(CudaError::Failure)?;

@@ -60,6 +60,12 @@ __device__ __forceinline__ unsigned int spread_bits(unsigned int bits) {
     return ((bits & 0xF) * 0x00204081u) & 0x01010101u;
 }
 
+// Word e (0..4) of `v`: with e known at compile time the word itself, else three selects (an
+// array indexed by a lane's value would live in local memory).
+__device__ __forceinline__ unsigned int word_of(uint4 v, int e) {
+    return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+}
+
 // acc plus the products of 16 signed bytes (q's four words) with the 16 of qx, four pairs per
 // __dp4a: a chunk's quants times x staged as int8 (gemv_stage_x8).
 __device__ __forceinline__ int dot_s8x16(const unsigned int* q, uint4 qx, int acc) {
@@ -172,8 +178,7 @@ struct LegacyRows {
     // Word e (0..4) of the block's quants of elements [16·half, 16·half + 16): elements
     // 16·half + 4e .. + 4, a byte each, 0..31 (the fifth bit from the block's 32).
     __device__ __forceinline__ static unsigned int quants(const Raw& r, int e, int half) {
-        unsigned int words[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
-        unsigned int q = (words[e] >> (4 * half)) & 0x0F0F0F0Fu;
+        unsigned int q = (word_of(r.q, e) >> (4 * half)) & 0x0F0F0F0Fu;
         if constexpr (FIFTH) q |= spread_bits(r.high >> (16 * half + 4 * e)) << 4;
         return q;
     }
@@ -299,10 +304,8 @@ struct KQuantRows {
     // Word e of the chunk's quants of group 2p (half 0) or 2p + 1 (half 1): four values
     // 0..31, a byte each (Q5_K's fifth bit from the same byte of qh).
     __device__ __forceinline__ static unsigned int quants(const Raw& r, int c, int e, int half) {
-        unsigned int low[4] = {r.low.x, r.low.y, r.low.z, r.low.w};
-        unsigned int high[4] = {r.high.x, r.high.y, r.high.z, r.high.w};
-        unsigned int q = (low[e] >> (4 * half)) & 0x0F0F0F0Fu;
-        if constexpr (Q5) q |= ((high[e] >> (c % 8 / 2 * 2 + half)) & 0x01010101u) << 4;
+        unsigned int q = (word_of(r.low, e) >> (4 * half)) & 0x0F0F0F0Fu;
+        if constexpr (Q5) q |= ((word_of(r.high, e) >> (c % 8 / 2 * 2 + half)) & 0x01010101u) << 4;
         return q;
     }
     __device__ __forceinline__ Chunk decode(const Raw& r, int c) const {
@@ -424,11 +427,8 @@ struct Q6KRows {
     }
     // Word e (0..4) of quarter t's 16 quants in the chunk: four values 0..63, a byte each.
     __device__ __forceinline__ static unsigned int quants(const Raw& r, int e, int t) {
-        unsigned int ql0[4] = {r.ql0.x, r.ql0.y, r.ql0.z, r.ql0.w};
-        unsigned int ql1[4] = {r.ql1.x, r.ql1.y, r.ql1.z, r.ql1.w};
-        unsigned int qh[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
-        unsigned int low = ((t % 2 ? ql1[e] : ql0[e]) >> (t / 2 * 4)) & 0x0F0F0F0Fu;
-        return low | ((qh[e] >> (2 * t)) & 0x03030303u) << 4;
+        unsigned int low = (word_of(t % 2 ? r.ql1 : r.ql0, e) >> (t / 2 * 4)) & 0x0F0F0F0Fu;
+        return low | ((word_of(r.qh, e) >> (2 * t)) & 0x03030303u) << 4;
     }
     __device__ __forceinline__ Chunk decode(const Raw& r, int c) const {
         float dsc[4];

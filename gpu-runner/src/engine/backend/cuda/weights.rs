@@ -104,6 +104,8 @@ pub struct QuantKernels {
     /// Its decode product with x staged as int8.
     pub gemv_int8_x: &'static str,
     pub dequant: &'static str,
+    /// Its int8 tensor-core product of larger batches with x as int8 (mmq.cu).
+    pub mmq: Option<&'static str>,
 }
 
 impl QuantKernels {
@@ -120,7 +122,9 @@ impl QuantKernels {
 /// they are (each weight's exact product), or rounded to int8 per group of 32 with integer
 /// dot products (every format the kernels read; about a fifth of the K-quants' instructions
 /// per weight, x's precision that of llama.cpp's quantized products). `FALLOW_CUDA_QUANT_X=int8`
-/// chooses the second.
+/// chooses the second, which also gives the batches past the GEMVs' (up to 64 token rows,
+/// prompt chunks included) the int8 tensor-core products (mmq.cu) of every format, where
+/// bf16 x expands the blocks for cuBLAS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum QuantX {
     #[default]
@@ -143,21 +147,62 @@ impl QuantX {
 
 /// The kernels for a block format, if they read it.
 pub fn quant_kernels(dtype: GgmlType) -> Option<QuantKernels> {
-    let (gemv, gemv_int8_x, dequant) = match dtype {
-        GgmlType::Q4_0 => ("gemv_q4_0", "gemv_q4_0_x8", "dequant_q4_0"),
-        GgmlType::Q4_1 => ("gemv_q4_1", "gemv_q4_1_x8", "dequant_q4_1"),
-        GgmlType::Q5_0 => ("gemv_q5_0", "gemv_q5_0_x8", "dequant_q5_0"),
-        GgmlType::Q5_1 => ("gemv_q5_1", "gemv_q5_1_x8", "dequant_q5_1"),
-        GgmlType::Q8_0 => ("gemv_q8_0", "gemv_q8_0_x8", "dequant_q8_0"),
-        GgmlType::Q4K => ("gemv_q4_k", "gemv_q4_k_x8", "dequant_q4_k"),
-        GgmlType::Q5K => ("gemv_q5_k", "gemv_q5_k_x8", "dequant_q5_k"),
-        GgmlType::Q6K => ("gemv_q6_k", "gemv_q6_k_x8", "dequant_q6_k"),
+    let (gemv, gemv_int8_x, dequant, mmq) = match dtype {
+        GgmlType::Q4_0 => (
+            "gemv_q4_0",
+            "gemv_q4_0_x8",
+            "dequant_q4_0",
+            Some("mmq_q4_0"),
+        ),
+        GgmlType::Q4_1 => (
+            "gemv_q4_1",
+            "gemv_q4_1_x8",
+            "dequant_q4_1",
+            Some("mmq_q4_1"),
+        ),
+        GgmlType::Q5_0 => (
+            "gemv_q5_0",
+            "gemv_q5_0_x8",
+            "dequant_q5_0",
+            Some("mmq_q5_0"),
+        ),
+        GgmlType::Q5_1 => (
+            "gemv_q5_1",
+            "gemv_q5_1_x8",
+            "dequant_q5_1",
+            Some("mmq_q5_1"),
+        ),
+        GgmlType::Q8_0 => (
+            "gemv_q8_0",
+            "gemv_q8_0_x8",
+            "dequant_q8_0",
+            Some("mmq_q8_0"),
+        ),
+        GgmlType::Q4K => (
+            "gemv_q4_k",
+            "gemv_q4_k_x8",
+            "dequant_q4_k",
+            Some("mmq_q4_k"),
+        ),
+        GgmlType::Q5K => (
+            "gemv_q5_k",
+            "gemv_q5_k_x8",
+            "dequant_q5_k",
+            Some("mmq_q5_k"),
+        ),
+        GgmlType::Q6K => (
+            "gemv_q6_k",
+            "gemv_q6_k_x8",
+            "dequant_q6_k",
+            Some("mmq_q6_k"),
+        ),
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => return None,
     };
     Some(QuantKernels {
         gemv,
         gemv_int8_x,
         dequant,
+        mmq,
     })
 }
 

@@ -1,10 +1,13 @@
-//! The block-format kernels (quant.cu): expansion to bf16 and the dequantizing GEMV of every
-//! format, in the layout the device keeps it (`device_layout`), against the host's
-//! dequantisation.
+//! The block-format kernels (quant.cu, mmq.cu): expansion to bf16, the dequantizing GEMV of
+//! every format and their int8 tensor-core products, in the layout the device keeps it
+//! (`device_layout`), against the host's dequantisation.
 
 use super::runner::Runner;
 use super::{assert_close, from_bf16, to_bf16, Values};
 use crate::engine::backend::cuda::emulator::Arg;
+use crate::engine::backend::cuda::mmq::{
+    MmqSplit, MMQ_BLOCK_ROWS, MMQ_MAX_ROWS, MMQ_SUM_THREADS, MMQ_WARPS,
+};
 use crate::engine::backend::cuda::weights::{device_layout, quant_kernels};
 use crate::engine::quant::kquants::{scale_min_k4, unpack_q45k, unpack_q6k};
 use crate::engine::quant::legacy::{unpack_nibbles, unpack_q5};
@@ -63,33 +66,39 @@ fn quantized_blocks_expand_on_the_device_as_the_host_dequantizes_them() {
     }
 }
 
-/// Launches a block format's decode product `kernel` over the `(rows, cols)` matrix in
-/// `blocks` and n bf16 rows of x, as the backend does (8 rows of the matrix per block of
-/// 256 threads); the output, rows `ldo` apart, NaN where the kernel does not write.
-fn gemv(
-    emu: &Runner,
-    kernel: &str,
-    blocks: &mut [u8],
-    x: &mut [u16],
-    (rows, cols): (usize, usize),
+/// One block-format product's operands: the `shape` (rows, cols) matrix's blocks, n bf16
+/// rows of x, and the output's row stride.
+struct Product<'a> {
+    blocks: &'a mut [u8],
+    x: &'a mut [u16],
+    shape: (usize, usize),
     n: usize,
     ldo: usize,
-) -> Vec<f32> {
-    let mut out = vec![f32::NAN; n * ldo];
-    emu.launch(
-        kernel,
-        (rows.div_ceil(8) as u32, 1, 1),
-        256,
-        &[
-            Arg::buf(blocks),
-            Arg::buf(x),
-            Arg::buf(&mut out),
-            Arg::I32(rows as i32),
-            Arg::I32(cols as i32),
-            Arg::I32(n as i32),
+}
+
+impl Product<'_> {
+    /// The arguments every block-format product starts with, writing to `out` with rows
+    /// `ldo` apart.
+    fn args(&mut self, out: Arg, ldo: usize) -> Vec<Arg> {
+        vec![
+            Arg::buf(self.blocks),
+            Arg::buf(self.x),
+            out,
+            Arg::I32(self.shape.0 as i32),
+            Arg::I32(self.shape.1 as i32),
+            Arg::I32(self.n as i32),
             Arg::I32(ldo as i32),
-        ],
-    );
+        ]
+    }
+}
+
+/// Launches a block format's decode product `kernel`, as the backend does (8 rows of the
+/// matrix per block of 256 threads); the output, rows `ldo` apart, NaN where the kernel does
+/// not write.
+fn gemv(emu: &Runner, kernel: &str, mut p: Product) -> Vec<f32> {
+    let mut out = vec![f32::NAN; p.n * p.ldo];
+    let args = p.args(Arg::buf(&mut out), p.ldo);
+    emu.launch(kernel, (p.shape.0.div_ceil(8) as u32, 1, 1), 256, &args);
     out
 }
 
@@ -107,7 +116,17 @@ fn quantized_gemv_matches_a_product_with_the_host_dequantized_rows() {
         let mut blocks = device_layout(t, m.bytes()).into_owned();
         for n in [1usize, 3, 8] {
             let mut x = values.bf16s(n * cols);
-            let out = gemv(emu, kernels.gemv, &mut blocks, &mut x, (rows, cols), n, ldo);
+            let out = gemv(
+                emu,
+                kernels.gemv,
+                Product {
+                    blocks: &mut blocks,
+                    x: &mut x,
+                    shape: (rows, cols),
+                    n,
+                    ldo,
+                },
+            );
             let mut w = vec![0f32; cols];
             for r in 0..rows {
                 m.dequantize_row(r, &mut w);
@@ -225,6 +244,50 @@ fn int8_x_groups(m: &QMatrix, r: usize) -> Vec<Int8Group> {
     groups
 }
 
+/// Checks `out` (n rows `ldo` apart) against `m` times the n bf16 rows of `x` with x rounded
+/// to int8 per group of 32, as the int8-x products compute it (the integer dots exact, the
+/// rest in f32), and within x's rounding of the exact product; columns past the matrix's
+/// rows left alone.
+fn assert_int8_x_product(what: &str, m: &QMatrix, x: &[u16], n: usize, out: &[f32], ldo: usize) {
+    let (rows, cols) = (m.rows, m.cols);
+    let mut w = vec![0f32; cols];
+    for r in 0..rows {
+        m.dequantize_row(r, &mut w);
+        let groups = int8_x_groups(m, r);
+        for j in 0..n {
+            let xs: Vec<f32> = (0..cols).map(|k| from_bf16(x[j * cols + k])).collect();
+            // The kernel's math in f64: per group dg·sx·Σ q·qx − mg·Σ x, sx and qx those of
+            // x's group of 32 that holds it.
+            let (mut want, mut size, mut rounding) = (0f64, 0f64, 0f64);
+            for Int8Group { first, dg, mg, q } in &groups {
+                let x_group = first / 32 * 32;
+                let (sx, qx) = int8_group(&xs[x_group..x_group + 32]);
+                let qx = &qx[first - x_group..];
+                let dot: i64 = q.iter().zip(qx).map(|(&a, &b)| a * b as i64).sum();
+                let sum: f64 = xs[*first..first + q.len()].iter().map(|&v| v as f64).sum();
+                want += dg * sx as f64 * dot as f64 - mg * sum;
+                size += (dg * sx as f64 * dot as f64).abs() + (mg * sum).abs();
+                // x's rounding: each product off by at most |dg·q| · sx / 2.
+                rounding += q
+                    .iter()
+                    .map(|&v| (dg * v as f64).abs() * sx as f64 / 2.0)
+                    .sum::<f64>();
+            }
+            let got = out[j * ldo + r] as f64;
+            assert!(
+                (got - want).abs() <= 1e-5 * size + 1e-6,
+                "{what}: out[{j}, {r}] = {got}, want {want}"
+            );
+            let exact: f64 = (0..cols).map(|k| w[k] as f64 * xs[k] as f64).sum();
+            assert!(
+                (got - exact).abs() <= rounding + 1e-5 * size + 1e-6,
+                "{what}: int8 x moved out[{j}, {r}] from {exact} to {got} (bound {rounding})"
+            );
+        }
+    }
+    assert!(out[..ldo].iter().skip(rows).all(|v| v.is_nan()), "{what}");
+}
+
 #[test]
 fn gemv_with_int8_x_computes_the_integer_products_of_the_blocks_and_stays_near_the_exact_one() {
     let Some(emu) = Runner::get() else { return };
@@ -237,43 +300,98 @@ fn gemv_with_int8_x_computes_the_integer_products_of_the_blocks_and_stays_near_t
         let mut blocks = device_layout(t, m.bytes()).into_owned();
         for n in [1usize, 3, 8] {
             let mut x = values.bf16s(n * cols);
-            let out = gemv(emu, kernel, &mut blocks, &mut x, (rows, cols), n, ldo);
-            let mut w = vec![0f32; cols];
-            for r in 0..rows {
-                m.dequantize_row(r, &mut w);
-                let groups = int8_x_groups(&m, r);
-                for j in 0..n {
-                    let xs: Vec<f32> = (0..cols).map(|k| from_bf16(x[j * cols + k])).collect();
-                    // The kernel's math in f64: per group dg·sx·Σ q·qx − mg·Σ x, sx and qx
-                    // those of x's group of 32 that holds it.
-                    let (mut want, mut size, mut rounding) = (0f64, 0f64, 0f64);
-                    for Int8Group { first, dg, mg, q } in &groups {
-                        let x_group = first / 32 * 32;
-                        let (sx, qx) = int8_group(&xs[x_group..x_group + 32]);
-                        let qx = &qx[first - x_group..];
-                        let dot: i64 = q.iter().zip(qx).map(|(&a, &b)| a * b as i64).sum();
-                        let sum: f64 = xs[*first..first + q.len()].iter().map(|&v| v as f64).sum();
-                        want += dg * sx as f64 * dot as f64 - mg * sum;
-                        size += (dg * sx as f64 * dot as f64).abs() + (mg * sum).abs();
-                        // x's rounding: each product off by at most |dg·q| · sx / 2.
-                        rounding += q
-                            .iter()
-                            .map(|&v| (dg * v as f64).abs() * sx as f64 / 2.0)
-                            .sum::<f64>();
-                    }
-                    let got = out[j * ldo + r] as f64;
-                    assert!(
-                        (got - want).abs() <= 1e-5 * size + 1e-6,
-                        "{t:?}, {n} rows: out[{j}, {r}] = {got}, want {want}"
-                    );
-                    let exact: f64 = (0..cols).map(|k| w[k] as f64 * xs[k] as f64).sum();
-                    assert!(
-                        (got - exact).abs() <= rounding + 1e-5 * size + 1e-6,
-                        "{t:?}: int8 x moved out[{j}, {r}] from {exact} to {got} (bound {rounding})"
-                    );
-                }
+            let out = gemv(
+                emu,
+                kernel,
+                Product {
+                    blocks: &mut blocks,
+                    x: &mut x,
+                    shape: (rows, cols),
+                    n,
+                    ldo,
+                },
+            );
+            assert_int8_x_product(&format!("{t:?}, {n} rows"), &m, &x, n, &out, ldo);
+        }
+    }
+}
+
+/// Launches a block format's int8 tensor-core product `kernel` (mmq.cu), split over K as
+/// `split` says, as the backend does: one slice straight into the output, several through
+/// partial sums and `mmq_sum`; the output, rows `ldo` apart, NaN where the kernels do not
+/// write.
+fn mmq(emu: &Runner, kernel: &str, mut p: Product, split: MmqSplit) -> Vec<f32> {
+    let ((rows, _), n, ldo) = (p.shape, p.n, p.ldo);
+    let mut out = vec![f32::NAN; n * ldo];
+    let mut parts = vec![f32::NAN; split.scratch(rows, n)];
+    let sliced = split.slices > 1;
+    let mut args = if sliced {
+        p.args(Arg::buf(&mut parts), rows)
+    } else {
+        p.args(Arg::buf(&mut out), ldo)
+    };
+    args.push(Arg::I32(split.slice_groups as i32));
+    args.push(Arg::I64(if sliced { (n * rows) as i64 } else { 0 }));
+    let grid = (rows.div_ceil(MMQ_BLOCK_ROWS) as u32, split.slices as u32, 1);
+    emu.launch(kernel, grid, (MMQ_WARPS * 32) as u32, &args);
+    if sliced {
+        assert!(
+            parts.iter().all(|v| !v.is_nan()),
+            "every partial sum written"
+        );
+        emu.launch(
+            "mmq_sum",
+            ((rows * n).div_ceil(MMQ_SUM_THREADS) as u32, 1, 1),
+            MMQ_SUM_THREADS as u32,
+            &[
+                Arg::buf(&mut parts),
+                Arg::buf(&mut out),
+                Arg::I32(rows as i32),
+                Arg::I32(n as i32),
+                Arg::I32(ldo as i32),
+                Arg::I32(split.slices as i32),
+            ],
+        );
+    }
+    out
+}
+
+#[test]
+fn tensor_core_products_with_int8_x_compute_the_int8_x_gemvs_integer_products_in_one_slice_or_several(
+) {
+    let Some(emu) = Runner::get() else { return };
+    // 150 rows: two blocks of 128, the second's last tiles partly past the matrix; written
+    // 157 apart. 2304 inputs (9 stages of 256), and 2336 for the formats of 32 (a partial
+    // stage); split into 3 slices (of 4 stages, the last shorter) or kept whole.
+    let (rows, ldo) = (150usize, 157usize);
+    let mut values = Values(79);
+    for (i, t) in device_formats().enumerate() {
+        let Some(kernel) = quant_kernels(t).expect("a device format").mmq else {
+            continue;
+        };
+        let cols = if t.block_elems() == 256 { 2304 } else { 2336 };
+        let m = random_quantized(t, rows, cols, 150 + i as u64);
+        let mut blocks = device_layout(t, m.bytes()).into_owned();
+        for n in [9usize, 24, MMQ_MAX_ROWS] {
+            let mut x = values.bf16s(n * cols);
+            let whole = MmqSplit {
+                slices: 1,
+                slice_groups: cols / 32,
+            };
+            let sliced = MmqSplit::plan(rows, cols, n, 6, usize::MAX);
+            assert_eq!(sliced.slices, 3);
+            for split in [whole, sliced] {
+                let operands = Product {
+                    blocks: &mut blocks,
+                    x: &mut x,
+                    shape: (rows, cols),
+                    n,
+                    ldo,
+                };
+                let out = mmq(emu, kernel, operands, split);
+                let what = format!("{t:?}, {n} rows, {} slices", split.slices);
+                assert_int8_x_product(&what, &m, &x, n, &out, ldo);
             }
-            assert!(out[..ldo].iter().skip(rows).all(|v| v.is_nan()), "{t:?}");
         }
     }
 }
