@@ -645,7 +645,8 @@ fn decoding_follows_llama_cpp(
         artifacts.config.vocab_size,
         |case| {
             let mut cuda = cuda_with(artifacts, storage);
-            cuda.set_quant_x(x);
+            cuda.set_quant_x(x).expect("x as asked");
+            assert_eq!(cuda.mmq_formats_rejected(), [], "{what}");
             let len = case.prompt_ids.len() + STEPS;
             let blocks = table(0, len);
             let mut rows = cuda
@@ -1898,7 +1899,9 @@ fn quantized_products_reading_x_as_int8_stay_close_to_the_exact_math_of_their_bl
         // 14 tokens.
         let mut cpu = values_on_the_cpu(t);
         let mut cuda = cuda_with(&model, storage);
-        cuda.set_quant_x(QuantX::Int8);
+        cuda.set_quant_x(QuantX::Int8).expect("int8 x");
+        // Every format's tensor-core product agreed with its expansion on this device.
+        assert_eq!(cuda.mmq_formats_rejected(), [], "{t:?}");
         let worst = chunked_prefill_then_decodes_diff(&mut cpu, &mut cuda, vocab);
         eprintln!(
             "{t:?} ({storage:?}), x as int8, vs the exact math of its blocks: max relative |Δ| \
@@ -1912,7 +1915,7 @@ fn quantized_products_reading_x_as_int8_stay_close_to_the_exact_math_of_their_bl
             let decodes = |setup: fn(&mut CudaBackend)| {
                 teacher_forced_decodes_after(&model, storage, setup, sequences, steps).0
             };
-            let with_int8 = decodes(|c| c.set_quant_x(QuantX::Int8));
+            let with_int8 = decodes(|c| c.set_quant_x(QuantX::Int8).expect("int8 x"));
             let diff = relative_diff(&with_int8, &decodes(|_| {}), vocab);
             eprintln!(
                 "{t:?}: decode logits of {sequences} sequences, x as int8 vs bf16: max \

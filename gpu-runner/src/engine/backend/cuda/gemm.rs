@@ -20,6 +20,7 @@ use super::launch::{KernelArgs, Launcher};
 use super::mmq::{MmqSplit, MMQ_BLOCK_ROWS, MMQ_MAX_ROWS, MMQ_SUM_THREADS, MMQ_WARPS};
 use super::weights::{DeviceMatrix, QuantPart, QuantX, Storage};
 use super::CudaError;
+use crate::engine::quant::GgmlType;
 
 /// Rows up to which the GEMV kernels are used (GEMV_MAX_ROWS in kernels.cu).
 pub const GEMV_MAX_ROWS: usize = 8;
@@ -49,6 +50,9 @@ pub struct Gemm {
     pub(super) quant_x: QuantX,
     /// Blocks an int8 tensor-core product aims for ([`MmqSplit`]): a few per SM.
     pub(super) mmq_blocks: usize,
+    /// The formats whose int8 tensor-core product disagreed with their expansion on this
+    /// GPU ([`super::mmq_check`]): their products expand the blocks for cuBLAS.
+    pub(super) mmq_rejected: Vec<GgmlType>,
 }
 
 impl Gemm {
@@ -78,6 +82,7 @@ impl Gemm {
             l2_prefetch: L2Prefetch::default(),
             quant_x: QuantX::default(),
             mmq_blocks: 264,
+            mmq_rejected: Vec::new(),
         })
     }
 
@@ -164,12 +169,13 @@ impl Gemm {
         self.quant_x == QuantX::Int8
             && n <= MMQ_MAX_ROWS
             && cols.is_multiple_of(32)
-            && parts.iter().all(|p| p.kernels.mmq.is_some())
+            && parts
+                .iter()
+                .all(|p| p.kernels.mmq.is_some() && !self.mmq_rejected.contains(&p.dtype))
     }
 
     /// `out[n, w.rows] = x · wᵀ` through the int8 tensor-core product of each part (where
-    /// [`Gemm::mmq_serves`]), split over K as [`MmqSplit`] plans with the expansion buffer
-    /// holding the slices' partial sums.
+    /// [`Gemm::mmq_serves`]).
     fn mmq(
         &self,
         parts: &[QuantPart],
@@ -178,54 +184,90 @@ impl Gemm {
         n: usize,
         out: u64,
     ) -> Result<(), CudaError> {
-        let scratch = self.expanded.as_ref();
-        let room = scratch.map_or(0, |b| b.len() / 2);
         let mut first_row = 0;
         for part in parts {
-            let name = part.kernels.mmq.ok_or_else(|| {
-                CudaError::Failure(format!("{:?} has no int8 tensor-core product", part.dtype))
-            })?;
             let part_out = out + (first_row * std::mem::size_of::<f32>()) as u64;
-            let split = MmqSplit::plan(part.rows, w.cols, n, self.mmq_blocks, room);
-            // One slice writes the output; several write their partial sums to the scratch.
-            let (dst, ldo, stride) = match scratch {
-                Some(buf) if split.scratch(part.rows, n) > 0 => {
-                    (buf.ptr(), part.rows, n * part.rows)
-                }
-                _ => (part_out, w.rows, 0),
-            };
-            let (m, k, rows, ldo) = (part.rows as i32, w.cols as i32, n as i32, ldo as i32);
-            let (slice_groups, stride) = (split.slice_groups as i32, stride as i64);
-            let weights = part.buf.ptr();
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    part.rows.div_ceil(MMQ_BLOCK_ROWS) as u32,
-                    split.slices as u32,
-                    1,
-                ),
-                block_dim: ((MMQ_WARPS * 32) as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = KernelArgs::new();
-            b.arg(&weights)
-                .arg(&x)
-                .arg(&dst)
-                .arg(&m)
-                .arg(&k)
-                .arg(&rows)
-                .arg(&ldo)
-                .arg(&slice_groups)
-                .arg(&stride);
-            // SAFETY: the part holds `rows` whole-block rows of `cols` (cols % 32 == 0, checked
-            // by `mmq_serves`); `x` has n·cols bf16; `dst` has room for the slices' n rows
-            // (`out`'s, ldo = w.rows, or the scratch's, which `plan` fitted in `room`).
-            unsafe { self.launcher.launch(name, cfg, &mut b) }?;
-            if split.slices > 1 {
-                self.mmq_sum(dst, part_out, part.rows, n, w.rows, split.slices)?;
-            }
+            self.mmq_part(part, w.cols, x, n, part_out, w.rows)?;
             first_row += part.rows;
         }
         Ok(())
+    }
+
+    /// `out[j·ldo + m]` = token row j of `x` times row m of one part of `cols` inputs on
+    /// the int8 tensor cores, split over K as [`MmqSplit`] plans with the expansion buffer
+    /// holding the slices' partial sums.
+    fn mmq_part(
+        &self,
+        part: &QuantPart,
+        cols: usize,
+        x: u64,
+        n: usize,
+        out: u64,
+        ldo: usize,
+    ) -> Result<(), CudaError> {
+        let name = part.kernels.mmq.ok_or_else(|| {
+            CudaError::Failure(format!("{:?} has no int8 tensor-core product", part.dtype))
+        })?;
+        let scratch = self.expanded.as_ref();
+        let room = scratch.map_or(0, |b| b.len() / 2);
+        let split = MmqSplit::plan(part.rows, cols, n, self.mmq_blocks, room);
+        // One slice writes the output; several write their partial sums to the scratch.
+        let (dst, dst_ldo, stride) = match scratch {
+            Some(buf) if split.scratch(part.rows, n) > 0 => (buf.ptr(), part.rows, n * part.rows),
+            _ => (out, ldo, 0),
+        };
+        let (m, k, rows) = (part.rows as i32, cols as i32, n as i32);
+        let (dst_ldo, slice_groups, stride) =
+            (dst_ldo as i32, split.slice_groups as i32, stride as i64);
+        let weights = part.buf.ptr();
+        let cfg = LaunchConfig {
+            grid_dim: (
+                part.rows.div_ceil(MMQ_BLOCK_ROWS) as u32,
+                split.slices as u32,
+                1,
+            ),
+            block_dim: ((MMQ_WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = KernelArgs::new();
+        b.arg(&weights)
+            .arg(&x)
+            .arg(&dst)
+            .arg(&m)
+            .arg(&k)
+            .arg(&rows)
+            .arg(&dst_ldo)
+            .arg(&slice_groups)
+            .arg(&stride);
+        // SAFETY: the part holds `rows` whole-block rows of `cols` (cols % 32 == 0, checked
+        // by `mmq_serves`); `x` has n·cols bf16; `dst` has room for the slices' n rows
+        // (`out`'s, `ldo` apart, or the scratch's, which `plan` fitted in `room`).
+        unsafe { self.launcher.launch(name, cfg, &mut b) }?;
+        if split.slices > 1 {
+            self.mmq_sum(dst, out, part.rows, n, ldo, split.slices)?;
+        }
+        Ok(())
+    }
+
+    /// One part's product of `n` token rows at `x` (`cols` inputs) on the int8 tensor cores
+    /// into `out` and, into `reference`, through its blocks expanded to bf16 for cuBLAS (both
+    /// n rows `part.rows` apart): what [`super::mmq_check`] compares.
+    pub(super) fn mmq_and_expanded(
+        &self,
+        part: &QuantPart,
+        cols: usize,
+        (x, n): (u64, usize),
+        out: u64,
+        reference: u64,
+    ) -> Result<(), CudaError> {
+        self.mmq_part(part, cols, x, n, out, part.rows)?;
+        let expanded = self
+            .expanded
+            .as_ref()
+            .filter(|b| b.len() >= part.rows * cols)
+            .ok_or_else(|| CudaError::Failure("no room to expand the checked part".into()))?;
+        self.expand(part, cols, expanded.ptr())?;
+        self.cublas(expanded.ptr(), part.rows, cols, x, n, reference)
     }
 
     /// `out[j·ldo + m]` = the sum of the `slices` partial products at `parts` (slice, token

@@ -23,16 +23,21 @@ const BF16_STEP: f32 = 1.0 / 128.0;
 /// Whether `got` is `want` to [`TOLERANCE`] (NaN never is), each value also allowed
 /// `rounding` of itself: where sums a hair apart were rounded to bf16, one step apart.
 pub fn agrees(got: &[f32], want: &[f32], rounding: f32) -> bool {
+    agrees_within(got, want, TOLERANCE, rounding)
+}
+
+/// As [`agrees`], to `tolerance` of the largest |value| of `want`.
+pub fn agrees_within(got: &[f32], want: &[f32], tolerance: f32, rounding: f32) -> bool {
     let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
     got.len() == want.len()
         && got
             .iter()
             .zip(want)
-            .all(|(g, w)| (g - w).abs() <= TOLERANCE * scale + rounding * w.abs())
+            .all(|(g, w)| (g - w).abs() <= tolerance * scale + rounding * w.abs())
 }
 
 /// `n` rows of `cols` deterministic bf16 values in [-1, 1) (xorshift).
-fn random_rows(n: usize, cols: usize) -> Vec<u16> {
+pub(super) fn random_rows(n: usize, cols: usize) -> Vec<u16> {
     let mut state = 0x2545_f491_4f6c_dd1du64;
     (0..n * cols)
         .map(|_| {
@@ -136,6 +141,11 @@ mod tests {
             "5e-4 of the largest value"
         );
         assert!(!agrees(&[100.0, -3.2, 0.5], &want, 0.0));
+        assert!(
+            agrees_within(&[100.0, -3.2, 0.5], &want, 0.05, 0.0),
+            "within 5% of the largest value"
+        );
+        assert!(!agrees_within(&[100.0, -9.0, 0.5], &want, 0.05, 0.0));
         assert!(!agrees(&[f32::NAN, -3.0, 0.5], &want, 0.0));
         assert!(!agrees(&want[..2], &want, 0.0));
         assert!(agrees(&[0.0; 3], &[0.0; 3], 0.0), "all zeros");

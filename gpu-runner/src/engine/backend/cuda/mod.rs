@@ -27,6 +27,7 @@ pub mod kernels;
 mod l2_prefetch;
 mod launch;
 mod mmq;
+mod mmq_check;
 mod prefill;
 mod profile;
 mod step;
@@ -156,6 +157,9 @@ pub struct CudaBackend {
     profiler: Profiler,
     /// GPU vs host time per step shape, with graphs on (`FALLOW_CUDA_STEP_CLOCK=1`).
     step_clock: StepClock,
+    /// Whether the formats' int8 tensor-core products were checked on this GPU
+    /// ([`mmq_check`]).
+    mmq_checked: bool,
 }
 
 impl CudaBackend {
@@ -290,9 +294,13 @@ impl CudaBackend {
             ),
             profiler,
             step_clock: StepClock::from_env(),
+            mmq_checked: false,
             stream,
         };
         backend.tune_gemv()?;
+        if backend.gemm.quant_x == QuantX::Int8 {
+            backend.check_mmq()?;
+        }
         Ok(backend)
     }
 
@@ -313,11 +321,16 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
-    /// How the quantized matrices' decode products read x ([`QuantX`];
-    /// `FALLOW_CUDA_QUANT_X` sets it for a process).
-    pub fn set_quant_x(&mut self, x: QuantX) {
+    /// How the quantized matrices' products of up to 64 token rows read x ([`QuantX`];
+    /// `FALLOW_CUDA_QUANT_X` sets it for a process): int8 x first checks the formats' tensor-core
+    /// products on this GPU ([`mmq_check`]).
+    pub fn set_quant_x(&mut self, x: QuantX) -> Result<(), CudaError> {
         self.gemm.quant_x = x;
         self.graphs.clear();
+        if x == QuantX::Int8 {
+            self.check_mmq()?;
+        }
+        Ok(())
     }
 
     /// Turns CUDA graphs for decode steps on or off (on by default; `FALLOW_CUDA_GRAPHS=0`

@@ -293,13 +293,16 @@ impl DeviceWeights {
             Storage::Quantized(_) => m.rows * m.cols,
             Storage::Bf16(_) => 0,
         };
+        self.matrices().map(quantized).max().unwrap_or(0)
+    }
+
+    /// Every weight matrix products read: each layer's, then the output head where it is its
+    /// own (not the embedding table).
+    pub fn matrices(&self) -> impl Iterator<Item = &DeviceMatrix> {
         self.layers
             .iter()
             .flat_map(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down])
             .chain(self.output.as_ref())
-            .map(quantized)
-            .max()
-            .unwrap_or(0)
     }
 
     /// Bytes of every matrix (what a decode step streams, embeddings aside).
