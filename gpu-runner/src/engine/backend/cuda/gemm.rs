@@ -51,8 +51,9 @@ pub struct Gemm {
     /// Blocks an int8 tensor-core product aims for ([`MmqSplit`]): a few per SM.
     pub(super) mmq_blocks: usize,
     /// The formats whose int8 tensor-core product disagreed with their expansion on this
-    /// GPU ([`super::mmq_check`]): their products expand the blocks for cuBLAS.
-    pub(super) mmq_rejected: Vec<GgmlType>,
+    /// GPU ([`super::mmq_check`]): their products expand the blocks for cuBLAS. `None` until
+    /// checked, when every product expands them.
+    pub(super) mmq_rejected: Option<Vec<GgmlType>>,
 }
 
 impl Gemm {
@@ -82,7 +83,7 @@ impl Gemm {
             l2_prefetch: L2Prefetch::default(),
             quant_x: QuantX::default(),
             mmq_blocks: 264,
-            mmq_rejected: Vec::new(),
+            mmq_rejected: None,
         })
     }
 
@@ -141,37 +142,47 @@ impl Gemm {
             Storage::Quantized(parts) if self.mmq_serves(parts, w.cols, n) => {
                 self.mmq(parts, w, x, n, out)
             }
-            Storage::Quantized(parts) => {
-                let expanded = self
-                    .expanded
-                    .as_ref()
-                    .filter(|b| b.len() >= w.rows * w.cols)
-                    .ok_or_else(|| {
-                        CudaError::Failure(format!(
-                            "no room to expand a {}×{} matrix",
-                            w.rows, w.cols
-                        ))
-                    })?;
-                let mut first_row = 0;
-                for part in parts {
-                    self.expand(part, w.cols, expanded.at(first_row * w.cols))?;
-                    first_row += part.rows;
-                }
-                self.cublas(expanded.ptr(), w.rows, w.cols, x, n, out)
-            }
+            Storage::Quantized(parts) => self.expanded_product(parts, w.rows, w.cols, x, n, out),
         }
+    }
+
+    /// `out[n, rows] = x · wᵀ` for the matrix of these parts (`rows` in all, `cols` inputs):
+    /// the parts expanded to bf16 one after another, then one cuBLAS GEMM.
+    fn expanded_product(
+        &self,
+        parts: &[QuantPart],
+        rows: usize,
+        cols: usize,
+        x: u64,
+        n: usize,
+        out: u64,
+    ) -> Result<(), CudaError> {
+        let expanded = self
+            .expanded
+            .as_ref()
+            .filter(|b| b.len() >= rows * cols)
+            .ok_or_else(|| {
+                CudaError::Failure(format!("no room to expand a {rows}×{cols} matrix"))
+            })?;
+        let mut first_row = 0;
+        for part in parts {
+            self.expand(part, cols, expanded.at(first_row * cols))?;
+            first_row += part.rows;
+        }
+        self.cublas(expanded.ptr(), rows, cols, x, n, out)
     }
 
     /// Whether the int8 tensor-core products (mmq.cu) serve `n` token rows through these
     /// parts of `cols` inputs: x read as int8, a batch the GEMVs do not take and the
-    /// tensor-core tile does, every part's format with such a product.
+    /// tensor-core tile does, every part's format checked on this GPU and not rejected.
     fn mmq_serves(&self, parts: &[QuantPart], cols: usize, n: usize) -> bool {
         self.quant_x == QuantX::Int8
             && n <= MMQ_MAX_ROWS
             && cols.is_multiple_of(32)
-            && parts
-                .iter()
-                .all(|p| p.kernels.mmq.is_some() && !self.mmq_rejected.contains(&p.dtype))
+            && self
+                .mmq_rejected
+                .as_ref()
+                .is_some_and(|rejected| parts.iter().all(|p| !rejected.contains(&p.dtype)))
     }
 
     /// `out[n, w.rows] = x · wᵀ` through the int8 tensor-core product of each part (where
@@ -205,9 +216,7 @@ impl Gemm {
         out: u64,
         ldo: usize,
     ) -> Result<(), CudaError> {
-        let name = part.kernels.mmq.ok_or_else(|| {
-            CudaError::Failure(format!("{:?} has no int8 tensor-core product", part.dtype))
-        })?;
+        let name = part.kernels.mmq;
         let scratch = self.expanded.as_ref();
         let room = scratch.map_or(0, |b| b.len() / 2);
         let split = MmqSplit::plan(part.rows, cols, n, self.mmq_blocks, room);
@@ -261,13 +270,7 @@ impl Gemm {
         reference: u64,
     ) -> Result<(), CudaError> {
         self.mmq_part(part, cols, x, n, out, part.rows)?;
-        let expanded = self
-            .expanded
-            .as_ref()
-            .filter(|b| b.len() >= part.rows * cols)
-            .ok_or_else(|| CudaError::Failure("no room to expand the checked part".into()))?;
-        self.expand(part, cols, expanded.ptr())?;
-        self.cublas(expanded.ptr(), part.rows, cols, x, n, reference)
+        self.expanded_product(std::slice::from_ref(part), part.rows, cols, x, n, reference)
     }
 
     /// `out[j·ldo + m]` = the sum of the `slices` partial products at `parts` (slice, token

@@ -23,13 +23,13 @@ impl CudaBackend {
     /// for cuBLAS); empty where every kernel computes what it should (the GPU conformance
     /// suite asserts so).
     pub fn mmq_formats_rejected(&self) -> Vec<GgmlType> {
-        self.gemm.mmq_rejected.clone()
+        self.gemm.mmq_rejected.clone().unwrap_or_default()
     }
 
     /// Checks each block format's tensor-core product here (at 9 token rows and at the most
     /// it takes), once per backend.
     pub(super) fn check_mmq(&mut self) -> Result<(), CudaError> {
-        if self.mmq_checked {
+        if self.gemm.mmq_rejected.is_some() {
             return Ok(());
         }
         let mut smallest: Vec<(&QuantPart, usize)> = Vec::new();
@@ -37,7 +37,7 @@ impl CudaBackend {
             let Storage::Quantized(parts) = &m.storage else {
                 continue;
             };
-            for part in parts.iter().filter(|p| p.kernels.mmq.is_some()) {
+            for part in parts {
                 let size = part.rows * m.cols;
                 match smallest.iter_mut().find(|(p, _)| p.dtype == part.dtype) {
                     Some(kept) if kept.0.rows * kept.1 > size => *kept = (part, m.cols),
@@ -48,9 +48,6 @@ impl CudaBackend {
         }
         let mut rejected = Vec::new();
         for (part, cols) in smallest {
-            if !cols.is_multiple_of(32) {
-                continue;
-            }
             let x = DeviceBuf::from_host(&self.stream, &random_rows(MMQ_MAX_ROWS, cols))?;
             let out = DeviceBuf::<f32>::zeros(&self.stream, MMQ_MAX_ROWS * part.rows)?;
             let reference = DeviceBuf::<f32>::zeros(&self.stream, MMQ_MAX_ROWS * part.rows)?;
@@ -72,8 +69,7 @@ impl CudaBackend {
                 }
             }
         }
-        self.gemm.mmq_rejected = rejected;
-        self.mmq_checked = true;
+        self.gemm.mmq_rejected = Some(rejected);
         Ok(())
     }
 }

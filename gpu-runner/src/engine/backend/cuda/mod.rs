@@ -157,9 +157,6 @@ pub struct CudaBackend {
     profiler: Profiler,
     /// GPU vs host time per step shape, with graphs on (`FALLOW_CUDA_STEP_CLOCK=1`).
     step_clock: StepClock,
-    /// Whether the formats' int8 tensor-core products were checked on this GPU
-    /// ([`mmq_check`]).
-    mmq_checked: bool,
 }
 
 impl CudaBackend {
@@ -294,7 +291,6 @@ impl CudaBackend {
             ),
             profiler,
             step_clock: StepClock::from_env(),
-            mmq_checked: false,
             stream,
         };
         backend.tune_gemv()?;

@@ -105,7 +105,7 @@ pub struct QuantKernels {
     pub gemv_int8_x: &'static str,
     pub dequant: &'static str,
     /// Its int8 tensor-core product of larger batches with x as int8 (mmq.cu).
-    pub mmq: Option<&'static str>,
+    pub mmq: &'static str,
 }
 
 impl QuantKernels {
@@ -145,64 +145,31 @@ impl QuantX {
     }
 }
 
+/// A block format's kernels, named after it (quant.cu, mmq.cu): `gemv_f`, `gemv_f_x8`,
+/// `dequant_f`, `mmq_f`.
+macro_rules! format_kernels {
+    ($f:literal) => {
+        QuantKernels {
+            gemv: concat!("gemv_", $f),
+            gemv_int8_x: concat!("gemv_", $f, "_x8"),
+            dequant: concat!("dequant_", $f),
+            mmq: concat!("mmq_", $f),
+        }
+    };
+}
+
 /// The kernels for a block format, if they read it.
 pub fn quant_kernels(dtype: GgmlType) -> Option<QuantKernels> {
-    let (gemv, gemv_int8_x, dequant, mmq) = match dtype {
-        GgmlType::Q4_0 => (
-            "gemv_q4_0",
-            "gemv_q4_0_x8",
-            "dequant_q4_0",
-            Some("mmq_q4_0"),
-        ),
-        GgmlType::Q4_1 => (
-            "gemv_q4_1",
-            "gemv_q4_1_x8",
-            "dequant_q4_1",
-            Some("mmq_q4_1"),
-        ),
-        GgmlType::Q5_0 => (
-            "gemv_q5_0",
-            "gemv_q5_0_x8",
-            "dequant_q5_0",
-            Some("mmq_q5_0"),
-        ),
-        GgmlType::Q5_1 => (
-            "gemv_q5_1",
-            "gemv_q5_1_x8",
-            "dequant_q5_1",
-            Some("mmq_q5_1"),
-        ),
-        GgmlType::Q8_0 => (
-            "gemv_q8_0",
-            "gemv_q8_0_x8",
-            "dequant_q8_0",
-            Some("mmq_q8_0"),
-        ),
-        GgmlType::Q4K => (
-            "gemv_q4_k",
-            "gemv_q4_k_x8",
-            "dequant_q4_k",
-            Some("mmq_q4_k"),
-        ),
-        GgmlType::Q5K => (
-            "gemv_q5_k",
-            "gemv_q5_k_x8",
-            "dequant_q5_k",
-            Some("mmq_q5_k"),
-        ),
-        GgmlType::Q6K => (
-            "gemv_q6_k",
-            "gemv_q6_k_x8",
-            "dequant_q6_k",
-            Some("mmq_q6_k"),
-        ),
+    Some(match dtype {
+        GgmlType::Q4_0 => format_kernels!("q4_0"),
+        GgmlType::Q4_1 => format_kernels!("q4_1"),
+        GgmlType::Q5_0 => format_kernels!("q5_0"),
+        GgmlType::Q5_1 => format_kernels!("q5_1"),
+        GgmlType::Q8_0 => format_kernels!("q8_0"),
+        GgmlType::Q4K => format_kernels!("q4_k"),
+        GgmlType::Q5K => format_kernels!("q5_k"),
+        GgmlType::Q6K => format_kernels!("q6_k"),
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => return None,
-    };
-    Some(QuantKernels {
-        gemv,
-        gemv_int8_x,
-        dequant,
-        mmq,
     })
 }
 
