@@ -144,7 +144,8 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
             ),
         ),
         // f13 and f14: Q4_K at load (the tiny model's rows are narrower than a super-block:
-        // Q8_0), x read as int8 (Q8_0's integer products).
+        // Q8_0), x read as int8 (Q8_0's integer products; the tensor-core products timed
+        // against the expansion at load).
         (
             vec![
                 ("FALLOW_CUDA_GEMV", "w8u4"),
@@ -222,6 +223,16 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
                     && !stderr.contains(": m4s")
                     && !stderr.contains(": m8s"),
                 "a tensor-core GEMV or cuBLAS chosen for a decode product:\n{stderr}"
+            );
+        }
+        if env.contains(&("FALLOW_CUDA_QUANT_X", "int8")) {
+            // What the summary lists for f14: each shape's int8 tensor-core product timed
+            // against the expansion at load.
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains("int8 tensor-core products timed")
+                    && stderr.contains("expanded for cuBLAS"),
+                "no timing of the int8 tensor-core products at load:\n{stderr}"
             );
         }
         if env.contains(&("FALLOW_CUDA_SPLIT_NORM", "1")) {

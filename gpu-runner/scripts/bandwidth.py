@@ -114,6 +114,18 @@ def gemv_choices(text):
     return found
 
 
+def mmq_choices(text):
+    """The int8 tensor-core products' timing against the expansion for cuBLAS, from the
+    backend's log line ("int8 tensor-core products timed ... choices=["down 4096x14336 Q4K
+    n=64: tensor cores (int8 tensor cores 50.1 µs, expanded for cuBLAS 120.4 µs)", ...]"),
+    the last such line's."""
+    found = []
+    for line in text.splitlines():
+        if "int8 tensor-core products timed" in line and "choices=" in line:
+            found = re.findall(r'"([^"]*)"', line.split("choices=", 1)[1])
+    return found
+
+
 def cublas_products(text):
     """The decode-sized products the GEMV tuning gave to cuBLAS ("... products=[(4096, 4096,
     8), ...] decode-sized bf16 products ... cuBLAS multiplies faster ..."), the last line's."""
@@ -278,6 +290,16 @@ def summary(args):
                  "q8_0 int8 x": 34 / 64}.get(other)
         if share and roof and 1 in alt:
             say(f"  {other} batch 1 = {pct(alt[1][1] * share)} % of its own roofline")
+
+    # Batches of 9-64 with x as int8: the tensor cores or the expansion, per shape.
+    for name, log in (("Q4_K", args.q4k_int8_log), ("Q8_0", args.q8_int8_log)):
+        mmq = mmq_choices(read_text(log))
+        if mmq:
+            say("")
+            say(f"8B shape, {name} at load, x as int8: int8 tensor-core products timed against "
+                "the blocks expanded for cuBLAS at load (f14.; the faster serves):")
+            for choice in mmq:
+                say(f"  {choice}")
 
     # Constrained decoding: the bench's own ratio lines.
     ratios = [l.strip() for l in read_text(args.smol_json_log).splitlines()

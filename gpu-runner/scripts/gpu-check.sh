@@ -452,11 +452,13 @@ main() {
     # Q4_K and Q8_0 at load with the products reading x rounded to int8 per group of 32
     # (integer dot products: about a fifth of the instructions per weight of f13.'s; Q8_0's
     # are pure __dp4a), against f13. and f4.; at 64 the int8 tensor-core products (mmq.cu,
-    # ~0.56 bytes per Q4_K weight) against f13.'s and f4.'s expansion for cuBLAS (~4.6).
+    # ~0.56 bytes per Q4_K weight) against f13.'s and f4.'s expansion for cuBLAS (~4.6),
+    # where the load's timing of the two (logged on stderr, listed by the summary) found
+    # them faster.
     run_step "f14. fallow bench engine, Q4_K and Q8_0 weights, x as int8" 210 - \
       bash -c 'for s in q4_k q8_0; do FALLOW_CUDA_QUANT_X=int8 "$0" bench engine --model "$1" \
         --device cuda --cuda-weights $s --concurrency 1,8,64 --prompt-tokens 32 --gen-tokens 128 \
-        --kv-cache-mib 8192 > "$2/fallow-bench-$s-int8.log" || exit; done' "$FALLOW" "$LLAMA_DIR" "$WORK"
+        --kv-cache-mib 8192 > "$2/fallow-bench-$s-int8.log" 2>&1 || exit; done' "$FALLOW" "$LLAMA_DIR" "$WORK"
     run_step "f2. fallow bench engine, no CUDA graphs" 120 "$WORK/fallow-bench-nographs.log" \
       env FALLOW_CUDA_GRAPHS=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
       --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192

@@ -116,6 +116,12 @@ fn runs_on() -> Option<Runs> {
         if std::env::var_os("FALLOW_CUDA_GEMV").is_none() {
             std::env::set_var("FALLOW_CUDA_GEMV", "w8u4");
         }
+        // Likewise the int8 tensor-core products serve every batch they can (not the
+        // timing's pick against the expansion), so that the tests reading x as int8 run
+        // them; the timing test times them as at load.
+        if std::env::var_os("FALLOW_CUDA_MMQ").is_none() {
+            std::env::set_var("FALLOW_CUDA_MMQ", "1");
+        }
         match device::probe(0) {
             Ok(info) => {
                 eprintln!("running on {info}");
@@ -1926,6 +1932,74 @@ fn quantized_products_reading_x_as_int8_stay_close_to_the_exact_math_of_their_bl
                 "{t:?}, {sequences}: {diff}"
             );
         }
+    }
+}
+
+#[test]
+fn with_x_as_int8_each_shape_is_timed_both_ways_and_its_products_take_the_faster() {
+    if !gpu() {
+        return;
+    }
+    let model = wide_llama(|m| m);
+    let (storage, vocab) = (CudaWeights::Q4K, model.config.vocab_size);
+    // 12 sequences: past the GEMVs, products of the tensor cores' or the expansion's.
+    let decodes = |setup: &mut dyn FnMut(&mut CudaBackend)| {
+        teacher_forced_decodes_after(&model, storage, setup, 12, 3).0
+    };
+    let int8 = |setting: &'static str| {
+        move |c: &mut CudaBackend| {
+            c.set_quant_x(QuantX::Int8).expect("int8 x");
+            c.set_mmq(setting).expect("FALLOW_CUDA_MMQ setting");
+        }
+    };
+    let bf16_x = decodes(&mut |_| {});
+    let mut never = int8("0");
+    let mut always = int8("1");
+    let (never, always) = (decodes(&mut never), decodes(&mut always));
+    // Never: every product expands the blocks for cuBLAS, reading x as bf16.
+    assert_eq!(
+        never, bf16_x,
+        "FALLOW_CUDA_MMQ=0 still ran the tensor-core products"
+    );
+    assert!(relative_diff(&always, &bf16_x, vocab) > 0.0);
+
+    let mut timings = Vec::new();
+    let timed = decodes(&mut |c: &mut CudaBackend| {
+        int8("auto")(c);
+        timings = c.mmq_timings();
+    });
+    // Every matrix's shape (QKV, output, gate/up, down, LM head) at 16 and 64 token rows.
+    let (hidden, ffn, q_dim, kv_dim) = (256, 512, 256, 128);
+    for (rows, cols) in [
+        (q_dim + 2 * kv_dim, hidden),
+        (hidden, q_dim),
+        (2 * ffn, hidden),
+        (hidden, ffn),
+        (vocab, hidden),
+    ] {
+        for batch in [16, 64] {
+            let t = timings
+                .iter()
+                .find(|t| (t.shape.rows, t.shape.cols, t.shape.batch) == (rows, cols, batch))
+                .unwrap_or_else(|| panic!("{rows}x{cols} at {batch} not timed: {timings:?}"));
+            assert_eq!(t.shape.format, GgmlType::Q4K);
+            assert!(t.tensor_cores_ms > 0.0 && t.expanded_ms > 0.0, "{t:?}");
+        }
+    }
+    // The 12 sequences follow the timings at 16 rows: where one way won every shape, the
+    // logits are that way's.
+    let at_16: Vec<bool> = timings
+        .iter()
+        .filter(|t| t.shape.batch == 16)
+        .map(|t| t.tensor_cores_win())
+        .collect();
+    eprintln!("int8 tensor cores faster at 16 rows: {at_16:?} ({timings:?})");
+    if at_16.iter().all(|&w| w) {
+        assert_eq!(timed, always);
+    } else if at_16.iter().all(|&w| !w) {
+        assert_eq!(timed, never);
+    } else {
+        assert!(relative_diff(&timed, &bf16_x, vocab) <= INT8_X_TOLERANCE);
     }
 }
 

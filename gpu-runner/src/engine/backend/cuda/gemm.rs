@@ -17,10 +17,11 @@ use super::buffer::DeviceBuf;
 use super::gemv_tune::{GemvChoice, GemvPick, GemvVariant, DEFAULT_VARIANT, GEMV_VARIANTS};
 use super::l2_prefetch::L2Prefetch;
 use super::launch::{KernelArgs, Launcher};
-use super::mmq::{MmqSplit, MMQ_BLOCK_ROWS, MMQ_MAX_ROWS, MMQ_SUM_THREADS, MMQ_WARPS};
+use super::mmq::{
+    MmqChoice, MmqShape, MmqSplit, MMQ_BLOCK_ROWS, MMQ_MAX_ROWS, MMQ_SUM_THREADS, MMQ_WARPS,
+};
 use super::weights::{DeviceMatrix, QuantPart, QuantX, Storage};
 use super::CudaError;
-use crate::engine::quant::GgmlType;
 
 /// Rows up to which the GEMV kernels are used (GEMV_MAX_ROWS in kernels.cu).
 pub const GEMV_MAX_ROWS: usize = 8;
@@ -50,10 +51,10 @@ pub struct Gemm {
     pub(super) quant_x: QuantX,
     /// Blocks an int8 tensor-core product aims for ([`MmqSplit`]): a few per SM.
     pub(super) mmq_blocks: usize,
-    /// The formats whose int8 tensor-core product disagreed with their expansion on this
-    /// GPU ([`super::mmq_check`]): their products expand the blocks for cuBLAS. `None` until
-    /// checked, when every product expands them.
-    pub(super) mmq_rejected: Option<Vec<GgmlType>>,
+    /// Which products of up to 64 token rows with x as int8 the int8 tensor-core products
+    /// serve ([`MmqChoice`]: the formats checked on this GPU, the shapes timed); the others
+    /// expand the blocks for cuBLAS.
+    pub(super) mmq_choice: MmqChoice,
 }
 
 impl Gemm {
@@ -83,7 +84,7 @@ impl Gemm {
             l2_prefetch: L2Prefetch::default(),
             quant_x: QuantX::default(),
             mmq_blocks: 264,
-            mmq_rejected: None,
+            mmq_choice: MmqChoice::default(),
         })
     }
 
@@ -139,7 +140,7 @@ impl Gemm {
                 }
                 Ok(())
             }
-            Storage::Quantized(parts) if self.mmq_serves(parts, w.cols, n) => {
+            Storage::Quantized(parts) if self.mmq_serves(parts, w, n) => {
                 self.mmq(parts, w, x, n, out)
             }
             Storage::Quantized(parts) => self.expanded_product(parts, w.rows, w.cols, x, n, out),
@@ -148,7 +149,7 @@ impl Gemm {
 
     /// `out[n, rows] = x · wᵀ` for the matrix of these parts (`rows` in all, `cols` inputs):
     /// the parts expanded to bf16 one after another, then one cuBLAS GEMM.
-    fn expanded_product(
+    pub(super) fn expanded_product(
         &self,
         parts: &[QuantPart],
         rows: usize,
@@ -172,22 +173,36 @@ impl Gemm {
         self.cublas(expanded.ptr(), rows, cols, x, n, out)
     }
 
-    /// Whether the int8 tensor-core products (mmq.cu) serve `n` token rows through these
-    /// parts of `cols` inputs: x read as int8, a batch the GEMVs do not take and the
-    /// tensor-core tile does, every part's format checked on this GPU and not rejected.
-    fn mmq_serves(&self, parts: &[QuantPart], cols: usize, n: usize) -> bool {
-        self.quant_x == QuantX::Int8
-            && n <= MMQ_MAX_ROWS
-            && cols.is_multiple_of(32)
-            && self
-                .mmq_rejected
-                .as_ref()
-                .is_some_and(|rejected| parts.iter().all(|p| !rejected.contains(&p.dtype)))
+    /// Whether the int8 tensor-core products (mmq.cu) may serve products through these
+    /// parts of `w`: x read as int8, inputs in whole groups of 32, every part's format
+    /// checked on this GPU and not rejected. Which batches they then serve is timed
+    /// ([`Gemm::mmq_serves`]).
+    pub(super) fn mmq_takes(&self, parts: &[QuantPart], w: &DeviceMatrix) -> bool {
+        self.mmq_reads(w) && self.mmq_choice.takes(parts.iter().map(|p| p.dtype))
+    }
+
+    /// Whether the int8 tensor-core products serve `n` token rows through these parts of
+    /// `w`: a batch the GEMVs do not take and the tensor-core tile does, through a matrix
+    /// they take, of a shape timed faster that way (or forced so).
+    fn mmq_serves(&self, parts: &[QuantPart], w: &DeviceMatrix, n: usize) -> bool {
+        let Some(first) = parts.first() else {
+            return false;
+        };
+        let shape = MmqShape::of(w.rows, w.cols, first.dtype, n);
+        n <= MMQ_MAX_ROWS
+            && self.mmq_reads(w)
+            && self.mmq_choice.serves(shape, parts.iter().map(|p| p.dtype))
+    }
+
+    /// Whether x is read as int8 and `w`'s inputs are whole groups of 32, as the int8
+    /// tensor-core products read them.
+    fn mmq_reads(&self, w: &DeviceMatrix) -> bool {
+        self.quant_x == QuantX::Int8 && w.cols.is_multiple_of(32)
     }
 
     /// `out[n, w.rows] = x · wᵀ` through the int8 tensor-core product of each part (where
-    /// [`Gemm::mmq_serves`]).
-    fn mmq(
+    /// [`Gemm::mmq_serves`], or timed against the expansion: [`super::mmq_tune`]).
+    pub(super) fn mmq(
         &self,
         parts: &[QuantPart],
         w: &DeviceMatrix,

@@ -22,10 +22,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use cudarc::driver::sys::CUevent_flags;
-
 use super::buffer::DeviceBuf;
 use super::gemm::{GemvForm, GemvInput, GEMV_MAX_ROWS};
+use super::launch_timer::LaunchTimer;
 use super::weights::{DeviceMatrix, Storage};
 use super::{CudaBackend, CudaError};
 
@@ -319,10 +318,6 @@ impl GemvPick {
 /// The token-row counts timed; a product of `n` rows uses the choice for [`bucket`]`(n)`.
 pub const TUNED_ROWS: [usize; 3] = [1, 4, 8];
 
-/// Launches per variant and shape when timing (each on another layer's matrix, so that the
-/// weights come from memory, not from L2), after one untimed launch.
-const TIMED_LAUNCHES: usize = 4;
-
 /// The tuned row count that stands for `n` rows.
 pub fn bucket(n: usize) -> usize {
     TUNED_ROWS
@@ -580,25 +575,8 @@ impl CudaBackend {
         let x = DeviceBuf::<u16>::zeros(&self.stream, n_max * widest.1)?;
         let gate_up_rows = DeviceBuf::<f32>::zeros(&self.stream, n_max * 2 * widest.1)?;
         let out = DeviceBuf::<f32>::zeros(&self.stream, n_max * widest.0)?;
-        let event = || {
-            self.ctx
-                .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(CudaError::driver)
-        };
-        let (start, stop) = (event()?, event()?);
-        // The mean time of TIMED_LAUNCHES launches `launch(i)` (each on another layer's
-        // matrix), after an untimed one.
-        let time = |launch: &dyn Fn(usize) -> Result<(), CudaError>| -> Result<f32, CudaError> {
-            launch(TIMED_LAUNCHES)?;
-            start.record(&self.stream).map_err(CudaError::driver)?;
-            for i in 0..TIMED_LAUNCHES {
-                launch(i)?;
-            }
-            stop.record(&self.stream).map_err(CudaError::driver)?;
-            stop.synchronize().map_err(CudaError::driver)?;
-            let ms = start.elapsed_ms(&stop).map_err(CudaError::driver)?;
-            Ok(ms / TIMED_LAUNCHES as f32)
-        };
+        let timer = LaunchTimer::new(&self.ctx, &self.stream)?;
+        let time = |launch: &dyn Fn(usize) -> Result<(), CudaError>| timer.mean_ms(launch);
         let mut choices = Vec::new();
         // Per [rows, cols] and row count: the fastest GEMV that could stand in for cuBLAS
         // (plain or writing the activation), and cuBLAS's time.

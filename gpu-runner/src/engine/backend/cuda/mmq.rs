@@ -2,9 +2,13 @@
 //! the GEMVs' (up to [`MMQ_MAX_ROWS`] token rows) when x is read as int8 ([`QuantX::Int8`]):
 //! how a product is shaped into blocks. A block is 128 weight rows over one slice of K; a
 //! matrix of few rows (an 8B's 4096) is split over K so that it still fills the GPU, its
-//! slices' partial sums then added in order by `mmq_sum`.
+//! slices' partial sums then added in order by `mmq_sum`. And which products they serve
+//! ([`MmqChoice`]): formats checked on this GPU ([`super::mmq_check`]), shapes timed against
+//! the expansion for cuBLAS ([`super::mmq_tune`]).
 //!
 //! [`QuantX::Int8`]: super::weights::QuantX::Int8
+
+use crate::engine::quant::GgmlType;
 
 /// Warps per block, 16 weight rows each (MMQ_WARPS in mmq.cu).
 pub(super) const MMQ_WARPS: usize = 8;
@@ -58,9 +62,213 @@ impl MmqSplit {
     }
 }
 
+/// The token-row counts the tensor-core products are timed at against the expansion; a
+/// product of `n` rows follows the choice for the smallest of them ≥ `n`.
+pub(super) const MMQ_TUNED_ROWS: [usize; 2] = [16, MMQ_MAX_ROWS];
+
+/// What the choice between the tensor-core product and the expansion is keyed by: the
+/// matrix's `[rows, cols]`, its first part's format and the tuned row count standing for
+/// the product's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MmqShape {
+    pub rows: usize,
+    pub cols: usize,
+    pub format: GgmlType,
+    pub batch: usize,
+}
+
+impl MmqShape {
+    /// The shape `n` token rows through `[rows, cols]` weights (first part `format`) are
+    /// served as.
+    pub fn of(rows: usize, cols: usize, format: GgmlType, n: usize) -> MmqShape {
+        let batch = MMQ_TUNED_ROWS
+            .iter()
+            .copied()
+            .find(|&b| b >= n)
+            .unwrap_or(MMQ_MAX_ROWS);
+        MmqShape {
+            rows,
+            cols,
+            format,
+            batch,
+        }
+    }
+}
+
+/// One shape timed both ways on this GPU (mean ms per product).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MmqTiming {
+    pub shape: MmqShape,
+    pub tensor_cores_ms: f32,
+    pub expanded_ms: f32,
+}
+
+impl MmqTiming {
+    /// Whether the tensor-core product serves the shape: not slower than the expansion (a
+    /// NaN never wins).
+    pub fn tensor_cores_win(&self) -> bool {
+        self.tensor_cores_ms <= self.expanded_ms
+    }
+}
+
+/// Which quantized products of up to [`MMQ_MAX_ROWS`] token rows, with x read as int8, the
+/// int8 tensor-core products serve rather than the blocks expanded for cuBLAS.
+#[derive(Debug, Clone, Default)]
+pub struct MmqChoice {
+    /// `FALLOW_CUDA_MMQ`: `1` wherever the format passed the check, `0` nowhere; unset
+    /// (`auto`), where timing found them faster.
+    forced: Option<bool>,
+    /// The formats whose product disagreed with their expansion on this GPU; `None` until
+    /// checked, when no product is served.
+    rejected: Option<Vec<GgmlType>>,
+    /// The shapes timed here; `None` until timed, when (unless forced) none is served.
+    timed: Option<Vec<MmqTiming>>,
+}
+
+impl MmqChoice {
+    /// The choice `setting` (`FALLOW_CUDA_MMQ`) asks for: `auto` (or unset) times, `1` and
+    /// `0` force the tensor-core products on or off.
+    pub fn from_setting(setting: Option<&str>) -> Result<Self, String> {
+        let mut choice = MmqChoice::default();
+        choice.set_setting(setting)?;
+        Ok(choice)
+    }
+
+    /// Asks for `setting` from now on (as [`MmqChoice::from_setting`]), forgetting the
+    /// timings (the check's result stays).
+    pub fn set_setting(&mut self, setting: Option<&str>) -> Result<(), String> {
+        self.forced = match setting {
+            None | Some("") | Some("auto") => None,
+            Some("1") => Some(true),
+            Some("0") => Some(false),
+            Some(other) => {
+                return Err(format!(
+                    "FALLOW_CUDA_MMQ={other}: expected auto (time the int8 tensor-core \
+                     products against the expansion for cuBLAS), 1 (always) or 0 (never)"
+                ))
+            }
+        };
+        self.timed = None;
+        Ok(())
+    }
+
+    /// Whether the formats were checked on this GPU.
+    pub fn is_checked(&self) -> bool {
+        self.rejected.is_some()
+    }
+
+    /// Records the check's result: the formats whose products disagreed.
+    pub fn set_rejected(&mut self, rejected: Vec<GgmlType>) {
+        self.rejected = Some(rejected);
+    }
+
+    /// The formats the check rejected (none before it ran).
+    pub fn rejected(&self) -> Vec<GgmlType> {
+        self.rejected.clone().unwrap_or_default()
+    }
+
+    /// Whether a matrix of parts in these formats may go to the tensor cores at all
+    /// (checked, none rejected, not forced off): what timing then decides per shape.
+    pub fn takes(&self, mut formats: impl Iterator<Item = GgmlType>) -> bool {
+        self.forced != Some(false)
+            && self
+                .rejected
+                .as_ref()
+                .is_some_and(|rejected| formats.all(|f| !rejected.contains(&f)))
+    }
+
+    /// Whether the shapes are still to be timed (not forced, not timed yet).
+    pub fn needs_timing(&self) -> bool {
+        self.forced.is_none() && self.timed.is_none()
+    }
+
+    /// Records the timings (a later call replaces them).
+    pub fn set_timed(&mut self, timed: Vec<MmqTiming>) {
+        self.timed = Some(timed);
+    }
+
+    /// The timings taken here (none before, or when forced).
+    pub fn timings(&self) -> &[MmqTiming] {
+        self.timed.as_deref().unwrap_or_default()
+    }
+
+    /// Whether the tensor-core product serves `shape`, of parts in `formats`: a format it
+    /// takes, and forced on or timed faster there (a shape not timed is not served).
+    pub fn serves(&self, shape: MmqShape, formats: impl Iterator<Item = GgmlType>) -> bool {
+        self.takes(formats)
+            && match self.forced {
+                Some(on) => on,
+                None => self
+                    .timings()
+                    .iter()
+                    .any(|t| t.shape == shape && t.tensor_cores_win()),
+            }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn timing(rows: usize, batch: usize, tensor_cores_ms: f32, expanded_ms: f32) -> MmqTiming {
+        MmqTiming {
+            shape: MmqShape::of(rows, 4096, GgmlType::Q4K, batch),
+            tensor_cores_ms,
+            expanded_ms,
+        }
+    }
+
+    #[test]
+    fn a_product_follows_the_timing_of_the_smallest_tuned_row_count_that_covers_it() {
+        let mut choice = MmqChoice::from_setting(None).unwrap();
+        choice.set_rejected(vec![]);
+        choice.set_timed(vec![
+            timing(4096, 16, 1.0, 2.0),
+            timing(4096, 64, 3.0, 2.0),
+            timing(14336, 64, f32::NAN, 2.0),
+        ]);
+        let q4k = || [GgmlType::Q4K].into_iter();
+        let serves = |rows, n| choice.serves(MmqShape::of(rows, 4096, GgmlType::Q4K, n), q4k());
+        assert!(serves(4096, 9) && serves(4096, 16));
+        assert!(!serves(4096, 17) && !serves(4096, 64));
+        // A time that is not a number never wins; a shape not timed is not served.
+        assert!(!serves(14336, 64));
+        assert!(!serves(1024, 16));
+        // Nor another format of the same shape.
+        let q6k = MmqShape::of(4096, 4096, GgmlType::Q6K, 9);
+        assert!(!choice.serves(q6k, [GgmlType::Q6K].into_iter()));
+    }
+
+    #[test]
+    fn nothing_is_served_before_the_check_nor_a_matrix_with_a_rejected_part() {
+        let shape = MmqShape::of(4096, 4096, GgmlType::Q4K, 64);
+        let mut choice = MmqChoice::from_setting(Some("1")).unwrap();
+        assert!(!choice.is_checked());
+        assert!(!choice.serves(shape, [GgmlType::Q4K].into_iter()));
+        choice.set_rejected(vec![GgmlType::Q6K]);
+        assert!(choice.serves(shape, [GgmlType::Q4K].into_iter()));
+        assert!(!choice.serves(shape, [GgmlType::Q4K, GgmlType::Q6K].into_iter()));
+        assert_eq!(choice.rejected(), [GgmlType::Q6K]);
+    }
+
+    #[test]
+    fn the_setting_forces_the_tensor_core_products_on_or_off_or_leaves_them_to_timing() {
+        let shape = MmqShape::of(4096, 4096, GgmlType::Q8_0, 30);
+        let formats = || [GgmlType::Q8_0].into_iter();
+        for (setting, timed, served) in [
+            (Some("1"), false, true),
+            (Some("0"), false, false),
+            (Some("auto"), true, false),
+            (None, true, false),
+        ] {
+            let mut choice = MmqChoice::from_setting(setting).unwrap();
+            choice.set_rejected(vec![]);
+            assert_eq!(choice.needs_timing(), timed, "{setting:?}");
+            assert_eq!(choice.serves(shape, formats()), served, "{setting:?}");
+        }
+        let err = MmqChoice::from_setting(Some("yes")).unwrap_err();
+        assert!(err.contains("FALLOW_CUDA_MMQ=yes"), "{err}");
+    }
 
     #[test]
     fn a_matrix_of_few_rows_is_split_over_k_until_it_fills_the_gpu() {

@@ -23,13 +23,13 @@ impl CudaBackend {
     /// for cuBLAS); empty where every kernel computes what it should (the GPU conformance
     /// suite asserts so).
     pub fn mmq_formats_rejected(&self) -> Vec<GgmlType> {
-        self.gemm.mmq_rejected.clone().unwrap_or_default()
+        self.gemm.mmq_choice.rejected()
     }
 
     /// Checks each block format's tensor-core product here (at 9 token rows and at the most
     /// it takes), once per backend.
     pub(super) fn check_mmq(&mut self) -> Result<(), CudaError> {
-        if self.gemm.mmq_rejected.is_some() {
+        if self.gemm.mmq_choice.is_checked() {
             return Ok(());
         }
         let mut smallest: Vec<(&QuantPart, usize)> = Vec::new();
@@ -69,7 +69,7 @@ impl CudaBackend {
                 }
             }
         }
-        self.gemm.mmq_rejected = Some(rejected);
+        self.gemm.mmq_choice.set_rejected(rejected);
         Ok(())
     }
 }

@@ -26,8 +26,10 @@ mod kernel_tests;
 pub mod kernels;
 mod l2_prefetch;
 mod launch;
+mod launch_timer;
 mod mmq;
 mod mmq_check;
+mod mmq_tune;
 mod prefill;
 mod profile;
 mod step;
@@ -40,6 +42,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUgraphInstantiate_flags, CUstream
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
 
 pub use device::DeviceInfo;
+pub use mmq::{MmqShape, MmqTiming};
 pub use weights::{device_block_format, CudaWeights, QuantX};
 
 use self::buffer::DeviceBuf;
@@ -49,6 +52,7 @@ use self::graphs::{DecodeGraphs, GraphKey, Replay};
 use self::kernels::Kernels;
 use self::l2_prefetch::L2Prefetch;
 use self::launch::Launcher;
+use self::mmq::MmqChoice;
 pub use self::prefill::PrefillKernel;
 use self::profile::Profiler;
 use self::step::{Padding, Scratch, StepInputs};
@@ -208,6 +212,8 @@ impl CudaBackend {
         gemm.gemv_choice = gemv_choice(std::env::var("FALLOW_CUDA_GEMV").ok().as_deref())?;
         gemm.quant_x = QuantX::from_setting(std::env::var("FALLOW_CUDA_QUANT_X").ok().as_deref())
             .map_err(CudaError::Failure)?;
+        gemm.mmq_choice = MmqChoice::from_setting(std::env::var("FALLOW_CUDA_MMQ").ok().as_deref())
+            .map_err(CudaError::Failure)?;
         let split_min_keys = attention_split::min_partition_from_setting(
             std::env::var("FALLOW_CUDA_SPLIT_MIN_KEYS").ok().as_deref(),
         )
@@ -294,9 +300,7 @@ impl CudaBackend {
             stream,
         };
         backend.tune_gemv()?;
-        if backend.gemm.quant_x == QuantX::Int8 {
-            backend.check_mmq()?;
-        }
+        backend.set_quant_x(backend.gemm.quant_x)?;
         Ok(backend)
     }
 
@@ -319,14 +323,27 @@ impl CudaBackend {
 
     /// How the quantized matrices' products of up to 64 token rows read x ([`QuantX`];
     /// `FALLOW_CUDA_QUANT_X` sets it for a process): int8 x first checks the formats' tensor-core
-    /// products on this GPU ([`mmq_check`]).
+    /// products on this GPU ([`mmq_check`]), then times them against the expansion for
+    /// cuBLAS ([`mmq_tune`]), once per backend.
     pub fn set_quant_x(&mut self, x: QuantX) -> Result<(), CudaError> {
         self.gemm.quant_x = x;
         self.graphs.clear();
         if x == QuantX::Int8 {
             self.check_mmq()?;
+            self.tune_mmq()?;
         }
         Ok(())
+    }
+
+    /// Which products with x as int8 the int8 tensor-core products serve: `setting` as
+    /// `FALLOW_CUDA_MMQ` (`1` every one their format's check allows, `0` none, `auto` those
+    /// timed faster than the expansion: timed again now where x is read as int8).
+    pub fn set_mmq(&mut self, setting: &str) -> Result<(), CudaError> {
+        self.gemm
+            .mmq_choice
+            .set_setting(Some(setting))
+            .map_err(CudaError::Failure)?;
+        self.set_quant_x(self.gemm.quant_x)
     }
 
     /// Turns CUDA graphs for decode steps on or off (on by default; `FALLOW_CUDA_GRAPHS=0`

@@ -1,0 +1,54 @@
+//! How load-time tuning times a product on this GPU ([`super::gemv_tune`], [`super::mmq_tune`]):
+//! the mean GPU time between two CUDA events of a few launches, each on another layer's
+//! matrix so that the weights come from memory rather than from L2, after one untimed
+//! launch that warms the kernel and its code up.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+
+use super::CudaError;
+
+/// Launches timed per candidate and shape, after the untimed one.
+pub(super) const TIMED_LAUNCHES: usize = 4;
+
+pub(super) struct LaunchTimer {
+    stream: Arc<CudaStream>,
+    start: CudaEvent,
+    stop: CudaEvent,
+}
+
+impl LaunchTimer {
+    pub fn new(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>) -> Result<Self, CudaError> {
+        let event = || {
+            ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(CudaError::driver)
+        };
+        Ok(LaunchTimer {
+            stream: Arc::clone(stream),
+            start: event()?,
+            stop: event()?,
+        })
+    }
+
+    /// The mean milliseconds of `launch(i)` for i < [`TIMED_LAUNCHES`] (the caller's i-th
+    /// layer's matrix), after an untimed `launch(TIMED_LAUNCHES)`.
+    pub fn mean_ms(
+        &self,
+        launch: &dyn Fn(usize) -> Result<(), CudaError>,
+    ) -> Result<f32, CudaError> {
+        launch(TIMED_LAUNCHES)?;
+        self.start.record(&self.stream).map_err(CudaError::driver)?;
+        for i in 0..TIMED_LAUNCHES {
+            launch(i)?;
+        }
+        self.stop.record(&self.stream).map_err(CudaError::driver)?;
+        self.stop.synchronize().map_err(CudaError::driver)?;
+        let ms = self
+            .start
+            .elapsed_ms(&self.stop)
+            .map_err(CudaError::driver)?;
+        Ok(ms / TIMED_LAUNCHES as f32)
+    }
+}
