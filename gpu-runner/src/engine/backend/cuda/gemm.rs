@@ -178,26 +178,21 @@ impl Gemm {
     /// checked on this GPU and not rejected. Which batches they then serve is timed
     /// ([`Gemm::mmq_serves`]).
     pub(super) fn mmq_takes(&self, parts: &[QuantPart], w: &DeviceMatrix) -> bool {
-        self.mmq_reads(w) && self.mmq_choice.takes(parts.iter().map(|p| p.dtype))
+        self.quant_x == QuantX::Int8
+            && w.cols.is_multiple_of(32)
+            && self.mmq_choice.takes(parts.iter().map(|p| p.dtype))
     }
 
     /// Whether the int8 tensor-core products serve `n` token rows through these parts of
     /// `w`: a batch the GEMVs do not take and the tensor-core tile does, through a matrix
     /// they take, of a shape timed faster that way (or forced so).
     fn mmq_serves(&self, parts: &[QuantPart], w: &DeviceMatrix, n: usize) -> bool {
-        let Some(first) = parts.first() else {
-            return false;
-        };
-        let shape = MmqShape::of(w.rows, w.cols, first.dtype, n);
         n <= MMQ_MAX_ROWS
-            && self.mmq_reads(w)
-            && self.mmq_choice.serves(shape, parts.iter().map(|p| p.dtype))
-    }
-
-    /// Whether x is read as int8 and `w`'s inputs are whole groups of 32, as the int8
-    /// tensor-core products read them.
-    fn mmq_reads(&self, w: &DeviceMatrix) -> bool {
-        self.quant_x == QuantX::Int8 && w.cols.is_multiple_of(32)
+            && self.mmq_takes(parts, w)
+            && parts.first().is_some_and(|first| {
+                let shape = MmqShape::of(w.rows, w.cols, first.dtype, n);
+                self.mmq_choice.prefers(shape)
+            })
     }
 
     /// `out[n, w.rows] = x · wᵀ` through the int8 tensor-core product of each part (where

@@ -192,17 +192,23 @@ impl MmqChoice {
         self.timed.as_deref().unwrap_or_default()
     }
 
+    /// Whether the tensor-core product is preferred for `shape`: forced on, or timed faster
+    /// there (a shape not timed is not).
+    pub fn prefers(&self, shape: MmqShape) -> bool {
+        match self.forced {
+            Some(on) => on,
+            None => self
+                .timings()
+                .iter()
+                .any(|t| t.shape == shape && t.tensor_cores_win()),
+        }
+    }
+
     /// Whether the tensor-core product serves `shape`, of parts in `formats`: a format it
-    /// takes, and forced on or timed faster there (a shape not timed is not served).
-    pub fn serves(&self, shape: MmqShape, formats: impl Iterator<Item = GgmlType>) -> bool {
-        self.takes(formats)
-            && match self.forced {
-                Some(on) => on,
-                None => self
-                    .timings()
-                    .iter()
-                    .any(|t| t.shape == shape && t.tensor_cores_win()),
-            }
+    /// takes ([`MmqChoice::takes`]), preferred there ([`MmqChoice::prefers`]).
+    #[cfg(test)]
+    fn serves(&self, shape: MmqShape, formats: impl Iterator<Item = GgmlType>) -> bool {
+        self.takes(formats) && self.prefers(shape)
     }
 }
 
