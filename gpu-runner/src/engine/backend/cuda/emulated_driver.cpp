@@ -218,7 +218,7 @@ inline int launch(const Kernel& k, const unsigned grid[3], const unsigned block[
         report(why);
         return INVALID_VALUE;
     }
-    if (shared > sizeof(emu::dynamic_buffer)) {
+    if (shared > sizeof(emu::Worker::dynamic_buffer)) {
         std::snprintf(why, sizeof why, "kernel %s: %u bytes of dynamic shared memory", k.name, shared);
         report(why);
         return INVALID_VALUE;
@@ -678,6 +678,28 @@ int cuLaunchKernelEx(const CUlaunchConfig_emu* c, void* f, void** params, void**
 // cuBLAS: a handle is the stream it runs on.
 typedef float float8 __attribute__((vector_size(32)));
 
+// The dot products of `row` with COLS columns (`kp` floats each, one after another from
+// `cols`), kp a multiple of 8: eight products in flight per column, their lanes summed in
+// order at the end.
+extern "C++" template <int COLS>
+inline void dot_columns(const float* row, const float* cols, size_t kp, float* sums) {
+    float8 acc[COLS] = {};
+    for (size_t p = 0; p < kp; p += 8) {
+        float8 x;
+        std::memcpy(&x, row + p, sizeof x);
+        for (int c = 0; c < COLS; c++) {
+            float8 y;
+            std::memcpy(&y, cols + (size_t)c * kp + p, sizeof y);
+            acc[c] += x * y;
+        }
+    }
+    for (int c = 0; c < COLS; c++) {
+        float sum = 0;
+        for (int l = 0; l < 8; l++) sum += acc[c][l];
+        sums[c] = sum;
+    }
+}
+
 struct BlasHandle {
     void* stream = nullptr;
 };
@@ -707,40 +729,40 @@ int cublasGemmEx(void* h, int transa, int transb, int m, int n, int k, const voi
         return 7;  // CUBLAS_STATUS_INVALID_VALUE
     float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
     return enqueue(static_cast<BlasHandle*>(h)->stream, [=] {
-        // op(A)'s rows and op(B)'s columns as f32 once, then each row against four columns
-        // at a time, eight products in flight per column (the order of cuBLAS's sums is its
-        // own too); rows are shared out over the machine's cores.
+        // op(B)'s columns as f32 once, op(A)'s rows one at a time as each is needed (an LM
+        // head's rows as f32 would be hundreds of MB per call), then each row against four
+        // columns at a time, eight products in flight per column (the order of cuBLAS's sums
+        // is its own too); rows are shared out over the machine's cores.
         size_t kp = ((size_t)k + 7) / 8 * 8;  // zero-padded to whole vectors
-        std::vector<float> arows((size_t)m * kp, 0.0f), bcols((size_t)n * kp, 0.0f);
-        for (int i = 0; i < m; i++)
-            for (int p = 0; p < k; p++)
-                arows[(size_t)i * kp + p] =
-                    to_float(A, transa ? (size_t)i * lda + p : (size_t)p * lda + i, atype);
+        std::vector<float> bcols((size_t)n * kp, 0.0f);
         for (int j = 0; j < n; j++)
             for (int p = 0; p < k; p++)
                 bcols[(size_t)j * kp + p] =
                     to_float(B, transb ? (size_t)p * ldb + j : (size_t)j * ldb + p, btype);
         auto rows = [&](int from, int to) {
+            std::vector<float> arow(kp, 0.0f);
             for (int i = from; i < to; i++) {
-                const float* arow = &arows[(size_t)i * kp];
+                if (transa && atype == 14) {  // the backend's case: bf16 rows, one after another
+                    const bf16* r = static_cast<const bf16*>(A) + (size_t)i * lda;
+                    for (int p = 0; p < k; p++) arow[p] = bf16_to_f32(r[p]);
+                } else {
+                    for (int p = 0; p < k; p++)
+                        arow[p] = to_float(A, transa ? (size_t)i * lda + p : (size_t)p * lda + i, atype);
+                }
                 for (int j0 = 0; j0 < n; j0 += 4) {
                     int cols = n - j0 < 4 ? n - j0 : 4;
-                    float8 acc[4] = {};
-                    for (size_t p = 0; p < kp; p += 8) {
-                        float8 x;
-                        std::memcpy(&x, arow + p, sizeof x);
-                        for (int c = 0; c < cols; c++) {
-                            float8 y;
-                            std::memcpy(&y, &bcols[(size_t)(j0 + c) * kp + p], sizeof y);
-                            acc[c] += x * y;
-                        }
+                    const float* b0 = &bcols[(size_t)j0 * kp];
+                    float sums[4];
+                    switch (cols) {
+                        case 1: dot_columns<1>(arow.data(), b0, kp, sums); break;
+                        case 2: dot_columns<2>(arow.data(), b0, kp, sums); break;
+                        case 3: dot_columns<3>(arow.data(), b0, kp, sums); break;
+                        default: dot_columns<4>(arow.data(), b0, kp, sums); break;
                     }
                     for (int c = 0; c < cols; c++) {
-                        float sum = 0;
-                        for (int l = 0; l < 8; l++) sum += acc[c][l];
                         size_t ci = (size_t)(j0 + c) * ldc + i;
                         float prior = b == 0 ? 0 : b * to_float(C, ci, ctype);
-                        store(C, ci, ctype, a * sum + prior);
+                        store(C, ci, ctype, a * sums[c] + prior);
                     }
                 }
             }

@@ -328,12 +328,17 @@ fn build() -> Result<Option<Emulator>, String> {
     }))
 }
 
-/// How the libraries are compiled. The alignment check (UBSan's, trapping: no runtime
-/// library needed) stops a kernel that reads or writes a vector type at an address not
-/// aligned to it — on a GPU a "misaligned address" fault, on x86 silently fine.
-const FLAGS: [&str; 8] = [
+/// How the libraries are compiled. For this machine's vector units (the libraries are built
+/// where they run), but with no multiply-add contracted into an FMA, so that a kernel rounds
+/// as its source says (the GPU build contracts as nvcc does; the kernels spell out the
+/// roundings that matter, `__fadd_rn` / `__fmaf_rn`). The alignment check (UBSan's, trapping:
+/// no runtime library needed) stops a kernel that reads or writes a vector type at an address
+/// not aligned to it — on a GPU a "misaligned address" fault, on x86 silently fine.
+const FLAGS: [&str; 10] = [
     "-std=c++20",
     "-O2",
+    "-march=native",
+    "-ffp-contract=off",
     "-shared",
     "-fPIC",
     "-pthread",
@@ -342,11 +347,18 @@ const FLAGS: [&str; 8] = [
     "-fsanitize-undefined-trap-on-error",
 ];
 
-/// A built library's cache key: its source, the compiler and the flags.
+/// A built library's cache key: its source, the compiler, the flags and the CPU's features
+/// (`-march=native`: a library built on another CPU may use instructions this one lacks).
 fn build_hash(source: &str, compiler: &str) -> u64 {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let features = cpu
+        .lines()
+        .find(|l| l.starts_with("flags") || l.starts_with("Features"))
+        .unwrap_or_default();
     fnv1a(source.as_bytes())
         ^ fnv1a(compiler.as_bytes()).rotate_left(1)
         ^ fnv1a(FLAGS.concat().as_bytes()).rotate_left(2)
+        ^ fnv1a(features.as_bytes()).rotate_left(3)
 }
 
 /// The prelude, the kernels and one exported launcher per kernel.
