@@ -141,21 +141,38 @@ const NVRTC_OPTIONS: [&str; 2] = ["--std=c++17", "-default-device"];
 
 /// Compiles [`SOURCE`] to PTX for `arch` (e.g. `compute_90`).
 pub fn compile_ptx(arch: &'static str) -> Result<Ptx, String> {
+    compile_ptx_with(arch, &[])
+}
+
+/// [`compile_ptx`] with `extra` options after [`NVRTC_OPTIONS`].
+fn compile_ptx_with(arch: &'static str, extra: &[&str]) -> Result<Ptx, String> {
     let options = CompileOptions {
         arch: Some(arch),
-        options: NVRTC_OPTIONS.iter().map(|o| o.to_string()).collect(),
+        options: NVRTC_OPTIONS
+            .iter()
+            .chain(extra)
+            .map(|o| o.to_string())
+            .collect(),
         ..CompileOptions::default()
     };
     cudarc::nvrtc::compile_ptx_with_opts(SOURCE, options).map_err(|e| format!("NVRTC: {e}"))
 }
+
+/// How PTX is made for an architecture: [`compile_ptx`], or in the tests of the cache, a
+/// quicker compile of the same source.
+type Compile = fn(&'static str) -> Result<Ptx, String>;
 
 /// PTX for `arch`: from `cache` (a directory) when this source was compiled for it before
 /// with this NVRTC, else compiled and stored there. NVRTC takes seconds for these kernels,
 /// paid at every process start without the cache. A cached file that is not whole (no
 /// `.entry` for some kernel) is compiled again; a cache that cannot be written is skipped.
 pub fn ptx_for(arch: &'static str, cache: Option<&Path>) -> Result<Ptx, String> {
+    cached_ptx(arch, cache, compile_ptx)
+}
+
+fn cached_ptx(arch: &'static str, cache: Option<&Path>, compile: Compile) -> Result<Ptx, String> {
     let Some(dir) = cache else {
-        return compile_ptx(arch);
+        return compile(arch);
     };
     let file = dir.join(cache_file_name(arch));
     if let Ok(text) = std::fs::read_to_string(&file) {
@@ -164,12 +181,16 @@ pub fn ptx_for(arch: &'static str, cache: Option<&Path>) -> Result<Ptx, String> 
         }
         tracing::warn!(file = %file.display(), "cached kernels incomplete; compiling them again");
     }
-    compile_and_store(arch, Some(dir))
+    compile_and_store(arch, Some(dir), compile)
 }
 
 /// Compiles [`SOURCE`] for `arch` and, with a `cache` directory, replaces its file there.
-fn compile_and_store(arch: &'static str, cache: Option<&Path>) -> Result<Ptx, String> {
-    let ptx = compile_ptx(arch)?;
+fn compile_and_store(
+    arch: &'static str,
+    cache: Option<&Path>,
+    compile: Compile,
+) -> Result<Ptx, String> {
+    let ptx = compile(arch)?;
     if let Some(dir) = cache {
         let file = dir.join(cache_file_name(arch));
         if let Err(e) = store(&file, &ptx.to_src()) {
@@ -303,7 +324,7 @@ impl Kernels {
             // driver's verdict on that one is final).
             Err(e) => {
                 tracing::warn!(error = %e, "cached kernels did not load; compiling them again");
-                let ptx = compile_and_store(arch, disk.as_deref())?;
+                let ptx = compile_and_store(arch, disk.as_deref(), compile_ptx)?;
                 parameters = entry_parameters(&ptx.to_src());
                 ctx.load_module(ptx)
                     .map_err(|e| format!("loading kernels: {e}"))?
@@ -395,6 +416,27 @@ fn arch_name(major: i32, minor: i32) -> &'static str {
 mod tests {
     use super::*;
 
+    /// NVRTC's quickest compile: the same source's kernels, entries, parameters and inline
+    /// assembly, without the optimisation that takes ~30 s per architecture (the backend's
+    /// own compile, [`compile_ptx`], runs in the CUDA conformance suite, and ptxas's checks
+    /// below compile to machine code at full optimisation).
+    fn quick_compile(arch: &'static str) -> Result<Ptx, String> {
+        compile_ptx_with(arch, &["--Ofast-compile=max"])
+    }
+
+    /// [`quick_compile`]'s PTX text for `arch`, compiled once for the tests that read it.
+    fn quick_ptx(arch: &'static str) -> &'static str {
+        static PTX: OnceLock<Mutex<HashMap<&'static str, &'static str>>> = OnceLock::new();
+        let mut compiled = PTX
+            .get_or_init(|| Mutex::new(HashMap::new()))
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        compiled.entry(arch).or_insert_with(|| {
+            let ptx = quick_compile(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+            Box::leak(ptx.to_src().into_boxed_str())
+        })
+    }
+
     /// Every kernel compiles to PTX for the oldest and the newest target, without a GPU.
     #[test]
     fn every_kernel_compiles_to_ptx_with_nvrtc() {
@@ -406,8 +448,7 @@ mod tests {
             return;
         }
         for arch in ["compute_80", "compute_90"] {
-            let ptx = compile_ptx(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
-            let text = ptx.to_src();
+            let text = quick_ptx(arch);
             for name in NAMES {
                 assert!(
                     text.contains(&format!(".entry {name}(")),
@@ -426,22 +467,26 @@ mod tests {
             eprintln!("SKIPPED: libnvrtc.so.13 not found (see the PTX test)");
             return;
         }
-        for (arch, waits) in [("compute_80", false), ("compute_90", true)] {
-            let text = compile_ptx(arch).unwrap_or_else(|e| panic!("{e}")).to_src();
-            // PTX lists each kernel as `.entry name(` followed by its body, up to the next.
-            for body in text.split(".entry ").skip(1) {
-                let name = body.split('(').next().unwrap_or("?");
-                assert_eq!(
-                    body.contains("griddepcontrol.wait"),
-                    waits,
-                    "{arch}: kernel {name}"
-                );
-                assert_eq!(
-                    body.contains("griddepcontrol.launch_dependents"),
-                    waits,
-                    "{arch}: kernel {name}"
-                );
-            }
+        // Before sm_90 nothing of it is compiled (a quick compile shows that as well).
+        for instruction in ["griddepcontrol.wait", "griddepcontrol.launch_dependents"] {
+            assert!(
+                !quick_ptx("compute_80").contains(instruction),
+                "compute_80: {instruction}"
+            );
+        }
+        // On sm_90 every kernel's own body has both: the backend's compile inlines every call
+        // (a quick one keeps grid_dependency_sync a function of its own).
+        let text = compile_ptx("compute_90")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .to_src();
+        // PTX lists each kernel as `.entry name(` followed by its body, up to the next.
+        for body in text.split(".entry ").skip(1) {
+            let name = body.split('(').next().unwrap_or("?");
+            assert!(body.contains("griddepcontrol.wait"), "kernel {name}");
+            assert!(
+                body.contains("griddepcontrol.launch_dependents"),
+                "kernel {name}"
+            );
         }
     }
 
@@ -455,7 +500,8 @@ mod tests {
         }
         let dir = std::env::temp_dir().join(format!("fallow-kernel-cache-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let first = ptx_for("compute_80", Some(&dir)).unwrap_or_else(|e| panic!("{e}"));
+        let ptx = |dir: &Path| cached_ptx("compute_80", Some(dir), quick_compile);
+        let first = ptx(&dir).unwrap_or_else(|e| panic!("{e}"));
         let file = dir.join(cache_file_name("compute_80"));
         let stored = std::fs::read_to_string(&file).expect("the PTX was stored");
         assert_eq!(stored, first.to_src());
@@ -464,13 +510,10 @@ mod tests {
         // A marker only the cache has: the second call returns the file, not NVRTC's output.
         let marked = format!("// cached\n{stored}");
         std::fs::write(&file, &marked).expect("write");
-        assert_eq!(
-            ptx_for("compute_80", Some(&dir)).expect("cached").to_src(),
-            marked
-        );
+        assert_eq!(ptx(&dir).expect("cached").to_src(), marked);
 
         std::fs::write(&file, &stored[..stored.len() / 2]).expect("truncate");
-        let again = ptx_for("compute_80", Some(&dir)).expect("recompiled");
+        let again = ptx(&dir).expect("recompiled");
         assert_eq!(again.to_src(), stored);
         assert_eq!(std::fs::read_to_string(&file).expect("rewritten"), stored);
         let _ = std::fs::remove_dir_all(&dir);
@@ -491,8 +534,7 @@ mod tests {
             eprintln!("SKIPPED: libnvrtc.so.13 not found (see the PTX test)");
             return;
         }
-        let ptx = compile_ptx("compute_90").unwrap_or_else(|e| panic!("{e}"));
-        let parameters = entry_parameters(&ptx.to_src());
+        let parameters = entry_parameters(quick_ptx("compute_90"));
         for name in NAMES {
             let sizes = parameters
                 .get(name)
@@ -610,19 +652,28 @@ mod tests {
     type ArchReport = (&'static str, HashMap<String, Resources>);
 
     /// ptxas's report for sm_80 and sm_90 by kernel, compiled once for the tests that read
-    /// it; `None` without NVRTC.
+    /// it (the two at once: about a minute each); `None` without NVRTC.
     fn ptxas_reports() -> Option<&'static [ArchReport]> {
         static REPORTS: OnceLock<Option<Vec<ArchReport>>> = OnceLock::new();
         REPORTS
             .get_or_init(|| {
                 nvrtc_available().then(|| {
-                    ["sm_80", "sm_90"]
-                        .into_iter()
-                        .map(|arch| {
-                            let report = resource_report(arch).unwrap_or_else(|e| panic!("{e}"));
-                            (arch, resources_by_kernel(&report))
-                        })
-                        .collect()
+                    std::thread::scope(|scope| {
+                        let compiles: Vec<_> = ["sm_80", "sm_90"]
+                            .into_iter()
+                            .map(|arch| (arch, scope.spawn(move || resource_report(arch))))
+                            .collect();
+                        compiles
+                            .into_iter()
+                            .map(|(arch, compile)| {
+                                let report = compile
+                                    .join()
+                                    .unwrap_or_else(|_| panic!("{arch}: the compile panicked"))
+                                    .unwrap_or_else(|e| panic!("{e}"));
+                                (arch, resources_by_kernel(&report))
+                            })
+                            .collect()
+                    })
                 })
             })
             .as_deref()
