@@ -81,3 +81,12 @@ fn a_capture_refuses_pageable_host_copies_and_allocations_as_the_driver_does() {
         .expect("a plain copy");
     assert_eq!(stream.clone_dtoh(&dst).expect("download"), [5, 5, 5, 5]);
 }
+
+#[test]
+fn the_emulated_device_names_itself_so_tuning_knows_its_times_are_the_cpus() {
+    let Some((ctx, _stream)) = emulated_stream() else {
+        return;
+    };
+    assert_eq!(ctx.name().expect("a name"), device::EMULATED_DEVICE);
+    assert!(device::is_emulated(&ctx));
+}

@@ -7,6 +7,15 @@ use cudarc::driver::CudaContext;
 
 use super::CudaError;
 
+/// The name the emulated CUDA driver gives its device (emulated_driver.cpp's
+/// `cuDeviceGetName`): the kernels run on the CPU there (tests only).
+pub const EMULATED_DEVICE: &str = "Fallow emulated GPU (CPU)";
+
+/// Whether `ctx` is the emulated driver's device, whose launch times are the CPU's.
+pub fn is_emulated(ctx: &CudaContext) -> bool {
+    ctx.name().is_ok_and(|name| name == EMULATED_DEVICE)
+}
+
 /// What an operator (and the runner registry) wants to know about a device.
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {

@@ -1,22 +1,27 @@
 //! How load-time tuning times a product on this GPU ([`super::gemv_tune`], [`super::mmq_tune`]):
 //! the mean GPU time between two CUDA events of a few launches, each on another layer's
 //! matrix so that the weights come from memory rather than from L2, after one untimed
-//! launch that warms the kernel and its code up.
+//! launch that warms the kernel and its code up. On the emulated driver (tests), whose times
+//! are the CPU's and choose nothing worth choosing, one timed launch: the tuning's path is
+//! what is tested there, and its launches were most of the emulated suite's time.
 
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 
+use super::device::is_emulated;
 use super::CudaError;
 
-/// Launches timed per candidate and shape, after the untimed one.
+/// Launches timed per candidate and shape on a GPU, after the untimed one.
 pub(super) const TIMED_LAUNCHES: usize = 4;
 
 pub(super) struct LaunchTimer {
     stream: Arc<CudaStream>,
     start: CudaEvent,
     stop: CudaEvent,
+    /// On the emulated driver: one timed launch and no warm-up.
+    emulated: bool,
 }
 
 impl LaunchTimer {
@@ -29,18 +34,23 @@ impl LaunchTimer {
             stream: Arc::clone(stream),
             start: event()?,
             stop: event()?,
+            emulated: is_emulated(ctx),
         })
     }
 
     /// The mean milliseconds of `launch(i)` for i < [`TIMED_LAUNCHES`] (the caller's i-th
-    /// layer's matrix), after an untimed `launch(TIMED_LAUNCHES)`.
+    /// layer's matrix), after an untimed `launch(TIMED_LAUNCHES)` (on the emulated driver
+    /// `launch(0)` alone).
     pub fn mean_ms(
         &self,
         launch: &dyn Fn(usize) -> Result<(), CudaError>,
     ) -> Result<f32, CudaError> {
-        launch(TIMED_LAUNCHES)?;
+        let timed = if self.emulated { 1 } else { TIMED_LAUNCHES };
+        if !self.emulated {
+            launch(TIMED_LAUNCHES)?;
+        }
         self.start.record(&self.stream).map_err(CudaError::driver)?;
-        for i in 0..TIMED_LAUNCHES {
+        for i in 0..timed {
             launch(i)?;
         }
         self.stop.record(&self.stream).map_err(CudaError::driver)?;
@@ -49,6 +59,6 @@ impl LaunchTimer {
             .start
             .elapsed_ms(&self.stop)
             .map_err(CudaError::driver)?;
-        Ok(ms / TIMED_LAUNCHES as f32)
+        Ok(ms / timed as f32)
     }
 }
