@@ -325,12 +325,18 @@ inline float bf16_half(uint32_t word, unsigned high) {
 }
 
 // One warp's mma: every lane's fragments (A's 4 registers, B's 2) published, decoded once into
-// the warp's `matrices` (`decode(all, m)`, `all`: 6 words per lane), then each of this lane's
-// 4 results D[row][col] = its C plus A[row][k]·B[k][col] added in k order, written back once
-// every lane has read.
-template <class T, int K, class Decode>
-void warp_mma(Worker& w, T d[4], const unsigned a[4], const unsigned b[2],
-              std::vector<MmaMatrices<T, K>>& matrices, Decode decode) {
+// the warp's `matrices`, then each of this lane's 4 results D[row][col] = its C plus
+// A[row][k]·B[k][col] added in k order, written back once every lane has read. Both shapes
+// lay out their fragments alike (PTX ISA, "Matrix Fragments for mma"), with E = K / 8
+// elements per register (`element(word, i)`, the i-th, lowest bits first): A[r][k] is in lane
+// 4·(r % 8) + (k % 4E) / E, register (r >= 8) + 2·(k >= 4E); B[k][n] in lane 4·n + (k % 4E) / E,
+// register k >= 4E (after A's four); this lane's d[i] is D[g + 8·(i >= 2)][2q + i % 2] (lane
+// 4g + q). The hardware's summation order is its own.
+template <class T, int K, class Element>
+void warp_mma(T d[4], const unsigned a[4], const unsigned b[2],
+              std::vector<MmaMatrices<T, K>> Worker::*matrices, Element element) {
+    constexpr unsigned E = K / 8;
+    Worker& w = me();
     unsigned warp = w.linear / 32, lane = w.linear % 32;
     whole_warp(w);
     uint32_t* mine = &w.mma_operands[w.linear * 6];
@@ -339,9 +345,15 @@ void warp_mma(Worker& w, T d[4], const unsigned a[4], const unsigned b[2],
     mine[5] = b[1];
     Barrier& barrier = w.warp_barriers[warp];
     wait(w, barrier);
-    MmaMatrices<T, K>& m = matrices[warp];
+    MmaMatrices<T, K>& m = (w.*matrices)[warp];
     if (m.decoded_at != barrier.generation) {
-        decode(&w.mma_operands[warp * 32 * 6], m);
+        const uint32_t* all = &w.mma_operands[warp * 32 * 6];
+        for (unsigned r = 0; r < 16; r++)
+            for (unsigned k = 0; k < K; k++)
+                m.a[r][k] = element(all[(4 * (r % 8) + (k % (4 * E)) / E) * 6 + (r >= 8) + 2 * (k >= 4 * E)], k % E);
+        for (unsigned k = 0; k < K; k++)
+            for (unsigned c = 0; c < 8; c++)
+                m.b[k][c] = element(all[(4 * c + (k % (4 * E)) / E) * 6 + 4 + (k >= 4 * E)], k % E);
         m.decoded_at = barrier.generation;
     }
     T out[4];
@@ -355,37 +367,15 @@ void warp_mma(Worker& w, T d[4], const unsigned a[4], const unsigned b[2],
     for (int i = 0; i < 4; i++) d[i] = out[i];
 }
 
-// One warp's m16n8k16 product, D += A·B, from every lane's fragments as the PTX ISA lays
-// them out (see mma_bf16_16816 in prefill_mma.cu): A[r][c] is in lane 4·(r % 8) + (c % 8) / 2,
-// register (r >= 8) + 2·(c >= 8), half c % 2; B[k][n] in lane 4·n + (k % 8) / 2, register
-// k >= 8, half k % 2; this lane's d[i] is D[g + 8·(i >= 2)][2q + i % 2] (lane 4g + q). The
-// hardware's summation order is its own; here each result adds the products in k order.
+// One warp's m16n8k16 product of bf16 pairs, D += A·B in f32 (see mma_bf16_16816 in
+// prefill_mma.cu).
 inline void mma_bf16_16816(float d[4], const unsigned a[4], const unsigned b[2]) {
-    Worker& w = me();
-    warp_mma(w, d, a, b, w.mma_bf16, [](const uint32_t* all, MmaMatrices<float, 16>& m) {
-        for (unsigned r = 0; r < 16; r++)
-            for (unsigned k = 0; k < 16; k++)
-                m.a[r][k] = bf16_half(all[(4 * (r % 8) + (k % 8) / 2) * 6 + (r >= 8) + 2 * (k >= 8)], k % 2);
-        for (unsigned k = 0; k < 16; k++)
-            for (unsigned c = 0; c < 8; c++)
-                m.b[k][c] = bf16_half(all[(4 * c + (k % 8) / 2) * 6 + 4 + (k >= 8)], k % 2);
-    });
+    warp_mma(d, a, b, &Worker::mma_bf16, bf16_half);
 }
 
-// One warp's m16n8k32 product of signed bytes, D += A·B in s32 (see mma_s8_16832 in
-// mmq.cu): A[r][c] is in lane 4·(r % 8) + (c % 16) / 4, register (r >= 8) + 2·(c >= 16), byte
-// c % 4; B[k][n] in lane 4·n + (k % 16) / 4, register k >= 16, byte k % 4; d as above.
+// One warp's m16n8k32 product of signed bytes, D += A·B in s32 (see mma_s8_16832 in mmq.cu).
 inline void mma_s8_16832(int d[4], const unsigned a[4], const unsigned b[2]) {
-    Worker& w = me();
-    warp_mma(w, d, a, b, w.mma_s8, [](const uint32_t* all, MmaMatrices<int, 32>& m) {
-        auto byte = [](uint32_t word, unsigned i) { return (int)(signed char)(word >> (8 * i)); };
-        for (unsigned r = 0; r < 16; r++)
-            for (unsigned k = 0; k < 32; k++)
-                m.a[r][k] = byte(all[(4 * (r % 8) + (k % 16) / 4) * 6 + (r >= 8) + 2 * (k >= 16)], k % 4);
-        for (unsigned k = 0; k < 32; k++)
-            for (unsigned c = 0; c < 8; c++)
-                m.b[k][c] = byte(all[(4 * c + (k % 16) / 4) * 6 + 4 + (k >= 16)], k % 4);
-    });
+    warp_mma(d, a, b, &Worker::mma_s8, [](uint32_t word, unsigned i) { return (int)(signed char)(word >> (8 * i)); });
 }
 
 // A launch's blocks, handed out one at a time to the OS threads that run them. Every other
