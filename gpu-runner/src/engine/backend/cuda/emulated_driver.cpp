@@ -678,25 +678,38 @@ int cuLaunchKernelEx(const CUlaunchConfig_emu* c, void* f, void** params, void**
 // cuBLAS: a handle is the stream it runs on.
 typedef float float8 __attribute__((vector_size(32)));
 
-// The dot products of `row` with COLS columns (`kp` floats each, one after another from
-// `cols`), kp a multiple of 8: eight products in flight per column, their lanes summed in
-// order at the end.
-extern "C++" template <int COLS>
-inline void dot_columns(const float* row, const float* cols, size_t kp, float* sums) {
-    float8 acc[COLS] = {};
+// The dot products of ROWS rows with COLS columns (`kp` floats each, one after another from
+// `rows` and from `cols`), kp a multiple of 8: eight products in flight per pair, their lanes
+// summed in order at the end. Each vector loaded serves ROWS or COLS products (one row
+// against four columns was bound by its loads); every pair's sum is the same as alone.
+extern "C++" template <int ROWS, int COLS>
+inline void dot_tile(const float* rows, const float* cols, size_t kp, float (*sums)[4]) {
+    float8 acc[ROWS][COLS] = {};
     for (size_t p = 0; p < kp; p += 8) {
-        float8 x;
-        std::memcpy(&x, row + p, sizeof x);
+        float8 x[ROWS];
+        for (int r = 0; r < ROWS; r++) std::memcpy(&x[r], rows + (size_t)r * kp + p, sizeof x[r]);
         for (int c = 0; c < COLS; c++) {
             float8 y;
             std::memcpy(&y, cols + (size_t)c * kp + p, sizeof y);
-            acc[c] += x * y;
+            for (int r = 0; r < ROWS; r++) acc[r][c] += x[r] * y;
         }
     }
-    for (int c = 0; c < COLS; c++) {
-        float sum = 0;
-        for (int l = 0; l < 8; l++) sum += acc[c][l];
-        sums[c] = sum;
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < COLS; c++) {
+            float sum = 0;
+            for (int l = 0; l < 8; l++) sum += acc[r][c][l];
+            sums[r][c] = sum;
+        }
+}
+
+// dot_tile for 1 to 4 columns.
+extern "C++" template <int ROWS>
+inline void dot_rows(const float* rows, const float* cols, size_t kp, int n, float (*sums)[4]) {
+    switch (n) {
+        case 1: dot_tile<ROWS, 1>(rows, cols, kp, sums); break;
+        case 2: dot_tile<ROWS, 2>(rows, cols, kp, sums); break;
+        case 3: dot_tile<ROWS, 3>(rows, cols, kp, sums); break;
+        default: dot_tile<ROWS, 4>(rows, cols, kp, sums); break;
     }
 }
 
@@ -729,9 +742,9 @@ int cublasGemmEx(void* h, int transa, int transb, int m, int n, int k, const voi
         return 7;  // CUBLAS_STATUS_INVALID_VALUE
     float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
     return enqueue(static_cast<BlasHandle*>(h)->stream, [=] {
-        // op(B)'s columns as f32 once, op(A)'s rows one at a time as each is needed (an LM
-        // head's rows as f32 would be hundreds of MB per call), then each row against four
-        // columns at a time, eight products in flight per column (the order of cuBLAS's sums
+        // op(B)'s columns as f32 once, op(A)'s rows two at a time as they are needed (an LM
+        // head's rows as f32 would be hundreds of MB per call), each pair against four columns
+        // at a time, eight products in flight per row and column (the order of cuBLAS's sums
         // is its own too); rows are shared out over the machine's cores.
         size_t kp = ((size_t)k + 7) / 8 * 8;  // zero-padded to whole vectors
         std::vector<float> bcols((size_t)n * kp, 0.0f);
@@ -740,30 +753,34 @@ int cublasGemmEx(void* h, int transa, int transb, int m, int n, int k, const voi
                 bcols[(size_t)j * kp + p] =
                     to_float(B, transb ? (size_t)p * ldb + j : (size_t)j * ldb + p, btype);
         auto rows = [&](int from, int to) {
-            std::vector<float> arow(kp, 0.0f);
-            for (int i = from; i < to; i++) {
-                if (transa && atype == 14) {  // the backend's case: bf16 rows, one after another
-                    const bf16* r = static_cast<const bf16*>(A) + (size_t)i * lda;
-                    for (int p = 0; p < k; p++) arow[p] = bf16_to_f32(r[p]);
-                } else {
-                    for (int p = 0; p < k; p++)
-                        arow[p] = to_float(A, transa ? (size_t)i * lda + p : (size_t)p * lda + i, atype);
+            std::vector<float> arows(2 * kp, 0.0f);
+            for (int i0 = from; i0 < to; i0 += 2) {
+                int tile = to - i0 < 2 ? 1 : 2;
+                for (int r = 0; r < tile; r++) {
+                    int i = i0 + r;
+                    float* arow = &arows[(size_t)r * kp];
+                    if (transa && atype == 14) {  // the backend's case: bf16 rows, one after another
+                        const bf16* src = static_cast<const bf16*>(A) + (size_t)i * lda;
+                        for (int p = 0; p < k; p++) arow[p] = bf16_to_f32(src[p]);
+                    } else {
+                        for (int p = 0; p < k; p++)
+                            arow[p] = to_float(A, transa ? (size_t)i * lda + p : (size_t)p * lda + i, atype);
+                    }
                 }
                 for (int j0 = 0; j0 < n; j0 += 4) {
                     int cols = n - j0 < 4 ? n - j0 : 4;
                     const float* b0 = &bcols[(size_t)j0 * kp];
-                    float sums[4];
-                    switch (cols) {
-                        case 1: dot_columns<1>(arow.data(), b0, kp, sums); break;
-                        case 2: dot_columns<2>(arow.data(), b0, kp, sums); break;
-                        case 3: dot_columns<3>(arow.data(), b0, kp, sums); break;
-                        default: dot_columns<4>(arow.data(), b0, kp, sums); break;
-                    }
-                    for (int c = 0; c < cols; c++) {
-                        size_t ci = (size_t)(j0 + c) * ldc + i;
-                        float prior = b == 0 ? 0 : b * to_float(C, ci, ctype);
-                        store(C, ci, ctype, a * sums[c] + prior);
-                    }
+                    float sums[2][4];
+                    if (tile == 2)
+                        dot_rows<2>(arows.data(), b0, kp, cols, sums);
+                    else
+                        dot_rows<1>(arows.data(), b0, kp, cols, sums);
+                    for (int r = 0; r < tile; r++)
+                        for (int c = 0; c < cols; c++) {
+                            size_t ci = (size_t)(j0 + c) * ldc + i0 + r;
+                            float prior = b == 0 ? 0 : b * to_float(C, ci, ctype);
+                            store(C, ci, ctype, a * sums[r][c] + prior);
+                        }
                 }
             }
         };

@@ -10,7 +10,6 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use half::bf16;
 use rayon::prelude::*;
 
 use super::buffer::DeviceBuf;
@@ -410,20 +409,54 @@ fn append_bf16(m: &QMatrix, out: &mut Vec<u16>) {
         |row, (r, d)| {
             m.dequantize_row(r, row);
             for (o, &v) in d.iter_mut().zip(row.iter()) {
-                *o = bf16::from_f32(v).to_bits();
+                *o = bf16_bits(v);
             }
         },
     );
 }
 
+/// `v` rounded to the nearest bf16, ties to even, as its bits: the bits of
+/// `half::bf16::from_f32` (a NaN keeps its sign and upper payload, made quiet), computed
+/// without a branch so that a row's loop vectorises. Per element through `from_f32` the
+/// conversion was a sixth of loading Gemma 3's weights.
+fn bf16_bits(v: f32) -> u16 {
+    let x = v.to_bits();
+    // Adding 0x7FFF, plus one when the kept part is odd, carries into it exactly when the
+    // dropped half is over a half, or a half with an odd kept part.
+    let rounded = x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16;
+    let quiet_nan = (x >> 16) | 0x40;
+    let is_nan = x & 0x7FFF_FFFF > 0x7F80_0000;
+    (if is_nan { quiet_nan } else { rounded }) as u16
+}
+
 #[cfg(test)]
 mod tests {
+    use half::bf16;
+
     use super::*;
     use crate::engine::quant::TensorBytes;
 
     fn matrix(dtype: GgmlType, rows: usize, cols: usize) -> QMatrix {
         let bytes = vec![0u8; rows * cols / dtype.block_elems() * dtype.block_bytes()];
         QMatrix::new(dtype, rows, cols, TensorBytes::Owned(bytes)).expect("whole blocks")
+    }
+
+    #[test]
+    fn bf16_rounding_gives_the_bits_of_half_for_every_sign_exponent_and_rounding_case() {
+        // Every upper half (sign, exponent, kept mantissa: NaNs and infinities included)
+        // with each dropped half that decides the rounding.
+        let dropped = [0, 1, 0x4000, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFFFF];
+        for upper in 0..=u16::MAX as u32 {
+            for low in dropped {
+                let v = f32::from_bits(upper << 16 | low);
+                assert_eq!(
+                    bf16_bits(v),
+                    bf16::from_f32(v).to_bits(),
+                    "{:#010x}",
+                    v.to_bits()
+                );
+            }
+        }
     }
 
     #[test]
