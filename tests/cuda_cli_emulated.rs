@@ -194,6 +194,11 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = fallow(&preload, env, &args);
         let rows = bench_rows(&out.stdout);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.lines().any(|l| l.starts_with("loaded in ")),
+            "{args:?}: no load time in\n{stdout}"
+        );
         for concurrency in [1, 8] {
             assert!(
                 rows.iter()

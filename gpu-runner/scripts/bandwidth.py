@@ -90,6 +90,12 @@ def parse_fallow(text):
     return rows
 
 
+def load_seconds(text):
+    """The seconds `fallow bench engine` took to load its model (`loaded in X s`)."""
+    found = re.findall(r"^loaded in ([0-9.]+) s$", text, re.MULTILINE)
+    return float(found[0]) if found else None
+
+
 def step_clock(text):
     """The rows of the backend's step clock (FALLOW_CUDA_STEP_CLOCK=1: "CUDA step clock ..."
     then `step steps GPU in-backend between busy%` per step shape), the last table's."""
@@ -221,6 +227,8 @@ def summary(args):
     pct = lambda v: fmt(100 * v / roof if v is not None and roof else None)  # noqa: E731
     say(f"  fallow batch 1   {fmt(f1_dec)} tok/s = {pct(f1_dec)} % of roofline")
     say(f"  HF batch 1       {fmt(h1_dec)} tok/s = {pct(h1_dec)} % of roofline")
+    load_s = load_seconds(read_text(args.fallow_log))
+    say(f"  fallow load      {fmt(load_s, '.2f')} s (model onto the GPU, with the GEMV timing)")
 
     clock = step_clock(read_text(args.fallow_log))
     if clock:

@@ -58,8 +58,11 @@ pub fn engine(args: BenchEngineArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let loading = Instant::now();
     let mut model = runtime::load(&args.model, &options)
         .with_context(|| format!("loading {}", args.model.display()))?;
+    // Load time is part of what an operator waits for when a runner warms a model.
+    println!("loaded in {:.2} s", loading.elapsed().as_secs_f64());
     println!(
         "{:>11} {:>11} {:>14} {:>14} {:>16} {:>10} {:>9} {:>12}",
         "concurrency",

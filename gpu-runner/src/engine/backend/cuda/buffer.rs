@@ -53,9 +53,19 @@ impl<T: DeviceRepr + ValidAsZeroBits> DeviceBuf<T> {
 
     /// Copies `host` to the start of the buffer.
     pub fn write(&mut self, stream: &Arc<CudaStream>, host: &[T]) -> Result<(), CudaError> {
-        if host.len() > self.slice.len() {
+        self.write_at(stream, 0, host)
+    }
+
+    /// Copies `host` into the buffer from element `at` on.
+    pub fn write_at(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        at: usize,
+        host: &[T],
+    ) -> Result<(), CudaError> {
+        if at + host.len() > self.slice.len() {
             return Err(CudaError::Failure(format!(
-                "copy of {} elements into a buffer of {}",
+                "copy of {} elements from element {at} into a buffer of {}",
                 host.len(),
                 self.slice.len()
             )));
@@ -63,7 +73,7 @@ impl<T: DeviceRepr + ValidAsZeroBits> DeviceBuf<T> {
         if host.is_empty() {
             return Ok(());
         }
-        let mut view = self.slice.slice_mut(..host.len());
+        let mut view = self.slice.slice_mut(at..at + host.len());
         stream
             .memcpy_htod(host, &mut view)
             .map_err(CudaError::driver)

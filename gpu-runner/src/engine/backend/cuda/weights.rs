@@ -1,10 +1,10 @@
 //! The model's weights on the device, in the layout the step wants: Q/K/V fused into one
 //! `[q + k + v, hidden]` matrix and gate/up into one `[2·ffn, hidden]` matrix so that each is
 //! one product, the small vectors as f32, and every matrix either as bf16 rows (GGUF
-//! quantized types dequantized once at load; bf16 safetensors copied as they are) or, with
-//! [`CudaWeights::Quantized`], in its GGUF blocks as the file has them (the embedding table
-//! stays bf16: the gather reads it row by row; blocks whose size is not a multiple of 16
-//! bytes are split into their quants and their headers, [`device_layout`]).
+//! quantized types dequantized once at load; bf16 tensors copied from the mapped file as they
+//! are) or, with [`CudaWeights::Quantized`], in its GGUF blocks as the file has them (the
+//! embedding table stays bf16: the gather reads it row by row; blocks whose size is not a
+//! multiple of 16 bytes are split into their quants and their headers, [`device_layout`]).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -381,24 +381,49 @@ fn upload_stacked(
             storage: Storage::Quantized(quantized),
         });
     }
-    let mut host: Vec<u16> = Vec::with_capacity(rows * cols);
+    let mut buf = DeviceBuf::zeros(stream, rows * cols)?;
+    let mut at = 0;
     for part in parts {
-        append_bf16(part, &mut host);
+        write_bf16(stream, part, &mut buf, at)?;
+        at += part.rows * part.cols;
     }
     Ok(DeviceMatrix {
         rows,
         cols,
-        storage: Storage::Bf16(DeviceBuf::from_host(stream, &host)?),
+        storage: Storage::Bf16(buf),
     })
 }
 
-/// Appends `m`'s rows as bf16 bits: bf16 is copied, everything else dequantized (in
-/// parallel over rows) and rounded to nearest even.
-fn append_bf16(m: &QMatrix, out: &mut Vec<u16>) {
-    let start = out.len();
-    out.resize(start + m.rows * m.cols, 0);
-    let dst = &mut out[start..];
-    if m.dtype == GgmlType::BF16 {
+/// Writes `m`'s rows as bf16 bits into `buf` from element `at` on: a bf16 matrix straight
+/// from its bytes (the mapped file: an 8B model's 16 GB are not copied and zero-filled on
+/// the host first), anything else through a host buffer of its own.
+fn write_bf16(
+    stream: &Arc<CudaStream>,
+    m: &QMatrix,
+    buf: &mut DeviceBuf<u16>,
+    at: usize,
+) -> Result<(), CudaError> {
+    if let Some(bits) = bf16_bits_in_place(m) {
+        return buf.write_at(stream, at, bits);
+    }
+    let mut host = vec![0u16; m.rows * m.cols];
+    fill_bf16(m, &mut host);
+    buf.write_at(stream, at, &host)
+}
+
+/// A bf16 matrix's bytes as its u16 bits where they already are: little-endian, in row
+/// order and 2-byte aligned (files align their tensors; an unaligned one is copied).
+fn bf16_bits_in_place(m: &QMatrix) -> Option<&[u16]> {
+    if m.dtype != GgmlType::BF16 || m.layout != Layout::Rows || cfg!(target_endian = "big") {
+        return None;
+    }
+    bytemuck::try_cast_slice(m.bytes()).ok()
+}
+
+/// Fills `dst` with `m`'s rows as bf16 bits: bf16 rows are copied, everything else
+/// dequantized (in parallel over rows) and rounded to nearest even.
+fn fill_bf16(m: &QMatrix, dst: &mut [u16]) {
+    if m.dtype == GgmlType::BF16 && m.layout == Layout::Rows {
         for (d, s) in dst.iter_mut().zip(m.bytes().chunks_exact(2)) {
             *d = u16::from_le_bytes([s[0], s[1]]);
         }
@@ -457,6 +482,40 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn bf16_rows_are_read_in_place_where_aligned_and_copied_or_converted_where_not() {
+        let values: Vec<u16> = (0..64u16).map(|i| i.wrapping_mul(0x3F01)).collect();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        // The same bytes one past a page boundary: not 2-byte aligned.
+        let mut anon = memmap2::MmapMut::map_anon(bytes.len() + 1).expect("anonymous map");
+        anon[1..].copy_from_slice(&bytes);
+        let map = Arc::new(anon.make_read_only().expect("read-only map"));
+        let unaligned_bytes = TensorBytes::Mapped {
+            map,
+            offset: 1,
+            len: bytes.len(),
+        };
+        let aligned =
+            QMatrix::new(GgmlType::BF16, 2, 32, TensorBytes::Owned(bytes)).expect("whole rows");
+        let unaligned = QMatrix::new(GgmlType::BF16, 2, 32, unaligned_bytes).expect("whole rows");
+        assert_eq!(bf16_bits_in_place(&aligned), Some(&values[..]));
+        assert_eq!(bf16_bits_in_place(&unaligned), None);
+        let mut copied = vec![0u16; values.len()];
+        fill_bf16(&unaligned, &mut copied);
+        assert_eq!(copied, values);
+
+        let floats: Vec<f32> = (0..64).map(|i| (i as f32 - 20.5) / 3.0).collect();
+        let f32s = QMatrix::from_f32(2, 32, &floats).expect("f32 matrix");
+        assert_eq!(bf16_bits_in_place(&f32s), None);
+        let mut converted = vec![0u16; floats.len()];
+        fill_bf16(&f32s, &mut converted);
+        let rounded: Vec<u16> = floats
+            .iter()
+            .map(|&v| bf16::from_f32(v).to_bits())
+            .collect();
+        assert_eq!(converted, rounded);
     }
 
     #[test]
