@@ -678,12 +678,17 @@ int cuLaunchKernelEx(const CUlaunchConfig_emu* c, void* f, void** params, void**
 // cuBLAS: a handle is the stream it runs on.
 typedef float float8 __attribute__((vector_size(32)));
 
+// Rows of op(A) a pass of the emulated GEMM takes together, and columns of op(B).
+constexpr int ROW_TILE = 2, COL_TILE = 4;
+// (dot_rows dispatches 1 to 4 columns; a pass takes a whole tile or the one row left.)
+static_assert(ROW_TILE == 2 && COL_TILE == 4, "the dispatch below covers these tiles");
+
 // The dot products of ROWS rows with COLS columns (`kp` floats each, one after another from
 // `rows` and from `cols`), kp a multiple of 8: eight products in flight per pair, their lanes
 // summed in order at the end. Each vector loaded serves ROWS or COLS products (one row
 // against four columns was bound by its loads); every pair's sum is the same as alone.
 extern "C++" template <int ROWS, int COLS>
-inline void dot_tile(const float* rows, const float* cols, size_t kp, float (*sums)[4]) {
+inline void dot_tile(const float* rows, const float* cols, size_t kp, float (*sums)[COL_TILE]) {
     float8 acc[ROWS][COLS] = {};
     for (size_t p = 0; p < kp; p += 8) {
         float8 x[ROWS];
@@ -702,9 +707,9 @@ inline void dot_tile(const float* rows, const float* cols, size_t kp, float (*su
         }
 }
 
-// dot_tile for 1 to 4 columns.
+// dot_tile for 1 to COL_TILE columns.
 extern "C++" template <int ROWS>
-inline void dot_rows(const float* rows, const float* cols, size_t kp, int n, float (*sums)[4]) {
+inline void dot_rows(const float* rows, const float* cols, size_t kp, int n, float (*sums)[COL_TILE]) {
     switch (n) {
         case 1: dot_tile<ROWS, 1>(rows, cols, kp, sums); break;
         case 2: dot_tile<ROWS, 2>(rows, cols, kp, sums); break;
@@ -753,9 +758,9 @@ int cublasGemmEx(void* h, int transa, int transb, int m, int n, int k, const voi
                 bcols[(size_t)j * kp + p] =
                     to_float(B, transb ? (size_t)p * ldb + j : (size_t)j * ldb + p, btype);
         auto rows = [&](int from, int to) {
-            std::vector<float> arows(2 * kp, 0.0f);
-            for (int i0 = from; i0 < to; i0 += 2) {
-                int tile = to - i0 < 2 ? 1 : 2;
+            std::vector<float> arows(ROW_TILE * kp, 0.0f);
+            for (int i0 = from; i0 < to; i0 += ROW_TILE) {
+                int tile = to - i0 < ROW_TILE ? to - i0 : ROW_TILE;
                 for (int r = 0; r < tile; r++) {
                     int i = i0 + r;
                     float* arow = &arows[(size_t)r * kp];
@@ -767,12 +772,12 @@ int cublasGemmEx(void* h, int transa, int transb, int m, int n, int k, const voi
                             arow[p] = to_float(A, transa ? (size_t)i * lda + p : (size_t)p * lda + i, atype);
                     }
                 }
-                for (int j0 = 0; j0 < n; j0 += 4) {
-                    int cols = n - j0 < 4 ? n - j0 : 4;
+                for (int j0 = 0; j0 < n; j0 += COL_TILE) {
+                    int cols = n - j0 < COL_TILE ? n - j0 : COL_TILE;
                     const float* b0 = &bcols[(size_t)j0 * kp];
-                    float sums[2][4];
-                    if (tile == 2)
-                        dot_rows<2>(arows.data(), b0, kp, cols, sums);
+                    float sums[ROW_TILE][COL_TILE];
+                    if (tile == ROW_TILE)
+                        dot_rows<ROW_TILE>(arows.data(), b0, kp, cols, sums);
                     else
                         dot_rows<1>(arows.data(), b0, kp, cols, sums);
                     for (int r = 0; r < tile; r++)
