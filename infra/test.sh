@@ -19,7 +19,7 @@ if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 # the GPU machines' driver (a newer NVRTC emits PTX that driver cannot load). Without it the
 # test skips, so a failed install is reported, not fatal. With it the CUDA conformance suite
 # also runs here, on the emulated driver (the kernels on the CPU, see
-# gpu-runner/src/engine/backend/cuda/emulator.rs).
+# gpu-runner/engine/src/backend/cuda/emu/mod.rs).
 NVRTC_WHEEL='nvidia-cuda-nvrtc==13.0.88'
 if .venv/bin/pip install -q --disable-pip-version-check "$NVRTC_WHEEL"; then
   nvrtc_dir="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/cu13/lib"
@@ -39,9 +39,9 @@ if .venv/bin/pip install -q --disable-pip-version-check "$NVRTC_WHEEL"; then
 else
   echo "NVRTC: could not install $NVRTC_WHEEL (no network?); the CUDA kernel compile test will skip" >&2
 fi
-# With the runner's CUDA emulator compiled in, as `cargo test` builds the runner (its tests
+# With the engine's CUDA emulator compiled in, as `cargo test` builds the engine (its tests
 # turn the feature on), so the workspace's test build reuses this one.
-cargo build --bin fallow --features fallow-runner/emulator
+cargo build --bin fallow --features fallow-engine/emulator
 # The S3 store tests run against a real S3-compatible server (moto, from requirements.txt);
 # here its absence is a failure rather than a skip.
 FALLOW_REQUIRE_S3=1 cargo test --workspace --no-fail-fast
@@ -49,5 +49,5 @@ FALLOW_REQUIRE_S3=1 cargo test --workspace --no-fail-fast
 # on a GPU (here on the emulated driver, which takes the driver's name: a process of their
 # own). The same targets as above, so the same build (`--lib` alone would resolve features
 # differently and rebuild the runner); the filter leaves the other executables nothing to run.
-FALLOW_KERNEL_TESTS=driver cargo test --workspace --no-fail-fast cuda::kernel_tests
+FALLOW_KERNEL_TESTS=driver cargo test --workspace --no-fail-fast cuda::emu::kernel_tests
 FALLOW_BIN="$PWD/target/debug/fallow" .venv/bin/python -m pytest -q tests/e2e

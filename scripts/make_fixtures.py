@@ -2,7 +2,7 @@
 """Generate llama.cpp reference fixtures for Fallow's engine correctness tests.
 
 This is a developer tool, NOT part of the test run: the JSON it writes under
-`gpu-runner/tests/fixtures/` is committed, and the Rust tests only read it.
+`gpu-runner/engine/tests/fixtures/` is committed, and the Rust tests only read it.
 Rerun it when a fixture needs to change (new corpus string, new model).
 
 How to run (from any cwd):
@@ -22,7 +22,7 @@ How to run (from any cwd):
     /work/refvenv/bin/python scripts/make_fixtures.py --model smollm2
     /work/refvenv/bin/python scripts/make_fixtures.py --model gemma3
 
-Output per model `<m>` (schema documented in gpu-runner/tests/fixtures/README.md):
+Output per model `<m>` (schema documented in gpu-runner/engine/tests/fixtures/README.md):
     <m>_tokenize.json  -- tokenizer ids for a corpus, plus per-id byte pieces
     <m>_logits.json    -- chat prompts: top-20 logits at the first generated
                           position and a 32-token greedy path with per-step

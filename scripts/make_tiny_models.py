@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Builds the tiny Hugging Face model directories under gpu-runner/tests/fixtures/tiny/.
+"""Builds the tiny Hugging Face model directories under gpu-runner/engine/tests/fixtures/tiny/.
 
 Each directory is a complete HF checkpoint with random weights: config.json, safetensors
 weights (single file or two shards + model.safetensors.index.json), tokenizer.json,
 tokenizer_config.json (with a ChatML chat template) and generation_config.json, plus a
 reference.json of what Hugging Face transformers computes on it. The Rust test
-gpu-runner/tests/safetensors_vs_transformers.rs checks Fallow's engine against those numbers.
+gpu-runner/engine/tests/safetensors_vs_transformers.rs checks Fallow's engine against those numbers.
 
 Models (all: hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16, FFN 128):
 

@@ -51,6 +51,28 @@ pub enum Command {
     },
 }
 
+/// How a model runs on CUDA (`docs/cuda.md`); ignored on the CPU.
+#[derive(Args, Debug, Clone, Default)]
+pub struct CudaArgs {
+    /// How CUDA stores a model's matrices: bf16 (default), quantized (a GGUF's blocks, read
+    /// by dequantizing kernels), q8_0 (those, and float matrices quantized to Q8_0 at load)
+    /// or q4_k (as q8_0, with Q4_K where rows are whole 256-element super-blocks).
+    #[arg(long, env = "FALLOW_CUDA_WEIGHTS")]
+    pub cuda_weights: Option<String>,
+    /// How quantized matrices' products of up to 64 token rows read x: bf16 (default) or
+    /// int8 (rounded per group of 32: integer dot products and the int8 tensor cores).
+    #[arg(long, env = "FALLOW_CUDA_QUANT_X")]
+    pub cuda_quant_x: Option<String>,
+    /// Split decode steps' sub-block ends with the next product (models without
+    /// post-norms): no norm launch, within bf16 rounding of the whole ends.
+    #[arg(long, env = "FALLOW_CUDA_SPLIT_NORM")]
+    pub cuda_split_norm: bool,
+    /// Diagnostics and A/B switches, comma separated (`profile`, `no-graphs`, …; the list
+    /// is in docs/cuda.md). Replaces `FALLOW_CUDA_DEBUG`.
+    #[arg(long)]
+    pub cuda_debug: Option<String>,
+}
+
 #[derive(Args, Debug, Clone, Default)]
 pub struct ServiceArgs {
     /// Config file (default: ./fallow.toml when present).
@@ -80,12 +102,8 @@ pub struct ServiceArgs {
     /// Where runners run their models: cpu, cuda, cuda:N or auto.
     #[arg(long, env = "FALLOW_DEVICE")]
     pub device: Option<String>,
-    /// How CUDA runners store a model's matrices: bf16 (default), quantized (a GGUF's
-    /// blocks, read by dequantizing kernels), q8_0 (those, and float matrices quantized to
-    /// Q8_0 at load) or q4_k (as q8_0, with Q4_K where rows are whole 256-element
-    /// super-blocks).
-    #[arg(long, env = "FALLOW_CUDA_WEIGHTS")]
-    pub cuda_weights: Option<String>,
+    #[command(flatten)]
+    pub cuda: CudaArgs,
     /// KV cache per model, in MiB. Unset or 0: automatic (512 MiB on the CPU; on CUDA room
     /// for every slot at the model's full context, within --model-memory-mb after the
     /// weights and within the device memory free at load).
@@ -258,7 +276,9 @@ pub struct GenerateArgs {
     pub chat_template: Option<PathBuf>,
     /// Where the model runs: cpu, cuda, cuda:N, or auto (a GPU when one is usable).
     #[arg(long, default_value = "cpu")]
-    pub device: fallow_runner::engine::runtime::Device,
+    pub device: fallow_engine::runtime::Device,
+    #[command(flatten)]
+    pub cuda: CudaArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -273,7 +293,9 @@ pub struct ChatArgs {
     pub chat_template: Option<PathBuf>,
     /// Where the model runs: cpu, cuda, cuda:N, or auto (a GPU when one is usable).
     #[arg(long, default_value = "cpu")]
-    pub device: fallow_runner::engine::runtime::Device,
+    pub device: fallow_engine::runtime::Device,
+    #[command(flatten)]
+    pub cuda: CudaArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -328,12 +350,9 @@ pub struct BenchEngineArgs {
     pub kv_cache_mib: usize,
     /// Where the model runs: cpu, cuda, cuda:N, or auto (a GPU when one is usable).
     #[arg(long, default_value = "cpu")]
-    pub device: fallow_runner::engine::runtime::Device,
-    /// On CUDA, how the model's matrices are stored: bf16, quantized (a GGUF's blocks),
-    /// q8_0 (and float matrices quantized to Q8_0 at load) or q4_k (Q4_K at load where rows
-    /// are whole super-blocks, else Q8_0).
-    #[arg(long, default_value = "bf16")]
-    pub cuda_weights: fallow_runner::engine::backend::cuda::CudaWeights,
+    pub device: fallow_engine::runtime::Device,
+    #[command(flatten)]
+    pub cuda: CudaArgs,
     /// Also run every concurrency under this JSON schema (constrained decoding) and print
     /// the constrained/unconstrained decode ratio.
     #[arg(long)]

@@ -2,10 +2,11 @@
 //! flags. Clap already merges flags over environment variables; this module puts the file
 //! and the defaults beneath them. Secrets (database passwords) are never printed.
 
-use crate::cli::ServiceArgs;
+use crate::cli::{CudaArgs, ServiceArgs};
 use anyhow::Context;
 use fallow_api::parsers::reasoning::REASONING_PARSERS;
 use fallow_api::parsers::tool_calls::TOOL_PARSERS;
+use fallow_engine::backend::cuda::CudaOptions;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -23,6 +24,8 @@ pub struct FileConfig {
     pub slots: Option<usize>,
     pub device: Option<String>,
     pub cuda_weights: Option<String>,
+    pub cuda_quant_x: Option<String>,
+    pub cuda_split_norm: Option<bool>,
     pub kv_cache_mb: Option<usize>,
     pub max_model_len: Option<usize>,
     pub chat_template: Option<PathBuf>,
@@ -77,7 +80,7 @@ impl ModelSpec {
             }
             _ => {
                 let path = PathBuf::from(target);
-                (fallow_runner::engine::runtime::model_id_for(&path), path)
+                (fallow_engine::runtime::model_id_for(&path), path)
             }
         };
         let mut spec_out = ModelSpec {
@@ -160,9 +163,9 @@ pub struct Settings {
     pub auth: Option<bool>,
     pub slots: usize,
     /// Where runners run their models.
-    pub device: fallow_runner::engine::runtime::Device,
-    /// How CUDA runners store quantized matrices.
-    pub cuda_weights: fallow_runner::engine::backend::cuda::CudaWeights,
+    pub device: fallow_engine::runtime::Device,
+    /// How CUDA runners run their models.
+    pub cuda: CudaOptions,
     pub kv_cache_mb: usize,
     pub max_model_len: usize,
     pub chat_template: Option<PathBuf>,
@@ -238,12 +241,11 @@ impl Settings {
                     .map_err(|e: String| anyhow::anyhow!("--device: {e}"))?,
                 None => Default::default(),
             },
-            cuda_weights: match args.cuda_weights.clone().or(file.cuda_weights) {
-                Some(w) => w
-                    .parse()
-                    .map_err(|e: String| anyhow::anyhow!("--cuda-weights: {e}"))?,
-                None => Default::default(),
-            },
+            cuda: args.cuda.options(CudaFile {
+                weights: file.cuda_weights,
+                quant_x: file.cuda_quant_x,
+                split_norm: file.cuda_split_norm,
+            })?,
             // 0: sized per device (the CPU's default pool; on CUDA, see `kv_pool_size`).
             kv_cache_mb: args.kv_cache_mb.or(file.kv_cache_mb).unwrap_or(0),
             max_model_len: args.max_model_len.or(file.max_model_len).unwrap_or(0),
@@ -310,7 +312,7 @@ impl Settings {
     pub fn models_or_default(&self) -> Vec<ModelSpec> {
         if self.models.is_empty() {
             vec![ModelSpec {
-                id: fallow_runner::engine::runtime::model_id_for(Path::new(DEFAULT_MODEL)),
+                id: fallow_engine::runtime::model_id_for(Path::new(DEFAULT_MODEL)),
                 path: PathBuf::from(DEFAULT_MODEL),
                 keep_alive: None,
                 min_warm: 0,
@@ -342,6 +344,40 @@ fn store_settings(args: &ServiceArgs, file: &FileConfig) -> StoreSettings {
                 .or(file.store_dir.clone())
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_STORE_DIR)),
         ),
+    }
+}
+
+/// The CUDA keys of `fallow.toml`.
+#[derive(Debug, Default)]
+pub struct CudaFile {
+    pub weights: Option<String>,
+    pub quant_x: Option<String>,
+    pub split_norm: Option<bool>,
+}
+
+impl CudaArgs {
+    /// The CUDA backend's options: the environment's debug list and kernel cache
+    /// ([`CudaOptions::from_env`]), the file's keys over the defaults, and the flags (or their
+    /// variables) over both.
+    pub fn options(&self, file: CudaFile) -> anyhow::Result<CudaOptions> {
+        let mut options = CudaOptions::from_env().map_err(anyhow::Error::msg)?;
+        if let Some(weights) = self.cuda_weights.clone().or(file.weights) {
+            options.weights = weights
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("--cuda-weights: {e}"))?;
+        }
+        if let Some(x) = self.cuda_quant_x.clone().or(file.quant_x) {
+            options.quant_x = x
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("--cuda-quant-x: {e}"))?;
+        }
+        options.split_norm = self.cuda_split_norm || file.split_norm.unwrap_or(false);
+        if let Some(list) = &self.cuda_debug {
+            options.debug = list
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("--cuda-debug: {e}"))?;
+        }
+        Ok(options)
     }
 }
 

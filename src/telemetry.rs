@@ -4,7 +4,7 @@ use tracing_subscriber::EnvFilter;
 
 pub fn init(verbose: bool) {
     let default = if verbose {
-        "info,fallow=debug,fallow_api=debug,fallow_scheduler=debug,fallow_runner=debug"
+        "info,fallow=debug,fallow_api=debug,fallow_scheduler=debug,fallow_protocol=debug,fallow_runner=debug,fallow_engine=debug"
     } else {
         "info,sqlx=warn"
     };

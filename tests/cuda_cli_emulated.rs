@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use fallow_runner::engine::backend::cuda::{device, emulator, kernels};
+use fallow_engine::backend::cuda::{device, emu, kernels};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -17,7 +17,7 @@ fn repo() -> PathBuf {
 
 fn tiny(name: &str) -> String {
     repo()
-        .join("gpu-runner/tests/fixtures/tiny")
+        .join("gpu-runner/engine/tests/fixtures/tiny")
         .join(name)
         .to_string_lossy()
         .into_owned()
@@ -34,7 +34,7 @@ fn emulated_driver() -> Option<String> {
         eprintln!("SKIPPED: no NVRTC to build the kernels for the emulated driver");
         return None;
     }
-    let [driver, blas] = emulator::driver_libraries().expect("the emulated driver builds")?;
+    let [driver, blas] = emu::driver_libraries().expect("the emulated driver builds")?;
     Some(format!("{}:{}", driver.display(), blas.display()))
 }
 
@@ -58,6 +58,13 @@ fn fallow(preload: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
 /// Environment variables for one run.
 type Env<'a> = Vec<(&'a str, &'a str)>;
 
+/// Whether `env`'s `FALLOW_CUDA_DEBUG` list names `switch`.
+fn debugs(env: &[(&str, &str)], switch: &str) -> bool {
+    env.iter().any(|(name, list)| {
+        *name == "FALLOW_CUDA_DEBUG" && list.split(',').any(|s| s.trim() == switch)
+    })
+}
+
 /// The bench table's rows as (concurrency, constraint, generated tokens).
 fn bench_rows(stdout: &[u8]) -> Vec<(usize, String, usize)> {
     String::from_utf8_lossy(stdout)
@@ -78,7 +85,7 @@ fn generate_on_cuda_streams_tokens_from_the_emulated_gpu() {
     };
     let out = fallow(
         &preload,
-        &[("FALLOW_CUDA_GEMV", "w8u4")],
+        &[("FALLOW_CUDA_DEBUG", "gemv=w8u4")],
         &[
             "generate",
             "--model",
@@ -127,17 +134,17 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
         // f.: the GEMV variants (and cuBLAS) timed at load, sampled decoding, the step clock
         // (graphs on).
         (
-            vec![("FALLOW_CUDA_STEP_CLOCK", "1")],
+            vec![("FALLOW_CUDA_DEBUG", "step-clock")],
             bench(&gemma, &["--temperature", "0.8"]),
         ),
         // f3: every launch timed, graphs off; the table goes to stderr at the end.
         (
-            vec![("FALLOW_CUDA_PROFILE", "1"), ("FALLOW_CUDA_GEMV", "w8u4")],
+            vec![("FALLOW_CUDA_DEBUG", "profile,gemv=w8u4")],
             bench(&gemma, &[]),
         ),
         // f4 and c3: Q8_0 weights, JSON-schema constrained decoding.
         (
-            vec![("FALLOW_CUDA_GEMV", "w8u4")],
+            vec![("FALLOW_CUDA_DEBUG", "gemv=w8u4")],
             bench(
                 &qwen,
                 &["--cuda-weights", "q8_0", "--json-schema", schema.as_str()],
@@ -148,7 +155,7 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
         // against the expansion at load).
         (
             vec![
-                ("FALLOW_CUDA_GEMV", "w8u4"),
+                ("FALLOW_CUDA_DEBUG", "gemv=w8u4"),
                 ("FALLOW_CUDA_QUANT_X", "int8"),
             ],
             bench(&qwen, &["--cuda-weights", "q4_k"]),
@@ -156,16 +163,11 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
         // f5, f7, f8, f9 and f10: plain launches, the fusions off, no L2 prefetches,
         // attention split only from 256 keys, no graphs.
         (
-            vec![
-                ("FALLOW_CUDA_GEMV", "w8u4"),
-                ("FALLOW_CUDA_EARLY_START", "0"),
-                ("FALLOW_CUDA_FUSED_NORM", "0"),
-                ("FALLOW_CUDA_FUSED_ROPE", "0"),
-                ("FALLOW_CUDA_L2_PREFETCH", "0"),
-                ("FALLOW_CUDA_FUSED_GLU", "0"),
-                ("FALLOW_CUDA_SPLIT_MIN_KEYS", "256"),
-                ("FALLOW_CUDA_GRAPHS", "0"),
-            ],
+            vec![(
+                "FALLOW_CUDA_DEBUG",
+                "gemv=w8u4,no-early-start,no-fused-norm,no-fused-rope,no-l2-prefetch,\
+                 no-fused-glu,split-min-keys=256,no-graphs",
+            )],
             bench(&qwen, &[]),
         ),
         // f15: the sub-block ends split with the next product, every launch timed (the
@@ -173,20 +175,13 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
         // at load: the emulated cuBLAS, timed, would take products from the GEMVs, and with
         // them the splits).
         (
-            vec![
-                ("FALLOW_CUDA_SPLIT_NORM", "1"),
-                ("FALLOW_CUDA_PROFILE", "1"),
-                ("FALLOW_CUDA_GEMV", "w8u4"),
-            ],
-            bench(&qwen, &[]),
+            vec![("FALLOW_CUDA_DEBUG", "profile,gemv=w8u4")],
+            bench(&qwen, &["--cuda-split-norm"]),
         ),
         // f11 and f12: the GEMV timed among the CUDA-core variants only, and cuBLAS not
         // timed against it.
         (
-            vec![
-                ("FALLOW_CUDA_TENSOR_GEMV", "0"),
-                ("FALLOW_CUDA_GEMV_CUBLAS", "0"),
-            ],
+            vec![("FALLOW_CUDA_DEBUG", "no-tensor-gemv,no-gemv-cublas")],
             bench(&qwen, &[]),
         ),
     ];
@@ -211,7 +206,7 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
         if args.contains(&"--json-schema") {
             assert!(rows.iter().any(|(_, constraint, _)| constraint == "json"));
         }
-        if env.contains(&("FALLOW_CUDA_STEP_CLOCK", "1")) {
+        if debugs(env, "step-clock") {
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(
                 stderr.contains("CUDA step clock")
@@ -220,7 +215,7 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
                 "no step clock for the decode steps of 1 and 8 sequences:\n{stderr}"
             );
         }
-        if env.contains(&("FALLOW_CUDA_GEMV_CUBLAS", "0")) {
+        if debugs(env, "no-gemv-cublas") {
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(
                 stderr.contains("GEMV variants timed")
@@ -240,7 +235,7 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
                 "no timing of the int8 tensor-core products at load:\n{stderr}"
             );
         }
-        if env.contains(&("FALLOW_CUDA_SPLIT_NORM", "1")) {
+        if args.contains(&"--cuda-split-norm") {
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(
                 [
@@ -254,7 +249,7 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
                 "no split sub-block ends in the profile:\n{stderr}"
             );
         }
-        if env.contains(&("FALLOW_CUDA_PROFILE", "1")) {
+        if debugs(env, "profile") {
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(
                 stderr.contains("paged_attention") && stderr.contains("gemm lm_head"),
@@ -262,4 +257,38 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
             );
         }
     }
+}
+
+#[test]
+fn a_retired_cuda_variable_is_refused_with_its_replacement() {
+    // No emulated driver needed: the options are parsed before any model is opened.
+    let out = Command::new(env!("CARGO_BIN_EXE_fallow"))
+        .env("FALLOW_CUDA_GRAPHS", "0")
+        .args(["generate", "--model", &tiny("llama"), "--prompt", "hi"])
+        .output()
+        .expect("fallow runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a stale variable must not be ignored"
+    );
+    assert!(
+        stderr.contains("FALLOW_CUDA_GRAPHS is no longer read: use FALLOW_CUDA_DEBUG=no-graphs"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_unknown_debug_switch_is_refused_with_the_known_ones() {
+    let out = Command::new(env!("CARGO_BIN_EXE_fallow"))
+        .args(["generate", "--model", &tiny("llama"), "--prompt", "hi"])
+        .args(["--cuda-debug", "no-graph"])
+        .output()
+        .expect("fallow runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--cuda-debug") && stderr.contains("no-graphs"),
+        "{stderr}"
+    );
 }

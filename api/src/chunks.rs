@@ -13,9 +13,7 @@ use crate::openai::response::{
 };
 use crate::stream_choice::StreamChoice;
 use crate::validate::Delivery;
-use fallow_scheduler::job::{
-    Completion, FinishReason, JobEvent, OutputFormat, TokenLogprob, Usage,
-};
+use fallow_protocol::job::{Completion, FinishReason, JobEvent, OutputFormat, TokenLogprob, Usage};
 use fallow_scheduler::stream::StreamEntry;
 
 /// One SSE event to send. `id` is the Redis entry id it came from (for `Last-Event-ID`).

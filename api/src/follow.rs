@@ -4,7 +4,7 @@
 //! reaper without a runner left to write its last event.
 
 use crate::error::ApiError;
-use fallow_scheduler::job::{Completion, FinishReason, JobEvent};
+use fallow_protocol::job::{Completion, FinishReason, JobEvent};
 use fallow_scheduler::queue::{JobState, Queue};
 use fallow_scheduler::stream::{StreamEntry, TokenRelay};
 use std::time::Duration;
@@ -140,7 +140,7 @@ impl JobFollower {
 pub(crate) fn aborted(n: u32) -> Completion {
     Completion {
         choices: (0..n)
-            .map(|index| fallow_scheduler::job::ChoiceResult {
+            .map(|index| fallow_protocol::job::ChoiceResult {
                 index,
                 text: String::new(),
                 finish_reason: FinishReason::Abort,

@@ -49,7 +49,7 @@ fn install() -> Option<PrometheusHandle> {
 pub fn record_success(
     finish_reason: &'static str,
     e2e_seconds: f64,
-    usage: &fallow_scheduler::job::Usage,
+    usage: &fallow_protocol::job::Usage,
 ) {
     metrics::counter!(REQUEST_SUCCESS, "finished_reason" => finish_reason).increment(1);
     metrics::histogram!(E2E_LATENCY).record(e2e_seconds);

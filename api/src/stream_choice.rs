@@ -5,7 +5,7 @@
 
 use crate::openai::response::{Delta, FunctionDelta, ToolCallDelta};
 use crate::parsers::{ChoiceParser, Piece};
-use fallow_scheduler::job::OutputFormat;
+use fallow_protocol::job::OutputFormat;
 
 pub struct StreamChoice {
     parser: ChoiceParser,

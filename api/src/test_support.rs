@@ -1,6 +1,6 @@
 //! Builders shared by the api's unit tests.
 
-use fallow_scheduler::job::{ChoiceResult, Completion, FinishReason, Usage};
+use fallow_protocol::job::{ChoiceResult, Completion, FinishReason, Usage};
 
 /// A finished job whose choices (stopped normally) hold `texts`, in order.
 pub fn completion(texts: &[&str], usage: Usage) -> Completion {

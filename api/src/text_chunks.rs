@@ -8,7 +8,7 @@ use crate::error::ApiError;
 use crate::openai::completions::{LegacyLogprobs, TextChoice, TextCompletionChunk};
 use crate::openai::response::{finish_reason_str, SYSTEM_FINGERPRINT};
 use crate::validate::ValidCompletion;
-use fallow_scheduler::job::{JobEvent, Usage};
+use fallow_protocol::job::{JobEvent, Usage};
 
 /// One event to send: a chunk, or the error that ends the stream.
 #[derive(Debug)]

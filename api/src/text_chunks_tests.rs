@@ -1,11 +1,11 @@
 use super::*;
 use crate::validate::Delivery;
-use fallow_scheduler::job::{FinishReason, GenerateRequest};
+use fallow_protocol::job::{FinishReason, GenerateRequest};
 
 fn valid(prompts: usize, n: u32, echo: bool, include_usage: bool) -> ValidCompletion {
     let job: GenerateRequest =
         serde_json::from_value(serde_json::json!({"model": "m", "messages": [],
-            "sampling": serde_json::to_value(fallow_scheduler::job::Sampling::default()).unwrap_or_default(),
+            "sampling": serde_json::to_value(fallow_protocol::job::Sampling::default()).unwrap_or_default(),
             "n": n, "add_generation_prompt": false, "continue_final_message": false}))
         .unwrap_or_else(|e| panic!("{e}"));
     ValidCompletion {
@@ -126,7 +126,7 @@ fn an_error_ends_the_stream() {
 
 #[test]
 fn legacy_logprobs_carry_offsets_and_the_sampled_token() {
-    use fallow_scheduler::job::{TokenLogprob, TopLogprob};
+    use fallow_protocol::job::{TokenLogprob, TopLogprob};
     let entry = |token: &str, alt: &str| TokenLogprob {
         token: token.into(),
         logprob: -0.5,

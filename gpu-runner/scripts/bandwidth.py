@@ -97,7 +97,7 @@ def load_seconds(text):
 
 
 def step_clock(text):
-    """The rows of the backend's step clock (FALLOW_CUDA_STEP_CLOCK=1: "CUDA step clock ..."
+    """The rows of the backend's step clock (FALLOW_CUDA_DEBUG=step-clock: "CUDA step clock ..."
     then `step steps GPU in-backend between busy%` per step shape), the last table's."""
     rows, inside = [], False
     for line in text.splitlines():
@@ -366,15 +366,15 @@ def main():
     s.add_argument("--separate-norm-log",
                    help="f7.: the 8B shape's bench with add_rms_norm and qkv_prepare launched")
     s.add_argument("--no-prefetch-log",
-                   help="f8.: the 8B shape's bench with FALLOW_CUDA_L2_PREFETCH=0")
+                   help="f8.: the 8B shape's bench with FALLOW_CUDA_DEBUG=no-l2-prefetch")
     s.add_argument("--gated-down-log",
-                   help="f9.: the 8B shape's bench with FALLOW_CUDA_FUSED_GLU=0")
+                   help="f9.: the 8B shape's bench with FALLOW_CUDA_DEBUG=no-fused-glu")
     s.add_argument("--split256-log",
-                   help="f10.: the 8B shape's bench with FALLOW_CUDA_SPLIT_MIN_KEYS=256")
+                   help="f10.: the 8B shape's bench with FALLOW_CUDA_DEBUG=split-min-keys=256")
     s.add_argument("--cuda-cores-log",
-                   help="f11.: the 8B shape's bench with FALLOW_CUDA_TENSOR_GEMV=0")
+                   help="f11.: the 8B shape's bench with FALLOW_CUDA_DEBUG=no-tensor-gemv")
     s.add_argument("--gemv-only-log",
-                   help="f12.: the 8B shape's bench with FALLOW_CUDA_GEMV_CUBLAS=0")
+                   help="f12.: the 8B shape's bench with FALLOW_CUDA_DEBUG=no-gemv-cublas")
     s.add_argument("--prefill-mma-log", help="f6.: a long prompt, tensor-core prefill attention")
     s.add_argument("--prefill-f32-log", help="f6.: the same prompt, f32 prefill attention")
     s.add_argument("--out", help="also write the summary here")

@@ -10,16 +10,16 @@
 #      with top-p 0.9 (c4)
 #   d. a random-weight Llama-3.1-8B shaped bf16 checkpoint (make_random_llama.py)
 #   e. the GPU's memory read bandwidth (bandwidth.py)
-#   f. `fallow bench engine` on that checkpoint (f3: per-kernel GPU time, FALLOW_CUDA_PROFILE;
+#   f. `fallow bench engine` on that checkpoint (f3: per-kernel GPU time, FALLOW_CUDA_DEBUG=profile;
 #      f15: batch 1 and 8 with the sub-block ends split with the next product,
-#      FALLOW_CUDA_SPLIT_NORM=1;
-#      f5: batch 1 without early starts, FALLOW_CUDA_EARLY_START=0; f7: batch 1 with
-#      add_rms_norm and qkv_prepare launches, FALLOW_CUDA_FUSED_NORM=0 FALLOW_CUDA_FUSED_ROPE=0;
-#      f8: batch 1 and 8 without L2 prefetches before the waits, FALLOW_CUDA_L2_PREFETCH=0;
-#      f9: batch 1 and 8 with the activation in the down GEMV, FALLOW_CUDA_FUSED_GLU=0;
-#      f10: batch 1 and 8 with attention split only past 256 keys, FALLOW_CUDA_SPLIT_MIN_KEYS;
-#      f11: batch 1 and 8 with the GEMV chosen among CUDA-core variants, FALLOW_CUDA_TENSOR_GEMV=0;
-#      f12: batch 1 and 8 with no decode-sized product given to cuBLAS, FALLOW_CUDA_GEMV_CUBLAS=0;
+#      --cuda-split-norm;
+#      f5: batch 1 without early starts, FALLOW_CUDA_DEBUG=no-early-start; f7: batch 1 with
+#      add_rms_norm and qkv_prepare launches, FALLOW_CUDA_DEBUG=no-fused-norm,no-fused-rope;
+#      f8: batch 1 and 8 without L2 prefetches before the waits, FALLOW_CUDA_DEBUG=no-l2-prefetch;
+#      f9: batch 1 and 8 with the activation in the down GEMV, FALLOW_CUDA_DEBUG=no-fused-glu;
+#      f10: batch 1 and 8 with attention split only past 256 keys, FALLOW_CUDA_DEBUG=split-min-keys=256;
+#      f11: batch 1 and 8 with the GEMV chosen among CUDA-core variants, FALLOW_CUDA_DEBUG=no-tensor-gemv;
+#      f12: batch 1 and 8 with no decode-sized product given to cuBLAS, FALLOW_CUDA_DEBUG=no-gemv-cublas;
 #      f6: a 4096-token
 #      prompt's prefill, attention on tensor cores vs f32; f4: its matrices quantized to Q8_0
 #      at load; f13: to Q4_K at load, batch 1, 8 and 64; f14: Q4_K and Q8_0 reading x as int8,
@@ -227,7 +227,7 @@ EOF
 # test `NAME-hash` comes from DIR/tests/NAME.rs, a unit-test binary is named after its crate.
 crate_dir_of() {
   local stem=$1 toml
-  for toml in Cargo.toml */Cargo.toml; do
+  for toml in Cargo.toml */Cargo.toml */*/Cargo.toml; do
     local dir
     dir=$(dirname "$toml")
     if [ -f "$dir/tests/$stem.rs" ] || grep -q "^name = \"${stem//_/-}\"" "$toml" 2>/dev/null; then
@@ -245,16 +245,16 @@ step_tests() {
     ln -s "$ROOT" /work/main && echo "linked /work/main -> $ROOT (compile-time paths of the tests)"
   fi
   local tests_end=$((SECONDS + TESTS_BUDGET_S)) t found=0
-  # The runner's unit tests first (fallow_runner-*: its kernel tests only, each kernel
+  # The engine's unit tests first (fallow_engine-*: its kernel tests only, each kernel
   # against its plain reference, launched through the driver on the GPU; quick, and they
   # name a kernel the hardware computes wrongly), then the suites; not again in the
   # second call, which runs the tests that need the default model.
   local exes=()
-  for t in "$ROOT"/.gpu/tests/fallow_runner-*; do
+  for t in "$ROOT"/.gpu/tests/fallow_engine-*; do
     if [ "${GPU_CHECK_ONLY:-}" != model ]; then exes+=("$t"); fi
   done
   for t in "$ROOT"/.gpu/tests/*; do
-    case $(basename "$t") in fallow_runner-*) ;; *) exes+=("$t") ;; esac
+    case $(basename "$t") in fallow_engine-*) ;; *) exes+=("$t") ;; esac
   done
   for t in "${exes[@]}"; do
     if [ ! -f "$t" ] || [ ! -x "$t" ]; then continue; fi
@@ -263,12 +263,12 @@ step_tests() {
     name=$(basename "$t")
     stem=${name%-*}
     dir=$(crate_dir_of "$stem")
-    if [ "$stem" = fallow_runner ]; then
-      limit=90 filter=(cuda::kernel_tests) kernel_env=(FALLOW_KERNEL_TESTS=driver)
+    if [ "$stem" = fallow_engine ]; then
+      limit=90 filter=(cuda::emu::kernel_tests) kernel_env=(FALLOW_KERNEL_TESTS=driver)
     fi
     if ((tests_end - SECONDS < limit)); then limit=$((tests_end - SECONDS)); fi
     (cd "$dir" && run_step "b. test $stem${filter:+ ${filter[*]}}" "$limit" - \
-      env FALLOW_TEST_DEVICE=cuda FALLOW_MODELS_DIR="$MODELS_DIR" FALLOW_REPO_DIR="$ROOT" CARGO_MANIFEST_DIR="$dir" \
+      env FALLOW_MODELS_DIR="$MODELS_DIR" FALLOW_REPO_DIR="$ROOT" CARGO_MANIFEST_DIR="$dir" \
       "${kernel_env[@]}" RUST_BACKTRACE=1 "$t" "${filter[@]}" --test-threads=1 --nocapture)
   done
   if ((found == 0)); then
@@ -395,7 +395,7 @@ main() {
     # table, GPU vs host time per step, printed when the model is dropped; the summary lists
     # both.)
     run_step "f. fallow bench engine" 240 "$OUT/fallow-bench.log" \
-      bash -c 'FALLOW_CUDA_STEP_CLOCK=1 "$0" bench engine --model "$1" --device cuda --concurrency 1,8,64 \
+      bash -c 'FALLOW_CUDA_DEBUG=step-clock "$0" bench engine --model "$1" --device cuda --concurrency 1,8,64 \
         --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192 2>&1' "$FALLOW" "$LLAMA_DIR"
     run_step "g. HF transformers bench" 180 "$OUT/hf-bench.log" \
       "$PY" gpu-runner/scripts/hf_bench.py "$LLAMA_DIR" --batches 1,8,64 --prompt-tokens 32 --gen-tokens 128
@@ -403,7 +403,7 @@ main() {
     # batch 1 from the roofline (GEMM rows show the weight GB/s they reach).
     # (The table goes to stderr when the model is dropped: folded into the log.)
     run_step "f3. per-kernel profile" 90 "$OUT/fallow-profile.log" \
-      bash -c 'FALLOW_CUDA_PROFILE=1 "$0" bench engine --model "$1" --device cuda \
+      bash -c 'FALLOW_CUDA_DEBUG=profile "$0" bench engine --model "$1" --device cuda \
         --concurrency 1,64 --prompt-tokens 32 --gen-tokens 32 --kv-cache-mib 8192 2>&1' \
       "$FALLOW" "$LLAMA_DIR"
     # Batch 1 and 8 with the sub-block ends split between the output/down GEMVs and the next
@@ -412,30 +412,30 @@ main() {
     # whole rows. Opt-in until this measures it (within bf16 rounding, not the same bits).
     bench_with "f15. fallow bench engine, split sub-block ends" "fallow-bench-split-norm.log" 1,8 FALLOW_CUDA_SPLIT_NORM=1
     # Batch 1 and 8 with decode attention split only past 256 keys (before session 13: one
-    # block per KV head at short contexts) instead of 64 (FALLOW_CUDA_SPLIT_MIN_KEYS).
-    bench_with "f10. fallow bench engine, attention split from 256 keys" "fallow-bench-split256.log" 1,8 FALLOW_CUDA_SPLIT_MIN_KEYS=256
+    # block per KV head at short contexts) instead of 64 (split-min-keys=256).
+    bench_with "f10. fallow bench engine, attention split from 256 keys" "fallow-bench-split256.log" 1,8 FALLOW_CUDA_DEBUG=split-min-keys=256
     # Batch 1 and 8 with the GEMV timed among the CUDA-core variants only: what the
     # tensor-core GEMV (m16n8k16 tiles) wins where the summary's choices name it.
-    bench_with "f11. fallow bench engine, CUDA-core GEMVs only" "fallow-bench-cuda-cores.log" 1,8 FALLOW_CUDA_TENSOR_GEMV=0
+    bench_with "f11. fallow bench engine, CUDA-core GEMVs only" "fallow-bench-cuda-cores.log" 1,8 FALLOW_CUDA_DEBUG=no-tensor-gemv
     # Batch 1 and 8 with every decode-sized bf16 product a GEMV (cuBLAS not timed against
     # them): what cuBLAS wins where the summary lists products given to it.
-    bench_with "f12. fallow bench engine, GEMVs only" "fallow-bench-gemv-only.log" 1,8 FALLOW_CUDA_GEMV_CUBLAS=0
+    bench_with "f12. fallow bench engine, GEMVs only" "fallow-bench-gemv-only.log" 1,8 FALLOW_CUDA_DEBUG=no-gemv-cublas
     # Batch 1 and 8 with no weights asked into L2 before a GEMV's wait (and no KV rows before
     # the attention's): what the prefetches win while attention and norms leave memory idle.
-    bench_with "f8. fallow bench engine, no L2 prefetch" "fallow-bench-no-prefetch.log" 1,8 FALLOW_CUDA_L2_PREFETCH=0
+    bench_with "f8. fallow bench engine, no L2 prefetch" "fallow-bench-no-prefetch.log" 1,8 FALLOW_CUDA_DEBUG=no-l2-prefetch
     # Batch 1 and 8 with the down GEMV activating the [gate | up] rows it stages instead of
     # the gate/up GEMV writing the activation (same bits): what the paired rows win.
-    bench_with "f9. fallow bench engine, activation in the down GEMV" "fallow-bench-gated-down.log" 1,8 FALLOW_CUDA_FUSED_GLU=0
+    bench_with "f9. fallow bench engine, activation in the down GEMV" "fallow-bench-gated-down.log" 1,8 FALLOW_CUDA_DEBUG=no-fused-glu
     # Batch 1 with every kernel launched only once the previous one has finished (no
     # programmatic dependent launch): what early starts win at the roofline's end.
-    bench_with "f5. fallow bench engine, plain launches" "fallow-bench-plain.log" 1 FALLOW_CUDA_EARLY_START=0
+    bench_with "f5. fallow bench engine, plain launches" "fallow-bench-plain.log" 1 FALLOW_CUDA_DEBUG=no-early-start
     # Batch 1 with add_rms_norm and qkv_prepare launched instead of done in the output and
     # down GEMVs' last blocks and in the attention blocks: what the fusions win (same bits).
-    bench_with "f7. fallow bench engine, separate norm and RoPE launches" "fallow-bench-separate-norm.log" 1 FALLOW_CUDA_FUSED_NORM=0 FALLOW_CUDA_FUSED_ROPE=0
+    bench_with "f7. fallow bench engine, separate norm and RoPE launches" "fallow-bench-separate-norm.log" 1 FALLOW_CUDA_DEBUG=no-fused-norm,no-fused-rope
     # One long prompt, prefill attention on the tensor cores (the default) and on the f32
     # kernel: attention grows with the square of the prompt, so it dominates long prefills.
     run_step "f6. long-prompt prefill, tensor cores vs f32" 120 - \
-      bash -c 'for k in mma f32; do FALLOW_CUDA_PREFILL=$k "$0" bench engine --model "$1" \
+      bash -c 'for k in mma f32; do FALLOW_CUDA_DEBUG=prefill=$k "$0" bench engine --model "$1" \
         --device cuda --concurrency 1 --prompt-tokens 4096 --gen-tokens 4 --kv-cache-mib 8192 \
         > "$2/prefill-$k.log" || exit; done' "$FALLOW" "$LLAMA_DIR" "$WORK"
     # The same model's matrices quantized to Q8_0 at load (about half the bytes per step):
@@ -460,7 +460,7 @@ main() {
         --device cuda --cuda-weights $s --concurrency 1,8,64 --prompt-tokens 32 --gen-tokens 128 \
         --kv-cache-mib 8192 > "$2/fallow-bench-$s-int8.log" 2>&1 || exit; done' "$FALLOW" "$LLAMA_DIR" "$WORK"
     run_step "f2. fallow bench engine, no CUDA graphs" 120 "$WORK/fallow-bench-nographs.log" \
-      env FALLOW_CUDA_GRAPHS=0 "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
+      env FALLOW_CUDA_DEBUG=no-graphs "$FALLOW" bench engine --model "$LLAMA_DIR" --device cuda \
       --concurrency 1,8 --prompt-tokens 32 --gen-tokens 128 --kv-cache-mib 8192
   else
     section "f./g. benchmarks"

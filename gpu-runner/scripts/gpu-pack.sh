@@ -3,7 +3,7 @@
 # calls carry at most 64 MiB each (see README.md in this directory):
 #   .gpu/fallow.gz                      the release binary, stripped and gzipped
 #   .gpu/tests/cuda_conformance-*.gz    the CUDA conformance test executable, likewise
-#   .gpu/tests/fallow_runner-*.gz        the runner's unit tests (gpu-check runs its kernel
+#   .gpu/tests/fallow_engine-*.gz        the engine's unit tests (gpu-check runs its kernel
 #                                        tests through the driver: each kernel on the GPU)
 #   .gpu/models/<model>.part-aa         the default model's first 36 MiB part
 #   .gpu-b/<model>.part-a[b-z]          the other parts (second call, machine still warm)
@@ -18,12 +18,12 @@ MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 LIMIT=$((64 * 1024 * 1024))
 
 if [ ! -f "$MODEL" ]; then scripts/fetch-models.sh; fi
-# With the runner's `emulator` feature, as the test build below turns it on: one release
-# build of the runner serves both (the emulated driver is only loaded by tests, and only
+# With the engine's `emulator` feature, as the test build below turns it on: one release
+# build of the engine serves both (the emulated driver is only loaded by tests, and only
 # where no NVIDIA driver is).
-cargo build --release -p fallow --features fallow-runner/emulator
+cargo build --release -p fallow --features fallow-engine/emulator
 # The test executable: the last compiler-artifact line naming it.
-test_exe=$(cargo test --release -p fallow-runner --test cuda_conformance --no-run \
+test_exe=$(cargo test --release -p fallow-engine --test cuda_conformance --no-run \
   --message-format=json 2>/dev/null |
   sed -n 's/.*"executable":"\([^"]*cuda_conformance[^"]*\)".*/\1/p' | tail -n 1)
 if [ -z "$test_exe" ] || [ ! -f "$test_exe" ]; then
@@ -31,11 +31,11 @@ if [ -z "$test_exe" ] || [ ! -f "$test_exe" ]; then
   exit 1
 fi
 
-# The runner's unit-test executable (the only executable of a `--lib` test build).
-lib_exe=$(cargo test --release -p fallow-runner --lib --no-run --message-format=json 2>/dev/null |
-  sed -n 's/.*"executable":"\([^"]*fallow_runner-[^"]*\)".*/\1/p' | tail -n 1)
+# The engine's unit-test executable (the only executable of a `--lib` test build).
+lib_exe=$(cargo test --release -p fallow-engine --lib --no-run --message-format=json 2>/dev/null |
+  sed -n 's/.*"executable":"\([^"]*fallow_engine-[^"]*\)".*/\1/p' | tail -n 1)
 if [ -z "$lib_exe" ] || [ ! -f "$lib_exe" ]; then
-  echo "gpu-pack: could not find the fallow-runner unit-test executable" >&2
+  echo "gpu-pack: could not find the fallow-engine unit-test executable" >&2
   exit 1
 fi
 

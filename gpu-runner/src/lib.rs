@@ -1,10 +1,8 @@
-//! Fallow's runner.
+//! Fallow's runner: claims jobs from the queue, feeds them to the engine
+//! (`fallow_engine`), relays events to Redis, completes them (fenced), heartbeats and honours
+//! cancellation, the owner's return and the operator's orders.
 //!
-//! - [`engine`]: our inference engine — weights, architectures, tokenizer, chat templates,
-//!   paged KV cache, continuous batching, sampling, backends. It knows nothing of jobs,
-//!   HTTP or Postgres.
-//! - [`worker`]: claims jobs from the queue, feeds them to the engine, relays events to
-//!   Redis, completes them (fenced), heartbeats and honours cancellation.
+//! - [`worker`]: the runner's loop and everything it keeps (held jobs, resident models,
+//!   the owner probe, lending windows, pool turns).
 
-pub mod engine;
 pub mod worker;

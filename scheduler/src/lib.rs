@@ -1,8 +1,6 @@
 //! Fallow's control plane below the api tier.
+//! The request, event and result types it stores are `fallow_protocol`'s.
 //!
-//! - [`job`]: the validated request/event/result types shared by api and runners.
-//! - [`grammar`]: a [`job::Constraint`] as an llguidance grammar, and a model-free check that
-//!   it compiles.
 //! - [`db`]: connecting to Postgres, running migrations, fresh schemas for tests.
 //! - [`queue`]: the job queue in Postgres — enqueue, claim (`SKIP LOCKED`), heartbeat,
 //!   fenced completion, retries, cancellation, reaping and pruning.
@@ -19,8 +17,6 @@ pub mod batch;
 pub mod clock;
 pub mod db;
 pub mod error;
-pub mod grammar;
-pub mod job;
 pub mod maintenance;
 pub mod queue;
 pub mod runners;

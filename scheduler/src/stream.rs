@@ -11,8 +11,8 @@
 //!   queued behind it;
 //! - the cancel subscription runs in its own task that resubscribes with backoff.
 
-use crate::job::JobEvent;
 use crate::SchedulerError;
+use fallow_protocol::job::JobEvent;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, AsyncConnectionConfig, Client, Value};

@@ -8,11 +8,11 @@ mod common;
 
 use batch_support::{line, TestCodec};
 use common::TestDb;
+use fallow_protocol::job::{ChoiceResult, Completion, FinishReason, Usage};
 use fallow_scheduler::batch::expand::Validated;
 use fallow_scheduler::batch::{
     files, object_key, records, BatchConfig, BatchStatus, BatchWorker, FileRecord, NewBatch,
 };
-use fallow_scheduler::job::{ChoiceResult, Completion, FinishReason, Usage};
 use fallow_scheduler::queue::{JobKind, NewJob, Queue};
 use fallow_scheduler::store::{LocalStore, ObjectStore};
 use serde_json::Value;
@@ -251,7 +251,7 @@ async fn interactive_jobs_are_claimed_before_any_queued_batch_job() {
     s.db.drop().await;
 }
 
-fn batch_request() -> fallow_scheduler::job::GenerateRequest {
+fn batch_request() -> fallow_protocol::job::GenerateRequest {
     use fallow_scheduler::batch::BatchCodec;
     let body: Value = serde_json::from_str(&line("x", MODEL)).unwrap();
     TestCodec

@@ -4,7 +4,7 @@
 mod common;
 
 use common::completion;
-use fallow_scheduler::job::{JobEvent, Usage};
+use fallow_protocol::job::{JobEvent, Usage};
 use fallow_scheduler::stream::{stream_key, RelayConfig, TokenRelay};
 use fallow_scheduler::SchedulerError;
 use std::time::{Duration, Instant};

@@ -4,10 +4,11 @@
 //! decoding), right after its unconstrained run, and the decode ratio is printed.
 
 use crate::cli::BenchEngineArgs;
+use crate::config::CudaFile;
 use anyhow::Context;
-use fallow_runner::engine::llm::EngineRequest;
-use fallow_runner::engine::runtime::{self, LoadOptions, LoadedModel};
-use fallow_scheduler::job::{Constraint, Sampling};
+use fallow_engine::llm::EngineRequest;
+use fallow_engine::runtime::{self, LoadOptions, LoadedModel};
+use fallow_protocol::job::{Constraint, Sampling};
 use std::time::Instant;
 
 /// One measured round.
@@ -39,7 +40,7 @@ pub fn engine(args: BenchEngineArgs) -> anyhow::Result<()> {
         enable_prefix_cache: false,
         kv_cache_bytes: args.kv_cache_mib << 20,
         device: args.device,
-        cuda_weights: args.cuda_weights,
+        cuda: args.cuda.options(CudaFile::default())?,
         ..LoadOptions::default()
     };
     let constraint = match &args.json_schema {
@@ -52,7 +53,7 @@ pub fn engine(args: BenchEngineArgs) -> anyhow::Result<()> {
                 schema,
                 strict: true,
             };
-            fallow_scheduler::grammar::check(&constraint)
+            fallow_protocol::grammar::check(&constraint)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             Some(constraint)
         }

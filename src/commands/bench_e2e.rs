@@ -5,11 +5,12 @@
 use crate::cli::BenchE2eArgs;
 use anyhow::Context;
 use fallow_api::{ApiConfig, AppState};
-use fallow_runner::engine::llm::EngineRequest;
-use fallow_runner::engine::runtime::{self, LoadOptions, LoadedModel};
-use fallow_runner::worker::{self, encode_chat, ModelOffer, RunnerConfig, WarmPolicy};
+use fallow_engine::llm::EngineRequest;
+use fallow_engine::prompt::encode_chat;
+use fallow_engine::runtime::{self, LoadOptions, LoadedModel};
+use fallow_protocol::job::{ChatMessage, GenerateRequest, Role, Sampling};
+use fallow_runner::worker::{self, ModelOffer, RunnerConfig, WarmPolicy};
 use fallow_scheduler::clock::Clock;
-use fallow_scheduler::job::{ChatMessage, GenerateRequest, Role, Sampling};
 use fallow_scheduler::queue::Queue;
 use fallow_scheduler::stream::TokenRelay;
 use futures::StreamExt;

@@ -1,18 +1,25 @@
 //! `fallow generate` and `fallow chat`: the engine alone, no services, streaming to stdout.
 
-use crate::cli::{ChatArgs, GenerateArgs, SamplingArgs};
+use crate::cli::{ChatArgs, CudaArgs, GenerateArgs, SamplingArgs};
+use crate::config::CudaFile;
 use anyhow::Context;
-use fallow_runner::engine::llm::{EngineRequest, LlmEngine};
-use fallow_runner::engine::runtime::{self, Device, LoadOptions, LoadedModel};
-use fallow_runner::worker::encode_chat;
-use fallow_scheduler::job::{ChatMessage, GenerateRequest, Role, Sampling};
+use fallow_engine::llm::{EngineRequest, LlmEngine};
+use fallow_engine::prompt::encode_chat;
+use fallow_engine::runtime::{self, Device, LoadOptions, LoadedModel};
+use fallow_protocol::job::{ChatMessage, GenerateRequest, Role, Sampling};
 use std::io::{BufRead, Write};
 use std::path::Path;
 
-fn load(model: &Path, chat_template: Option<&Path>, device: Device) -> anyhow::Result<LoadedModel> {
+fn load(
+    model: &Path,
+    chat_template: Option<&Path>,
+    device: Device,
+    cuda: &CudaArgs,
+) -> anyhow::Result<LoadedModel> {
     let options = LoadOptions {
         chat_template_file: chat_template.map(Path::to_path_buf),
         device,
+        cuda: cuda.options(CudaFile::default())?,
         max_num_seqs: 4,
         ..LoadOptions::default()
     };
@@ -74,7 +81,12 @@ fn stream_to_stdout(
 }
 
 pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
-    let mut model = load(&args.model, args.chat_template.as_deref(), args.device)?;
+    let mut model = load(
+        &args.model,
+        args.chat_template.as_deref(),
+        args.device,
+        &args.cuda,
+    )?;
     let sampling = sampling(&args.sampling);
     let prompt = if args.chat {
         let message = ChatMessage {
@@ -101,7 +113,12 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
 }
 
 pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
-    let mut model = load(&args.model, args.chat_template.as_deref(), args.device)?;
+    let mut model = load(
+        &args.model,
+        args.chat_template.as_deref(),
+        args.device,
+        &args.cuda,
+    )?;
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
         messages.push(message(Role::System, system));

@@ -4,7 +4,7 @@ use crate::cli::ServiceArgs;
 use crate::config::{Settings, StoreSettings};
 use anyhow::Context;
 use fallow_api::{ApiConfig, AppState};
-use fallow_runner::engine::runtime::LoadOptions;
+use fallow_engine::runtime::LoadOptions;
 use fallow_runner::worker::{self, ModelOffer, RunnerConfig, WarmPolicy};
 use fallow_scheduler::batch::{worker as batch_worker, BatchConfig, BatchWorker};
 use fallow_scheduler::clock::Clock;
@@ -120,7 +120,7 @@ fn model_offers(settings: &Settings) -> anyhow::Result<Vec<ModelOffer>> {
             tool_parser: spec.tool_parser.clone(),
             reasoning_parser: spec.reasoning_parser.clone(),
             memory_budget_bytes: settings.model_memory_bytes,
-            cuda_weights: settings.cuda_weights,
+            cuda: settings.cuda.clone(),
             ..LoadOptions::default()
         };
         let policy = WarmPolicy {

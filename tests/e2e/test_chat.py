@@ -6,7 +6,7 @@ import pytest
 from conftest import MODEL_ID
 
 QUESTION = [{"role": "user", "content": "Write a short poem about the ocean."}]
-# What llama.cpp's greedy decoding of the default model says (gpu-runner/tests/fixtures/smollm2_logits.json).
+# What llama.cpp's greedy decoding of the default model says (gpu-runner/engine/tests/fixtures/smollm2_logits.json).
 OCEAN_START = "In the depths of the ocean, where shadows play"
 
 

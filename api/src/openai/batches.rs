@@ -9,8 +9,8 @@ use crate::openai::response::ChatCompletion;
 use crate::validate::{
     validate_chat, validate_completion, Limits, ModelParsers, BATCH_PRIORITY_BASE,
 };
+use fallow_protocol::job::{Completion, GenerateRequest, OutputFormat};
 use fallow_scheduler::batch::{batch_id, file_id, BatchCodec, BatchRecord, LineError, LineRequest};
-use fallow_scheduler::job::{Completion, GenerateRequest, OutputFormat};
 use fallow_scheduler::runners::ModelEntry;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -249,7 +249,7 @@ impl BatchCodec for ChatBatchCodec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fallow_scheduler::job::{ChoiceResult, FinishReason, Usage};
+    use fallow_protocol::job::{ChoiceResult, FinishReason, Usage};
     use serde_json::json;
 
     fn thinker() -> ModelEntry {
@@ -316,7 +316,7 @@ mod tests {
         let ok = line(json!({"response_format": {"type": "json_object"}})).unwrap();
         assert_eq!(
             ok.request.sampling.constraint,
-            Some(fallow_scheduler::job::Constraint::JsonObject)
+            Some(fallow_protocol::job::Constraint::JsonObject)
         );
         let (param, message) = line(json!({"regex": "(unclosed"})).unwrap_err();
         assert_eq!(param.as_deref(), Some("regex"));

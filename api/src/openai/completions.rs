@@ -5,7 +5,7 @@
 
 use super::request::ChatCompletionRequest;
 use super::response::{finish_reason_str, UsageOut, SYSTEM_FINGERPRINT};
-use fallow_scheduler::job::{Completion, TextFormat, TokenLogprob, Usage};
+use fallow_protocol::job::{Completion, TextFormat, TokenLogprob, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

@@ -3,7 +3,7 @@
 //! responses, because some clients are strict about both.
 
 use crate::parsers::{OutputCollector, ParsedChoice, ParsedMessage};
-use fallow_scheduler::job::{Completion, FinishReason, OutputFormat, TokenLogprob, Usage};
+use fallow_protocol::job::{Completion, FinishReason, OutputFormat, TokenLogprob, Usage};
 use serde::Serialize;
 
 /// `system_fingerprint`: identifies the server build that produced a response.

@@ -16,7 +16,7 @@ pub mod markers;
 pub mod reasoning;
 pub mod tool_calls;
 
-use fallow_scheduler::job::{Completion, OutputFormat, Usage};
+use fallow_protocol::job::{Completion, OutputFormat, Usage};
 use reasoning::ReasoningSplitter;
 use tool_calls::ToolCallParser;
 

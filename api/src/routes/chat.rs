@@ -18,7 +18,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use fallow_scheduler::job::{Completion, FinishReason, JobEvent};
+use fallow_protocol::job::{Completion, FinishReason, JobEvent};
 use fallow_scheduler::queue::{JobKind, NewJob};
 use fallow_scheduler::stream::StreamEntry;
 use std::time::{Duration, Instant};

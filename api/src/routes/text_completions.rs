@@ -17,7 +17,7 @@ use axum::http::HeaderMap;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use fallow_scheduler::job::{Completion, JobEvent, TextFormat};
+use fallow_protocol::job::{Completion, JobEvent, TextFormat};
 use fallow_scheduler::queue::{JobKind, NewJob};
 use fallow_scheduler::stream::StreamEntry;
 use futures::stream::{self, Stream, StreamExt};

@@ -14,7 +14,7 @@ use crate::state::AppState;
 use crate::validate::{detokenize_model, tokenize_model, validate_detokenize, validate_tokenize};
 use axum::extract::State;
 use axum::Json;
-use fallow_scheduler::job::{GenerateRequest, JobEvent, Tokenized};
+use fallow_protocol::job::{GenerateRequest, JobEvent, Tokenized};
 use fallow_scheduler::queue::{JobKind, NewJob};
 
 pub async fn tokenize(

@@ -6,7 +6,7 @@
 use super::{delivery, reject_unsupported, sampling, validate_priority, Delivery, Limits};
 use crate::error::ApiError;
 use crate::openai::completions::CompletionRequest;
-use fallow_scheduler::job::{GenerateRequest, OutputFormat, Prompt, Task, TextFormat};
+use fallow_protocol::job::{GenerateRequest, OutputFormat, Prompt, Task, TextFormat};
 use serde_json::Value;
 
 /// OpenAI's default for the legacy endpoint (chat has none).

@@ -4,7 +4,7 @@
 //! cannot enforce or a malformed regex or grammar is a 400 naming the parameter, never a
 //! job that fails on a runner.
 
-use fallow_scheduler::job::Constraint;
+use fallow_protocol::job::Constraint;
 use serde_json::Value;
 
 use super::gbnf::gbnf_to_lark;
@@ -56,7 +56,7 @@ pub(super) fn validate_constraint(
     let Some((param, constraint)) = found.pop() else {
         return Ok(None);
     };
-    if let Err(message) = fallow_scheduler::grammar::check(&constraint) {
+    if let Err(message) = fallow_protocol::grammar::check(&constraint) {
         return Err(compile_error(param, &constraint, &message));
     }
     Ok(Some(constraint))
@@ -114,7 +114,7 @@ fn response_format(format: Option<&Value>) -> Result<Option<Constraint>, ApiErro
 /// whose parameters schema cannot be enforced is a 400 naming `tools`.
 pub(super) fn forced_call_constraint(grammar: String) -> Result<Constraint, ApiError> {
     let constraint = Constraint::Lark { grammar };
-    if let Err(message) = fallow_scheduler::grammar::check(&constraint) {
+    if let Err(message) = fallow_protocol::grammar::check(&constraint) {
         let code = if message.contains("Unimplemented keys") {
             "unsupported_schema_feature"
         } else {

@@ -1,7 +1,7 @@
 //! `response_format`, `regex`, `ebnf` and `stop_regex` at the boundary.
 
 use super::*;
-use fallow_scheduler::job::Constraint;
+use fallow_protocol::job::Constraint;
 
 fn error_of(extra: serde_json::Value) -> (String, Option<&'static str>, String) {
     match validate(extra.clone()) {
@@ -114,11 +114,11 @@ fn stop_regex_takes_one_pattern_or_a_list() {
 
 #[test]
 fn a_job_stored_before_constraints_existed_still_reads() {
-    let mut stored = serde_json::to_value(fallow_scheduler::job::Sampling::default()).unwrap();
+    let mut stored = serde_json::to_value(fallow_protocol::job::Sampling::default()).unwrap();
     let obj = stored.as_object_mut().unwrap();
     obj.remove("constraint");
     obj.remove("stop_regex");
-    let sampling: fallow_scheduler::job::Sampling = serde_json::from_value(stored).unwrap();
+    let sampling: fallow_protocol::job::Sampling = serde_json::from_value(stored).unwrap();
     assert_eq!(sampling.constraint, None);
     assert!(sampling.stop_regex.is_empty());
 }

@@ -363,11 +363,11 @@ ws ::= | " " | "\n" [ \t]{0,20}
     #[test]
     fn llama_cpps_json_grammar_converts_and_compiles() {
         let lark = gbnf_to_lark(LLAMA_CPP_JSON).unwrap();
-        let constraint = fallow_scheduler::job::Constraint::Lark {
+        let constraint = fallow_protocol::job::Constraint::Lark {
             grammar: lark.clone(),
         };
         assert_eq!(
-            fallow_scheduler::grammar::check(&constraint),
+            fallow_protocol::grammar::check(&constraint),
             Ok(()),
             "{lark}"
         );

@@ -2,7 +2,7 @@
 
 use crate::error::ApiError;
 use crate::openai::request::{ContentPart, MessageContent, WireMessage};
-use fallow_scheduler::job::{ChatMessage, Role, ToolCall};
+use fallow_protocol::job::{ChatMessage, Role, ToolCall};
 use serde_json::Value;
 
 pub(super) fn validate_messages(

@@ -17,7 +17,7 @@ pub use tools::{ToolChoice, ToolRequest, DEFAULT_TOOL_PARSER};
 use crate::error::ApiError;
 use crate::openai::request::ChatCompletionRequest;
 use crate::parsers::grammar;
-use fallow_scheduler::job::{GenerateRequest, OutputFormat};
+use fallow_protocol::job::{GenerateRequest, OutputFormat};
 use serde_json::{Map, Value};
 
 /// Request `priority` is accepted in this range (lower = served first, default 0). It maps
@@ -134,7 +134,7 @@ pub fn validate_chat(wire: ChatCompletionRequest, limits: &Limits) -> Result<Val
     }
     let messages = messages::validate_messages(wire.messages, limits.max_messages)?;
     if continue_final_message
-        && messages.last().map(|m| m.role) != Some(fallow_scheduler::job::Role::Assistant)
+        && messages.last().map(|m| m.role) != Some(fallow_protocol::job::Role::Assistant)
     {
         return Err(ApiError::invalid(
             "continue_final_message",
@@ -157,8 +157,8 @@ pub fn validate_chat(wire: ChatCompletionRequest, limits: &Limits) -> Result<Val
             .map(|t| t.tools.clone())
             .unwrap_or_default(),
         output,
-        input: fallow_scheduler::job::Prompt::Messages,
-        task: fallow_scheduler::job::Task::Generate,
+        input: fallow_protocol::job::Prompt::Messages,
+        task: fallow_protocol::job::Task::Generate,
     };
     Ok(ValidChat {
         request,

@@ -4,7 +4,7 @@
 use super::Limits;
 use crate::error::ApiError;
 use crate::openai::request::ChatCompletionRequest;
-use fallow_scheduler::job::Sampling;
+use fallow_protocol::job::Sampling;
 use std::collections::BTreeMap;
 
 /// vLLM accepts any number of stop strings; OpenAI four. Sixteen keeps the stop matcher

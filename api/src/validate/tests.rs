@@ -1,8 +1,8 @@
 use super::*;
 use crate::error::ApiError;
 use crate::extract::parse_json_body;
-use fallow_scheduler::job::Constraint;
-use fallow_scheduler::job::Role;
+use fallow_protocol::job::Constraint;
+use fallow_protocol::job::Role;
 use serde_json::json;
 
 const LIMITS: Limits = Limits {
@@ -65,7 +65,7 @@ fn a_minimal_request_gets_the_openai_defaults() {
     assert_eq!(valid.request.n, 1);
     assert_eq!(
         valid.request.sampling,
-        fallow_scheduler::job::Sampling::default()
+        fallow_protocol::job::Sampling::default()
     );
     assert!(valid.request.add_generation_prompt);
     assert!(!valid.delivery.stream);
@@ -382,7 +382,7 @@ fn a_forced_call_after_reasoning_compiles_for_both_reasoning_syntaxes() {
                 .expect("a grammar");
         let constraint = Constraint::Lark { grammar };
         assert_eq!(
-            fallow_scheduler::grammar::check(&constraint),
+            fallow_protocol::grammar::check(&constraint),
             Ok(()),
             "{syntax}"
         );

@@ -6,7 +6,7 @@ use super::messages::validate_messages;
 use super::{validate_prompt, Limits};
 use crate::error::ApiError;
 use crate::openai::tokenize::{DetokenizeRequest, TokenizeRequest};
-use fallow_scheduler::job::{GenerateRequest, OutputFormat, Prompt, Sampling, Task};
+use fallow_protocol::job::{GenerateRequest, OutputFormat, Prompt, Sampling, Task};
 
 fn model_of(model: Option<&str>) -> Result<String, ApiError> {
     match model.map(str::trim) {

@@ -1,5 +1,5 @@
 use crate::support::*;
-use fallow_scheduler::job::JobEvent;
+use fallow_protocol::job::JobEvent;
 use fallow_scheduler::queue::JobState;
 use serde_json::{json, Value};
 

@@ -1,5 +1,5 @@
 use crate::support::*;
-use fallow_scheduler::job::{Completion, JobEvent, Prompt, Task, Tokenized};
+use fallow_protocol::job::{Completion, JobEvent, Prompt, Task, Tokenized};
 use serde_json::{json, Value};
 
 fn post(

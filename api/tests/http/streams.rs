@@ -1,6 +1,6 @@
 use crate::support::*;
-use fallow_scheduler::job::FinishReason;
-use fallow_scheduler::job::JobEvent;
+use fallow_protocol::job::FinishReason;
+use fallow_protocol::job::JobEvent;
 use futures::StreamExt;
 use serde_json::{json, Value};
 

@@ -3,9 +3,9 @@
 //! `queue.complete`, exactly like the real worker's protocol, without an engine.
 
 use fallow_api::{ApiConfig, AppState};
+use fallow_protocol::job::{ChoiceResult, Completion, FinishReason, JobEvent, Usage};
 use fallow_scheduler::clock::Clock;
 use fallow_scheduler::db;
-use fallow_scheduler::job::{ChoiceResult, Completion, FinishReason, JobEvent, Usage};
 use fallow_scheduler::queue::{ClaimedJob, JobRecord, Queue};
 use fallow_scheduler::runners::{self, ModelEntry, RunnerInfo};
 use fallow_scheduler::stream::TokenRelay;

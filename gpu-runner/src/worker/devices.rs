@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use crate::engine::backend::cuda::device;
+use fallow_engine::backend::cuda::device;
 
 /// The runner's devices as registry JSON: the CPU first, then GPUs by ordinal.
 pub fn describe() -> Value {

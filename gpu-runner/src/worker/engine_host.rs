@@ -4,9 +4,9 @@
 //! message, so the relay can append them to Redis in one round trip.
 
 use super::telemetry::EngineGauges;
-use crate::engine::llm::{EngineRequest, LlmEngine, SeqOutput};
-use crate::engine::runtime::ModelFrontend;
-use fallow_scheduler::job::{GenerateRequest, Prompt, Task, Tokenized};
+use fallow_engine::llm::{EngineRequest, LlmEngine, SeqOutput};
+use fallow_engine::runtime::ModelFrontend;
+use fallow_protocol::job::{GenerateRequest, Prompt, Task, Tokenized};
 use std::sync::mpsc as std_mpsc;
 use tokio::sync::mpsc;
 
@@ -123,7 +123,7 @@ fn apply(
         HostCommand::Abort { id } => engine.abort(id),
         HostCommand::Add { id, request } if request.task != Task::Generate => {
             // Answered from the tokenizer and template alone: no engine step.
-            let event = match super::prompt::tokenization(frontend, &request) {
+            let event = match fallow_engine::prompt::tokenization(frontend, &request) {
                 Ok(tokenized) => HostEvent::Answered { id, tokenized },
                 Err((code, message)) => HostEvent::Rejected { id, code, message },
             };
@@ -159,7 +159,7 @@ fn admit(
     id: u64,
     request: Box<GenerateRequest>,
 ) -> Result<u32, (String, String)> {
-    let prompt = super::prompt::encode_prompt(frontend, &request)?;
+    let prompt = fallow_engine::prompt::encode_prompt(frontend, &request)?;
     let prompt_tokens = prompt.len() as u32;
     engine
         .add_request(EngineRequest {

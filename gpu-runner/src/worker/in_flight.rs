@@ -1,10 +1,8 @@
 //! Jobs a runner holds, and how engine outputs become job events. Each job keeps the text of
 //! its choices so the final `Completion` can be stored without re-reading the stream.
 
-use crate::engine::llm::SeqOutput;
-use fallow_scheduler::job::{
-    ChoiceResult, Completion, FinishReason, JobEvent, TokenLogprob, Usage,
-};
+use fallow_engine::llm::SeqOutput;
+use fallow_protocol::job::{ChoiceResult, Completion, FinishReason, JobEvent, TokenLogprob, Usage};
 use fallow_scheduler::queue::{ClaimedJob, JobKind};
 use std::collections::HashMap;
 use uuid::Uuid;

@@ -2,8 +2,8 @@
 //! wants it kept warm. Inspected once at start (a bad path fails there, not at the first
 //! request), so the runner can list it, and budget its memory, before ever loading it.
 
-use crate::engine::runtime::{self, LoadError, LoadOptions};
-use crate::engine::tokenizer::OutputSyntax;
+use fallow_engine::runtime::{self, LoadError, LoadOptions};
+use fallow_engine::tokenizer::OutputSyntax;
 use fallow_scheduler::runners::ModelEntry;
 use std::path::PathBuf;
 use std::time::Duration;

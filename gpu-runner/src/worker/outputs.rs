@@ -5,7 +5,7 @@
 use super::engine_host::HostEvent;
 use super::models::EngineKey;
 use super::{telemetry, Worker};
-use fallow_scheduler::job::{Completion, JobEvent, Usage};
+use fallow_protocol::job::{Completion, JobEvent, Usage};
 use fallow_scheduler::queue::JobKind;
 
 impl Worker {
@@ -62,7 +62,7 @@ impl Worker {
         }
     }
 
-    pub(super) async fn on_step(&mut self, outputs: Vec<crate::engine::llm::SeqOutput>) {
+    pub(super) async fn on_step(&mut self, outputs: Vec<fallow_engine::llm::SeqOutput>) {
         let mut events = Vec::with_capacity(outputs.len() + 1);
         let mut finished = Vec::new();
         let mut first_tokens = Vec::new();
@@ -140,7 +140,7 @@ impl Worker {
     pub(super) async fn on_answered(
         &mut self,
         id: u64,
-        tokenized: fallow_scheduler::job::Tokenized,
+        tokenized: fallow_protocol::job::Tokenized,
     ) {
         let Some(job) = self.table.remove(id) else {
             return;

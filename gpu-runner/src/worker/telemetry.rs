@@ -9,8 +9,8 @@
 //! (seconds, resident bytes) and unloads (with the reason) are recorded by `models.rs`. Prefix-cache counters are in tokens, as
 //! vLLM's are: `queries` counts prompt tokens, `hits` those served from cached blocks.
 
-use crate::engine::llm::EngineStats;
-use fallow_scheduler::job::Usage;
+use fallow_engine::llm::EngineStats;
+use fallow_protocol::job::Usage;
 use metrics::{Counter, Gauge};
 
 pub const KV_CACHE_USAGE: &str = "fallow:kv_cache_usage_perc";

@@ -6,7 +6,7 @@
 
 use super::engine_host::HostCommand;
 use super::{Worker, POOL_MESSAGE, YIELD_MESSAGE};
-use fallow_scheduler::job::JobEvent;
+use fallow_protocol::job::JobEvent;
 use fallow_scheduler::queue::FailOutcome;
 use fallow_scheduler::runners;
 use fallow_scheduler::SchedulerError;

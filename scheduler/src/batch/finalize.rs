@@ -121,7 +121,7 @@ impl BatchWorker {
         let line = |response: Value, error: Value| json!({"id": id, "custom_id": row.custom_id, "response": response, "error": error});
         match (row.state.as_deref(), &row.result) {
             (Some("succeeded"), Some(result)) => {
-                match serde_json::from_value::<crate::job::Completion>(result.clone()) {
+                match serde_json::from_value::<fallow_protocol::job::Completion>(result.clone()) {
                     Ok(done) => {
                         let created = row.created_at.map_or(0, |t| t.timestamp());
                         let model = row.model.as_deref().unwrap_or("");

@@ -31,7 +31,7 @@ pub use files::FileRecord;
 pub use records::{BatchRecord, BatchStatus, NewBatch, RequestCounts};
 pub use worker::{BatchConfig, BatchWorker};
 
-use crate::job::{Completion, GenerateRequest};
+use fallow_protocol::job::{Completion, GenerateRequest};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -71,7 +71,7 @@ pub trait BatchCodec: Send + Sync + 'static {
         job: Uuid,
         created: i64,
         model: &str,
-        output: &crate::job::OutputFormat,
+        output: &fallow_protocol::job::OutputFormat,
         completion: &Completion,
     ) -> serde_json::Value;
     /// Status code and error body for a job that failed with `code`/`message`.

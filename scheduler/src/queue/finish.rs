@@ -3,8 +3,8 @@
 //! attempt`, so a stale or duplicate report changes nothing and says so.
 
 use super::{notify_queued, FailOutcome, Queue};
-use crate::job::Completion;
 use crate::SchedulerError;
+use fallow_protocol::job::Completion;
 use uuid::Uuid;
 
 impl Queue {

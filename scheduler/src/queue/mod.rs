@@ -15,9 +15,9 @@
 //! - `wake.rs`: waiting for the `NOTIFY` hint.
 
 use crate::clock::Clock;
-use crate::job::{Completion, GenerateRequest};
 use crate::SchedulerError;
 use chrono::{DateTime, Utc};
+use fallow_protocol::job::{Completion, GenerateRequest};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use std::sync::Arc;

@@ -3,9 +3,9 @@
 //! `SchedulerError::Corrupt` rather than panicking.
 
 use super::{ClaimedJob, JobKind, JobRecord, JobState};
-use crate::job::{Completion, GenerateRequest};
 use crate::SchedulerError;
 use chrono::{DateTime, Utc};
+use fallow_protocol::job::{Completion, GenerateRequest};
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 

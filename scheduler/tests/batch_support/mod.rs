@@ -3,8 +3,8 @@
 //! for the api's (the api crate depends on this one, not the other way round).
 #![allow(dead_code)]
 
+use fallow_protocol::job::{ChatMessage, Completion, GenerateRequest, Role, Sampling};
 use fallow_scheduler::batch::{BatchCodec, LineRequest};
-use fallow_scheduler::job::{ChatMessage, Completion, GenerateRequest, Role, Sampling};
 use fallow_scheduler::store::{S3Config, S3Store};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -69,7 +69,7 @@ impl BatchCodec for TestCodec {
         job: Uuid,
         created: i64,
         model: &str,
-        _output: &fallow_scheduler::job::OutputFormat,
+        _output: &fallow_protocol::job::OutputFormat,
         done: &Completion,
     ) -> Value {
         json!({"id": job.to_string(), "object": "chat.completion", "created": created,

@@ -3,9 +3,9 @@
 #![allow(dead_code)]
 
 use chrono::Utc;
+use fallow_protocol::job::{ChatMessage, Completion, GenerateRequest, Role, Sampling, Usage};
 use fallow_scheduler::clock::Clock;
 use fallow_scheduler::db;
-use fallow_scheduler::job::{ChatMessage, Completion, GenerateRequest, Role, Sampling, Usage};
 use fallow_scheduler::queue::{JobKind, NewJob, Queue};
 use fallow_scheduler::runners::{ModelEntry, RunnerInfo};
 use sqlx::PgPool;
@@ -81,10 +81,10 @@ pub fn interactive_job(model: &str) -> NewJob {
 
 pub fn completion(text: &str) -> Completion {
     Completion {
-        choices: vec![fallow_scheduler::job::ChoiceResult {
+        choices: vec![fallow_protocol::job::ChoiceResult {
             index: 0,
             text: text.to_string(),
-            finish_reason: fallow_scheduler::job::FinishReason::Stop,
+            finish_reason: fallow_protocol::job::FinishReason::Stop,
             matched_stop: None,
             logprobs: None,
         }],

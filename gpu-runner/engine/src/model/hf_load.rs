@@ -1,0 +1,190 @@
+//! Opening a Hugging Face model directory: `config.json`, safetensors weights (single or
+//! sharded), `tokenizer.json` / `tokenizer_config.json` (chat template) and
+//! `generation_config.json` (end-of-generation ids).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::quant::QMatrix;
+
+use super::safetensors::SafetensorsSet;
+use super::weights::{self, Role, TensorNames, TensorSource};
+use super::{config, ModelArtifacts, ModelError, VocabSource};
+
+impl TensorSource for SafetensorsSet {
+    fn has(&self, name: &str) -> bool {
+        SafetensorsSet::has(self, name)
+    }
+    fn matrix(&self, name: &str) -> Result<QMatrix, ModelError> {
+        SafetensorsSet::matrix(self, name)
+    }
+    fn vector(&self, name: &str) -> Result<Vec<f32>, ModelError> {
+        SafetensorsSet::vector(self, name)
+    }
+}
+
+/// HF transformers' tensor names under a checkpoint-specific prefix (`model.` for text
+/// models, `language_model.model.` for multimodal Gemma 3).
+struct HfNames {
+    prefix: String,
+    /// Gemma names its pre-FFN norm `pre_feedforward_layernorm` and uses
+    /// `post_attention_layernorm` for the sandwich norm; Llama-likes use the latter pre-FFN.
+    gemma: bool,
+    lm_head: String,
+}
+
+impl TensorNames for HfNames {
+    fn name(&self, role: Role, layer: usize) -> String {
+        let p = &self.prefix;
+        let blk = |s: &str| format!("{p}layers.{layer}.{s}");
+        match role {
+            Role::TokenEmbd => format!("{p}embed_tokens.weight"),
+            Role::OutputNorm => format!("{p}norm.weight"),
+            Role::Output => self.lm_head.clone(),
+            // HF checkpoints carry Llama 3 scaling in config.json, never as a tensor.
+            Role::RopeFreqs => format!("{p}__no_rope_freqs__"),
+            Role::AttnNorm => blk("input_layernorm.weight"),
+            Role::Q => blk("self_attn.q_proj.weight"),
+            Role::K => blk("self_attn.k_proj.weight"),
+            Role::V => blk("self_attn.v_proj.weight"),
+            Role::O => blk("self_attn.o_proj.weight"),
+            Role::QBias => blk("self_attn.q_proj.bias"),
+            Role::KBias => blk("self_attn.k_proj.bias"),
+            Role::VBias => blk("self_attn.v_proj.bias"),
+            Role::QNorm => blk("self_attn.q_norm.weight"),
+            Role::KNorm => blk("self_attn.k_norm.weight"),
+            Role::PostAttnNorm => blk("post_attention_layernorm.weight"),
+            Role::FfnNorm if self.gemma => blk("pre_feedforward_layernorm.weight"),
+            Role::FfnNorm => blk("post_attention_layernorm.weight"),
+            Role::Gate => blk("mlp.gate_proj.weight"),
+            Role::Up => blk("mlp.up_proj.weight"),
+            Role::Down => blk("mlp.down_proj.weight"),
+            Role::PostFfnNorm => blk("post_feedforward_layernorm.weight"),
+        }
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value, ModelError> {
+    let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|source| ModelError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Opens an HF model directory.
+pub fn open_dir(dir: &Path) -> Result<ModelArtifacts, ModelError> {
+    let config_json = read_json(&dir.join("config.json"))?;
+    let mut config = config::from_hf_json(&config_json)?;
+    let tensors = SafetensorsSet::open_dir(dir)?;
+    let names = detect_names(&tensors, config.arch == config::Arch::Gemma3);
+    let weights = weights::build(&mut config, &tensors, &names)?;
+    weights::reject_unused_biases(
+        tensors.names(),
+        &[
+            "o_proj.bias",
+            "gate_proj.bias",
+            "up_proj.bias",
+            "down_proj.bias",
+        ],
+    )?;
+
+    let tokenizer_json = dir.join("tokenizer.json");
+    if !tokenizer_json.is_file() {
+        return Err(ModelError::Io {
+            path: tokenizer_json,
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "tokenizer.json is required"),
+        });
+    }
+    let tokenizer_config = Some(dir.join("tokenizer_config.json")).filter(|p| p.is_file());
+    let chat_template = read_chat_template(dir, tokenizer_config.as_deref())?;
+    let mut eos_ids = eos_ids_of(&config_json);
+    let gen_path = dir.join("generation_config.json");
+    if gen_path.is_file() {
+        for id in eos_ids_of(&read_json(&gen_path)?) {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+    }
+    Ok(ModelArtifacts {
+        config,
+        weights: Arc::new(weights),
+        vocab: VocabSource::TokenizerJson {
+            tokenizer_json,
+            tokenizer_config,
+        },
+        chat_template,
+        eos_ids,
+    })
+}
+
+fn detect_names(tensors: &SafetensorsSet, gemma: bool) -> HfNames {
+    let suffix = "embed_tokens.weight";
+    let prefix = tensors
+        .names()
+        .filter(|n| n.ends_with(suffix))
+        .map(|n| n[..n.len() - suffix.len()].to_string())
+        .min_by_key(String::len)
+        .unwrap_or_else(|| "model.".to_string());
+    // Older multimodal Gemma 3 checkpoints: `language_model.model.` → `language_model.lm_head`;
+    // newer ones (`model.language_model.`) and text models keep a top-level `lm_head`.
+    let lm_head = match prefix
+        .strip_suffix("model.")
+        .filter(|o| o.ends_with("language_model."))
+    {
+        Some(outer) => format!("{outer}lm_head.weight"),
+        None => "lm_head.weight".to_string(),
+    };
+    HfNames {
+        lm_head,
+        prefix,
+        gemma,
+    }
+}
+
+/// `eos_token_id` as an int or a list of ints.
+fn eos_ids_of(v: &Value) -> Vec<u32> {
+    let to_id = |x: &Value| x.as_u64().and_then(|i| u32::try_from(i).ok());
+    match v.get("eos_token_id") {
+        Some(Value::Array(a)) => a.iter().filter_map(to_id).collect(),
+        Some(x) => to_id(x).into_iter().collect(),
+        None => Vec::new(),
+    }
+}
+
+/// The chat template from `chat_template.jinja`, or `tokenizer_config.json`'s
+/// `chat_template` (a string, or a list of named templates of which we take "default").
+fn read_chat_template(
+    dir: &Path,
+    tokenizer_config: Option<&Path>,
+) -> Result<Option<String>, ModelError> {
+    let jinja: PathBuf = dir.join("chat_template.jinja");
+    if jinja.is_file() {
+        let text = std::fs::read_to_string(&jinja).map_err(|source| ModelError::Io {
+            path: jinja,
+            source,
+        })?;
+        return Ok(Some(text));
+    }
+    let Some(path) = tokenizer_config else {
+        return Ok(None);
+    };
+    let v = read_json(path)?;
+    Ok(match v.get("chat_template") {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .or_else(|| list.first())
+            .and_then(|t| t.get("template"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        _ => None,
+    })
+}

@@ -1,0 +1,296 @@
+//! The tensors of a decoder-only transformer in one layout for every source format. Big
+//! matrices stay quantized (or f16/bf16) as [`QMatrix`] views into the mmapped file; small
+//! vectors (norms, biases) are f32, with any norm-weight offset already applied.
+//!
+//! Building goes through [`TensorSource`] + [`TensorNames`], so the GGUF and safetensors
+//! loaders share the shape checks and only differ in how they name and fetch tensors.
+
+use crate::quant::QMatrix;
+
+use super::{ModelConfig, ModelError};
+
+/// One transformer block.
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: QMatrix,
+    pub wk: QMatrix,
+    pub wv: QMatrix,
+    pub wo: QMatrix,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    /// Per-head RMSNorm weights (`head_dim`) applied to Q and K before RoPE.
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    /// Gemma: norm of the attention output before the residual add.
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: QMatrix,
+    pub w_up: QMatrix,
+    pub w_down: QMatrix,
+    /// Gemma: norm of the feed-forward output before the residual add.
+    pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// All weights of a model.
+pub struct Weights {
+    pub token_embd: QMatrix,
+    pub output_norm: Vec<f32>,
+    /// The LM head; `None` when tied to `token_embd`.
+    pub output: Option<QMatrix>,
+    /// Llama 3.1 RoPE frequency divisors from GGUF `rope_freqs.weight` (`head_dim / 2`).
+    pub rope_freq_factors: Option<Vec<f32>>,
+    pub layers: Vec<LayerWeights>,
+}
+
+impl Weights {
+    /// The matrix producing logits (the LM head, or the embeddings when tied).
+    pub fn lm_head(&self) -> &QMatrix {
+        self.output.as_ref().unwrap_or(&self.token_embd)
+    }
+
+    /// Every weight matrix (the LM head once, even when tied).
+    pub fn matrices(&self) -> impl Iterator<Item = &QMatrix> {
+        let per_layer = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        std::iter::once(&self.token_embd)
+            .chain(self.output.as_ref())
+            .chain(per_layer)
+    }
+
+    /// Rearranges every matrix into the layout this CPU's kernels read fastest (see
+    /// [`QMatrix::use_cpu_layout`]): for weights the CPU backend will run, not for a CUDA
+    /// upload or an inspection, which would only pay for reading and copying them.
+    pub fn use_cpu_layout(&mut self) {
+        let per_layer = self.layers.iter_mut().flat_map(|l| {
+            [
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.w_gate,
+                &mut l.w_up,
+                &mut l.w_down,
+            ]
+        });
+        for m in std::iter::once(&mut self.token_embd)
+            .chain(self.output.as_mut())
+            .chain(per_layer)
+        {
+            m.use_cpu_layout();
+        }
+    }
+
+    /// Elements of every vector (norms, biases, RoPE factors).
+    pub fn vector_elements(&self) -> usize {
+        let per_layer: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let optional = [
+                    &l.bq,
+                    &l.bk,
+                    &l.bv,
+                    &l.q_norm,
+                    &l.k_norm,
+                    &l.post_attn_norm,
+                    &l.post_ffn_norm,
+                ];
+                l.attn_norm.len()
+                    + l.ffn_norm.len()
+                    + optional
+                        .iter()
+                        .map(|v| v.as_ref().map_or(0, Vec::len))
+                        .sum::<usize>()
+            })
+            .sum();
+        per_layer + self.output_norm.len() + self.rope_freq_factors.as_ref().map_or(0, Vec::len)
+    }
+}
+
+/// The role of a tensor, independent of how a format names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    TokenEmbd,
+    OutputNorm,
+    Output,
+    RopeFreqs,
+    AttnNorm,
+    Q,
+    K,
+    V,
+    O,
+    QBias,
+    KBias,
+    VBias,
+    QNorm,
+    KNorm,
+    PostAttnNorm,
+    FfnNorm,
+    Gate,
+    Up,
+    Down,
+    PostFfnNorm,
+}
+
+/// Maps a role (and layer, for block tensors) to the format's tensor name.
+pub trait TensorNames {
+    fn name(&self, role: Role, layer: usize) -> String;
+}
+
+/// Fetches tensors by name from one format.
+pub trait TensorSource {
+    fn has(&self, name: &str) -> bool;
+    fn matrix(&self, name: &str) -> Result<QMatrix, ModelError>;
+    fn vector(&self, name: &str) -> Result<Vec<f32>, ModelError>;
+}
+
+/// Rejects checkpoints with bias tensors the forward pass would silently ignore (an output
+/// projection or feed-forward bias): better an error naming the tensor than wrong logits.
+pub fn reject_unused_biases<'a>(
+    mut names: impl Iterator<Item = &'a str>,
+    unused_suffixes: &[&str],
+) -> Result<(), ModelError> {
+    match names.find(|n| unused_suffixes.iter().any(|s| n.ends_with(s))) {
+        Some(name) => Err(ModelError::Unsupported(format!(
+            "tensor `{name}`: this bias is not implemented"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Builds and shape-checks the weights. Sets `config.tie_embeddings` from the presence of
+/// the output matrix.
+pub fn build(
+    config: &mut ModelConfig,
+    src: &dyn TensorSource,
+    names: &dyn TensorNames,
+) -> Result<Weights, ModelError> {
+    let l = Loader { config, src, names };
+    let token_embd = l.matrix(Role::TokenEmbd, 0, config.vocab_size, config.hidden)?;
+    let output_name = names.name(Role::Output, 0);
+    let output = if src.has(&output_name) {
+        Some(l.matrix(Role::Output, 0, config.vocab_size, config.hidden)?)
+    } else {
+        None
+    };
+    let rope_freqs_name = names.name(Role::RopeFreqs, 0);
+    let rope_freq_factors = if src.has(&rope_freqs_name) {
+        Some(l.vector(Role::RopeFreqs, 0, config.head_dim / 2)?)
+    } else {
+        None
+    };
+    let output_norm = l.norm(Role::OutputNorm, 0, config.hidden)?;
+    let layers = (0..config.n_layers)
+        .map(|i| l.layer(i))
+        .collect::<Result<Vec<_>, _>>()?;
+    config.tie_embeddings = output.is_none();
+    Ok(Weights {
+        token_embd,
+        output_norm,
+        output,
+        rope_freq_factors,
+        layers,
+    })
+}
+
+struct Loader<'a> {
+    config: &'a ModelConfig,
+    src: &'a dyn TensorSource,
+    names: &'a dyn TensorNames,
+}
+
+impl Loader<'_> {
+    fn matrix(
+        &self,
+        role: Role,
+        layer: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<QMatrix, ModelError> {
+        let name = self.names.name(role, layer);
+        let m = self.src.matrix(&name)?;
+        if m.rows != rows || m.cols != cols {
+            return Err(ModelError::Shape {
+                name,
+                found: vec![m.rows, m.cols],
+                expected: vec![rows, cols],
+            });
+        }
+        Ok(m)
+    }
+
+    fn vector(&self, role: Role, layer: usize, len: usize) -> Result<Vec<f32>, ModelError> {
+        let name = self.names.name(role, layer);
+        let v = self.src.vector(&name)?;
+        if v.len() != len {
+            return Err(ModelError::Shape {
+                name,
+                found: vec![v.len()],
+                expected: vec![len],
+            });
+        }
+        Ok(v)
+    }
+
+    /// A norm weight with the config's offset applied (HF Gemma stores `w`, means `1 + w`).
+    fn norm(&self, role: Role, layer: usize, len: usize) -> Result<Vec<f32>, ModelError> {
+        let mut v = self.vector(role, layer, len)?;
+        let offset = self.config.norm_weight_offset;
+        if offset != 0.0 {
+            v.iter_mut().for_each(|x| *x += offset);
+        }
+        Ok(v)
+    }
+
+    /// Loads the tensor if the format has it; errors if `required` and it is absent.
+    fn optional<T>(
+        &self,
+        role: Role,
+        layer: usize,
+        required: bool,
+        load: impl FnOnce() -> Result<T, ModelError>,
+    ) -> Result<Option<T>, ModelError> {
+        let name = self.names.name(role, layer);
+        if self.src.has(&name) {
+            load().map(Some)
+        } else if required {
+            Err(ModelError::MissingTensor(name))
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn layer(&self, i: usize) -> Result<LayerWeights, ModelError> {
+        let c = self.config;
+        let (h, q, kv, hd, ffn) = (c.hidden, c.q_dim(), c.kv_dim(), c.head_dim, c.ffn);
+        let bias = |role, len| self.optional(role, i, c.qkv_bias, || self.vector(role, i, len));
+        let qk_norm = |role| self.optional(role, i, c.qk_norm, || self.norm(role, i, hd));
+        // Only Gemma has sandwich norms; HF Llama-likes reuse the name
+        // `post_attention_layernorm` for their pre-FFN norm, so never probe for them.
+        let post = |role| match c.post_norms {
+            true => self.norm(role, i, h).map(Some),
+            false => Ok(None),
+        };
+        Ok(LayerWeights {
+            attn_norm: self.norm(Role::AttnNorm, i, h)?,
+            wq: self.matrix(Role::Q, i, q, h)?,
+            wk: self.matrix(Role::K, i, kv, h)?,
+            wv: self.matrix(Role::V, i, kv, h)?,
+            wo: self.matrix(Role::O, i, h, q)?,
+            bq: bias(Role::QBias, q)?,
+            bk: bias(Role::KBias, kv)?,
+            bv: bias(Role::VBias, kv)?,
+            q_norm: qk_norm(Role::QNorm)?,
+            k_norm: qk_norm(Role::KNorm)?,
+            post_attn_norm: post(Role::PostAttnNorm)?,
+            ffn_norm: self.norm(Role::FfnNorm, i, h)?,
+            w_gate: self.matrix(Role::Gate, i, ffn, h)?,
+            w_up: self.matrix(Role::Up, i, ffn, h)?,
+            w_down: self.matrix(Role::Down, i, h, ffn)?,
+            post_ffn_norm: post(Role::PostFfnNorm)?,
+        })
+    }
+}

@@ -1,0 +1,129 @@
+//! Matrix products against f32 maths on the dequantized weights.
+
+use super::ref_quant::quantize;
+use super::Rng;
+use crate::quant::act::{ActBlock, BlockQ8K, BlockQ8_1};
+use crate::quant::{GgmlType, QMatrix, QuantError, TensorBytes};
+
+/// A `rows × cols` matrix of type `t` holding `values` (reference-quantized).
+pub fn matrix(t: GgmlType, rows: usize, cols: usize, values: &[f32]) -> QMatrix {
+    QMatrix::new(t, rows, cols, TensorBytes::Owned(quantize(t, values))).unwrap()
+}
+
+/// `x` as the kernels see it: quantized to the activation type of `t` and back.
+fn as_seen_by_kernel(t: GgmlType, x: &[f32]) -> Vec<f32> {
+    match t {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => x.to_vec(),
+        GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => x
+            .chunks_exact(256)
+            .flat_map(|c| {
+                let b = BlockQ8K::quantize(c);
+                b.qs.map(|q| q as f32 * b.d)
+            })
+            .collect(),
+        _ => x
+            .chunks_exact(32)
+            .flat_map(|c| {
+                let b = BlockQ8_1::quantize(c);
+                b.qs.map(|q| q as f32 * b.d)
+            })
+            .collect(),
+    }
+}
+
+/// Checks `m.matmul(x)` against f64 products of the dequantized weights with `x_ref`,
+/// within `tol · Σ|w||x|` per output.
+fn check(m: &QMatrix, x: &[f32], x_ref: &[f32], n_tokens: usize, tol: f64) {
+    let (rows, cols) = (m.rows, m.cols);
+    let w = m.dequantize_all();
+    let mut out = vec![f32::NAN; rows * n_tokens];
+    m.matmul(x, n_tokens, &mut out);
+    for t in 0..n_tokens {
+        for r in 0..rows {
+            let (wr, xt) = (
+                &w[r * cols..(r + 1) * cols],
+                &x_ref[t * cols..(t + 1) * cols],
+            );
+            let exact: f64 = wr.iter().zip(xt).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let scale: f64 = wr
+                .iter()
+                .zip(xt)
+                .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                .sum();
+            let got = out[t * rows + r] as f64;
+            assert!(
+                (got - exact).abs() <= tol * scale + 1e-6,
+                "{:?} n_tokens={n_tokens} out[{t},{r}] = {got}, expected {exact} (scale {scale})",
+                m.dtype
+            );
+        }
+    }
+}
+
+const TOKEN_COUNTS: [usize; 4] = [1, 3, 32, 41];
+
+#[test]
+fn products_equal_exact_maths_on_the_quantized_activations() {
+    let mut rng = Rng::new(11);
+    for t in GgmlType::ALL {
+        let (rows, cols) = (37, 512);
+        let m = matrix(t, rows, cols, &rng.normals(rows * cols, 0.5));
+        for n_tokens in TOKEN_COUNTS {
+            let x = rng.normals(n_tokens * cols, 1.0);
+            check(&m, &x, &as_seen_by_kernel(t, &x), n_tokens, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn products_approximate_f32_maths_within_activation_quantisation_error() {
+    let mut rng = Rng::new(12);
+    for t in GgmlType::ALL {
+        let (rows, cols) = (19, 768);
+        let m = matrix(t, rows, cols, &rng.normals(rows * cols, 0.5));
+        let x = rng.normals(5 * cols, 1.0);
+        check(&m, &x, &x, 5, 0.02);
+    }
+}
+
+#[test]
+fn float_matrices_with_odd_widths_multiply_exactly() {
+    let mut rng = Rng::new(13);
+    let (rows, cols) = (5, 7);
+    let w = rng.normals(rows * cols, 1.0);
+    let m = QMatrix::from_f32(rows, cols, &w).unwrap();
+    let x = rng.normals(2 * cols, 1.0);
+    check(&m, &x, &x, 2, 1e-6);
+}
+
+#[test]
+fn zero_tokens_or_rows_is_a_no_op() {
+    let m = matrix(GgmlType::Q4_1, 2, 32, &[0.5; 64]);
+    m.matmul(&[], 0, &mut []);
+    let empty = QMatrix::new(GgmlType::Q8_0, 0, 32, TensorBytes::Owned(vec![])).unwrap();
+    empty.matmul(&[1.0; 32], 1, &mut []);
+}
+
+#[test]
+fn matrices_of_the_wrong_size_or_partial_blocks_are_refused() {
+    let short = QMatrix::new(GgmlType::Q4_0, 2, 32, TensorBytes::Owned(vec![0; 18]));
+    assert!(matches!(
+        short,
+        Err(QuantError::WrongSize {
+            expected: 36,
+            got: 18,
+            ..
+        })
+    ));
+    let partial = QMatrix::new(GgmlType::Q4K, 1, 128, TensorBytes::Owned(vec![0; 72]));
+    assert!(matches!(
+        partial,
+        Err(QuantError::PartialBlock {
+            cols: 128,
+            block: 256,
+            ..
+        })
+    ));
+    let huge = QMatrix::new(GgmlType::F32, usize::MAX / 2, 4, TensorBytes::Owned(vec![]));
+    assert!(matches!(huge, Err(QuantError::WrongSize { .. })));
+}

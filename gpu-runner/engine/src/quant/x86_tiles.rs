@@ -1,0 +1,487 @@
+//! The x86_64 tile kernels (see [`super::formats::TileKernel`]): products of one tile of 8
+//! interleaved rows ([`super::interleave`]) with a tile of tokens, written once and compiled
+//! per instruction set by [`x86_tile_kernels!`] like the row kernels of
+//! [`super::x86_rows`]. The instantiating module supplies:
+//!
+//! - `dot_u8_i8_acc(acc, u, s)`: `acc` + Σ of four u8 × i8 products per i32 lane;
+//! - `dot_i16_acc(acc, a, b)`: `acc` + Σ of two i16 × i16 products per i32 lane;
+//! - `FULL_RANGE_U8`: whether that is exact for u8 lanes up to 255 (needed by Q8_0, whose
+//!   interleaved quants are stored +128).
+//!
+//! Per tile block and token: eight `dot_u8_i8_acc` of the 8 rows' unpacked quants with four
+//! activation bytes broadcast to every lane, then one conversion and two multiply-adds for
+//! all 8 rows (scale, and the offset meeting the activation sum). Tokens go in groups whose
+//! accumulators stay in registers for the whole row strip; each group's results are 8
+//! adjacent floats per token, stored without any horizontal sum.
+
+macro_rules! x86_tile_kernels {
+    ($features:literal) => {
+        use std::arch::x86_64::*;
+
+        use crate::quant::act::{BlockQ8K, BlockQ8_1};
+        use crate::quant::interleave::TILE_ROWS;
+        use crate::quant::matmul::TOKEN_TILE;
+
+        /// A kernel over one group of tokens `t0 .. t0 + G` of a tile of `tn`.
+        type TileGroupFn<A> = unsafe fn(&[u8], &[A], usize, usize, &mut [f32]);
+
+        /// Covers the tile's `tn` tokens with the largest groups that fit; `kernels` lists
+        /// (group size, kernel) from the largest size down to 1.
+        #[inline]
+        fn in_tile_groups<A>(
+            tile: &[u8],
+            acts: &[A],
+            tn: usize,
+            out: &mut [f32],
+            kernels: &[(usize, TileGroupFn<A>)],
+        ) {
+            assert!(tn <= TOKEN_TILE && out.len() >= tn * TILE_ROWS);
+            let mut t0 = 0;
+            while t0 < tn {
+                let left = tn - t0;
+                if let Some(&(g, kernel)) = kernels.iter().find(|(g, _)| *g <= left) {
+                    // SAFETY: the kernels are only handed out where the CPU has this
+                    // module's features (see `formats`); `t0 + g <= tn`.
+                    unsafe { kernel(tile, acts, tn, t0, out) };
+                    t0 += g;
+                }
+            }
+        }
+
+        // The formats of the interleaved kernel, as its const parameter.
+        const T_Q4_0: u8 = 0;
+        const T_Q5_0: u8 = 1;
+        const T_Q4_1: u8 = 2;
+        const T_Q5_1: u8 = 3;
+        const T_Q8_0: u8 = 4;
+
+        const fn tile_block_bytes(fmt: u8) -> usize {
+            TILE_ROWS
+                * match fmt {
+                    T_Q4_0 => 18,
+                    T_Q5_0 => 22,
+                    T_Q4_1 => 20,
+                    T_Q8_0 => 34,
+                    _ => 24,
+                }
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn load_256(bytes: &[u8]) -> __m256i {
+            assert!(bytes.len() >= 32);
+            // SAFETY: 32 bytes are readable (checked above); loadu needs no alignment.
+            unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
+        }
+
+        /// The 8 f16s at `bytes[0..16]` as f32 lanes.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn f16x8(bytes: &[u8]) -> __m256 {
+            assert!(bytes.len() >= 16);
+            // SAFETY: 16 bytes are readable (checked above).
+            _mm256_cvtph_ps(unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) })
+        }
+
+        /// A tile block's 8 rows as `d·u + m`: scales `d`, the offsets `m` where the format
+        /// stores them (Q4_1, Q5_1; the others' are `−8d`, `−16d`, `−128d`) and the unsigned
+        /// quants, `w[c]` holding quants `4c .. 4c + 4` of every row (one lane per row).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn unpack_tile_block<const FMT: u8>(tb: &[u8]) -> (__m256, Option<__m256>, [__m256i; 8]) {
+            let d = f16x8(tb);
+            let m = match FMT {
+                T_Q4_1 | T_Q5_1 => Some(f16x8(&tb[16..])),
+                _ => None,
+            };
+            let mut w = [_mm256_setzero_si256(); 8];
+            if FMT == T_Q8_0 {
+                for (c, wc) in w.iter_mut().enumerate() {
+                    *wc = load_256(&tb[16 + 32 * c..]);
+                }
+                return (d, m, w);
+            }
+            let scales = if FMT == T_Q4_1 || FMT == T_Q5_1 {
+                32
+            } else {
+                16
+            };
+            let fifth = FMT == T_Q5_0 || FMT == T_Q5_1;
+            let quants = scales + if fifth { 32 } else { 0 };
+            let mask = _mm256_set1_epi8(0x0F);
+            for c in 0..4 {
+                let q = load_256(&tb[quants + 32 * c..]);
+                w[c] = _mm256_and_si256(q, mask);
+                w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+            }
+            if fifth {
+                // Lane r of `qh` is row r's 32 fifth bits, bit k for quant k.
+                let qh = load_256(&tb[scales..]);
+                for (c, wc) in w.iter_mut().enumerate() {
+                    *wc = _mm256_or_si256(*wc, fifth_bits(qh, c));
+                }
+            }
+            (d, m, w)
+        }
+
+        /// Bit 4 set in byte `i` of each i32 lane where bit `4c + i` of that lane of `qh` is.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn fifth_bits(qh: __m256i, c: usize) -> __m256i {
+            // Byte c/2 of each lane into all four of its bytes (shuffles stay within 128-bit
+            // halves, as do the lanes), then test one bit per byte.
+            let b = (c / 2) as i8;
+            let lane_bytes = _mm256_setr_epi32(
+                0,
+                0x0404_0404,
+                0x0808_0808,
+                0x0C0C_0C0C,
+                0,
+                0x0404_0404,
+                0x0808_0808,
+                0x0C0C_0C0C,
+            );
+            let spread = _mm256_shuffle_epi8(qh, _mm256_add_epi8(lane_bytes, _mm256_set1_epi8(b)));
+            let first = 4 * (c % 2);
+            let select = _mm256_set1_epi32(i32::from_le_bytes([
+                1 << first,
+                1 << (first + 1),
+                1 << (first + 2),
+                (1u8 << (first + 3)),
+            ]));
+            let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+            _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+        }
+
+        /// Asks for the weights [`PREFETCH_BYTES`] past `tb`, in the first pass over a strip
+        /// (token group at `t0 == 0`) of at least 4 tokens: streaming a matrix bigger than
+        /// the caches with that much arithmetic per block, the hardware prefetcher alone
+        /// left the kernel waiting on memory; with fewer tokens the loop runs at memory speed
+        /// anyway and the extra instructions cost (Gemma 3 single-stream decode −8 %).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn prefetch_ahead<const G: usize>(tb: &[u8], t0: usize) {
+            if G < 4 || t0 != 0 {
+                return;
+            }
+            let ahead = tb.as_ptr().wrapping_add(PREFETCH_BYTES);
+            // Prefetching never faults, whatever the address (past the end is harmless).
+            for line in 0..tb.len().div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
+            }
+        }
+
+        /// Measured on a 262144×640 matrix (Gemma 3's LM head) and 16 tokens: 1 KiB ahead
+        /// gained ~20 %, 2–3 KiB ~30 %, 6 KiB less again.
+        const PREFETCH_BYTES: usize = 2048;
+
+        /// Activation bytes `4c .. 4c + 4` in every i32 lane.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn broadcast4(qs: &[i8], c: usize) -> __m256i {
+            let b = &qs[4 * c..4 * c + 4];
+            _mm256_set1_epi32(i32::from_le_bytes([
+                b[0] as u8, b[1] as u8, b[2] as u8, b[3] as u8,
+            ]))
+        }
+
+        /// Stores a group's results: 8 rows of token `t0 + j` at `out[(t0 + j) * 8 ..]`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn store_tile_group<const G: usize>(acc: &[__m256; G], t0: usize, out: &mut [f32]) {
+            for (j, a) in acc.iter().enumerate() {
+                let o = &mut out[(t0 + j) * TILE_ROWS..][..TILE_ROWS];
+                // SAFETY: `o` is exactly 8 floats.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *a) };
+            }
+        }
+
+        /// The 32-element formats over tokens `t0 .. t0 + G`.
+        #[target_feature(enable = $features)]
+        fn tile_group_affine<const FMT: u8, const G: usize>(
+            tile: &[u8],
+            acts: &[BlockQ8_1],
+            tn: usize,
+            t0: usize,
+            out: &mut [f32],
+        ) {
+            let mut acc = [_mm256_setzero_ps(); G];
+            for (b, tb) in tile.chunks_exact(tile_block_bytes(FMT)).enumerate() {
+                prefetch_ahead::<G>(tb, t0);
+                let (d, m, w) = unpack_tile_block::<FMT>(tb);
+                let a = &acts[b * tn + t0..][..G];
+                for j in 0..G {
+                    // The symmetric formats' offset is a fixed multiple of `d`: it joins the
+                    // integer sum as `−offset·Σx` (a float multiply-add fewer per token).
+                    let mut isum = match FMT {
+                        T_Q4_0 => _mm256_set1_epi32(-8 * a[j].sum),
+                        T_Q5_0 => _mm256_set1_epi32(-16 * a[j].sum),
+                        T_Q8_0 => _mm256_set1_epi32(-128 * a[j].sum),
+                        _ => _mm256_setzero_si256(),
+                    };
+                    for (c, wc) in w.iter().enumerate() {
+                        isum = dot_u8_i8_acc(isum, *wc, broadcast4(&a[j].qs, c));
+                    }
+                    let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[j].d));
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[j]);
+                    if let Some(m) = m {
+                        acc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(a[j].s), acc[j]);
+                    }
+                }
+            }
+            store_tile_group(&acc, t0, out);
+        }
+
+        fn tile_affine<const FMT: u8>(tile: &[u8], acts: &[BlockQ8_1], tn: usize, out: &mut [f32]) {
+            in_tile_groups(
+                tile,
+                acts,
+                tn,
+                out,
+                &[
+                    (8, tile_group_affine::<FMT, 8>),
+                    (4, tile_group_affine::<FMT, 4>),
+                    (2, tile_group_affine::<FMT, 2>),
+                    (1, tile_group_affine::<FMT, 1>),
+                ],
+            );
+        }
+
+        /// Shifts each 16-bit lane of `v` right by `n` (a runtime count).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn shr16(v: __m256i, n: usize) -> __m256i {
+            _mm256_srl_epi16(v, _mm_cvtsi32_si128(n as i32))
+        }
+
+        /// The activation block's sums per 32 as i16 pairs, `(s[2p], s[2p + 1])` broadcast to
+        /// every lane of `pairs[p]`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn bsum32_pairs(a: &BlockQ8K) -> [__m256i; 4] {
+            // SAFETY: `bsums` is exactly 16 × i16 = 32 bytes; loadu needs no alignment.
+            let bs = unsafe { _mm256_loadu_si256(a.bsums.as_ptr().cast()) };
+            let s32 = _mm256_madd_epi16(bs, _mm256_set1_epi16(1));
+            // i32 lanes [(s0,s1), (s2,s3), .., .. | (s4,s5), (s6,s7), .., ..] as i16 pairs.
+            let packed = _mm256_packs_epi32(s32, s32);
+            [0, 1, 4, 5].map(|l| _mm256_permutevar8x32_epi32(packed, _mm256_set1_epi32(l)))
+        }
+
+        /// Q4_K (`FIVE = false`) and Q5_K tile blocks over tokens `t0 .. t0 + G`. Tile block:
+        /// `d[8]`, `dmin[8]`, the 12 packed scale bytes as 3 vectors, (Q5_K) the 32 fifth-bit
+        /// bytes as 8 vectors, the 128 nibble bytes as 32 vectors (vector `8p + c` holds
+        /// quants `4c..4c+4` of groups `2p` (low) and `2p + 1` (high)).
+        #[target_feature(enable = $features)]
+        fn tile_group_q45_k<const FIVE: bool, const G: usize>(
+            tile: &[u8],
+            acts: &[BlockQ8K],
+            tn: usize,
+            t0: usize,
+            out: &mut [f32],
+        ) {
+            let mut acc = [_mm256_setzero_ps(); G];
+            let (bytes, qs_at) = if FIVE { (1408, 384) } else { (1152, 128) };
+            let (m4, m6) = (_mm256_set1_epi32(0x0F), _mm256_set1_epi32(63));
+            let shr = |v: __m256i, n: i32| _mm256_srlv_epi32(v, _mm256_set1_epi32(n));
+            for (b, tb) in tile.chunks_exact(bytes).enumerate() {
+                prefetch_ahead::<G>(tb, t0);
+                let (d, dmin) = (f16x8(tb), f16x8(&tb[16..]));
+                let (sa, sb, sc) = (
+                    load_256(&tb[32..]),
+                    load_256(&tb[64..]),
+                    load_256(&tb[96..]),
+                );
+                // Each group's 6-bit scale and min, one lane per row (`scale_min_k4`).
+                let mut scales = [_mm256_setzero_si256(); 8];
+                let mut mins = [_mm256_setzero_si256(); 8];
+                for g in 0..4 {
+                    let k = 8 * g as i32;
+                    scales[g] = _mm256_and_si256(shr(sa, k), m6);
+                    mins[g] = _mm256_and_si256(shr(sb, k), m6);
+                    let high = |v: __m256i| {
+                        _mm256_slli_epi32(_mm256_and_si256(shr(v, k + 6), _mm256_set1_epi32(3)), 4)
+                    };
+                    scales[g + 4] = _mm256_or_si256(_mm256_and_si256(shr(sc, k), m4), high(sa));
+                    mins[g + 4] = _mm256_or_si256(_mm256_and_si256(shr(sc, k + 4), m4), high(sb));
+                }
+                let min_pairs: [__m256i; 4] = std::array::from_fn(|p| {
+                    _mm256_or_si256(mins[2 * p], _mm256_slli_epi32(mins[2 * p + 1], 16))
+                });
+                let a = &acts[b * tn + t0..][..G];
+                let mut tot = [_mm256_setzero_si256(); G];
+                for g in 0..8 {
+                    let mut w = [_mm256_setzero_si256(); 8];
+                    for (c, wc) in w.iter_mut().enumerate() {
+                        let q = load_256(&tb[qs_at + 32 * (8 * (g / 2) + c)..]);
+                        *wc = _mm256_and_si256(shr16(q, 4 * (g % 2)), _mm256_set1_epi8(0x0F));
+                        if FIVE {
+                            let qh = load_256(&tb[128 + 32 * c..]);
+                            let bit = _mm256_and_si256(shr16(qh, g), _mm256_set1_epi8(1));
+                            *wc = _mm256_or_si256(*wc, _mm256_slli_epi16(bit, 4));
+                        }
+                    }
+                    for j in 0..G {
+                        let mut isum = _mm256_setzero_si256();
+                        for (c, wc) in w.iter().enumerate() {
+                            isum = dot_u8_i8_acc(isum, *wc, broadcast4(&a[j].qs[32 * g..], c));
+                        }
+                        tot[j] = _mm256_add_epi32(tot[j], _mm256_mullo_epi32(isum, scales[g]));
+                    }
+                }
+                for j in 0..G {
+                    let mut min_sum = _mm256_setzero_si256();
+                    for (mp, sp) in min_pairs.iter().zip(bsum32_pairs(&a[j])) {
+                        min_sum = dot_i16_acc(min_sum, *mp, sp);
+                    }
+                    let ad = _mm256_set1_ps(a[j].d);
+                    acc[j] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[j]), _mm256_mul_ps(d, ad), acc[j]);
+                    acc[j] = _mm256_fnmadd_ps(
+                        _mm256_cvtepi32_ps(min_sum),
+                        _mm256_mul_ps(dmin, ad),
+                        acc[j],
+                    );
+                }
+            }
+            store_tile_group(&acc, t0, out);
+        }
+
+        /// Q6_K tile blocks over tokens `t0 .. t0 + G`. Tile block: `d[8]`, the 16 i8
+        /// scales as 4 vectors, the 128 low-nibble bytes as 32 vectors, the 64 high-bit
+        /// bytes as 16 vectors (ggml's element order, see `kquants`).
+        #[target_feature(enable = $features)]
+        fn tile_group_q6_k<const G: usize>(
+            tile: &[u8],
+            acts: &[BlockQ8K],
+            tn: usize,
+            t0: usize,
+            out: &mut [f32],
+        ) {
+            let mut acc = [_mm256_setzero_ps(); G];
+            for (b, tb) in tile.chunks_exact(1680).enumerate() {
+                prefetch_ahead::<G>(tb, t0);
+                let d = f16x8(tb);
+                let sv: [__m256i; 4] = std::array::from_fn(|z| load_256(&tb[16 + 32 * z..]));
+                // Scale of group s (16 quants) sign-extended, one lane per row.
+                let scale = |s: usize| {
+                    let up =
+                        _mm256_sllv_epi32(sv[s / 4], _mm256_set1_epi32(24 - 8 * (s % 4) as i32));
+                    _mm256_srai_epi32(up, 24)
+                };
+                let a = &acts[b * tn + t0..][..G];
+                let mut tot = [_mm256_setzero_si256(); G];
+                for s in 0..16 {
+                    let mut w = [_mm256_setzero_si256(); 4];
+                    for (i, wc) in w.iter_mut().enumerate() {
+                        let c = 4 * s + i;
+                        let (n, cc) = (c / 32, c % 32);
+                        let ql = load_256(&tb[144 + 32 * (16 * n + cc % 16)..]);
+                        let qh = load_256(&tb[1168 + 32 * (8 * n + cc % 8)..]);
+                        let low =
+                            _mm256_and_si256(shr16(ql, 4 * (cc / 16)), _mm256_set1_epi8(0x0F));
+                        let high = _mm256_and_si256(shr16(qh, 2 * (cc / 8)), _mm256_set1_epi8(3));
+                        *wc = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+                    }
+                    let sc = scale(s);
+                    for j in 0..G {
+                        let mut isum = _mm256_setzero_si256();
+                        for (i, wc) in w.iter().enumerate() {
+                            isum = dot_u8_i8_acc(isum, *wc, broadcast4(&a[j].qs[16 * s..], i));
+                        }
+                        tot[j] = _mm256_add_epi32(tot[j], _mm256_mullo_epi32(isum, sc));
+                    }
+                }
+                // Undo the +32 of the stored quants: 32 · Σ_s sc_s · Σ(x in group s), the
+                // scales paired as i16 to meet the activation's sums per 16 (also pairs).
+                let pairs: [__m256i; 8] = std::array::from_fn(|t| {
+                    _mm256_blend_epi16::<0xAA>(
+                        scale(2 * t),
+                        _mm256_slli_epi32(scale(2 * t + 1), 16),
+                    )
+                });
+                for j in 0..G {
+                    // SAFETY: `bsums` is exactly 16 × i16 = 32 bytes; loadu needs no alignment.
+                    let bs = unsafe { _mm256_loadu_si256(a[j].bsums.as_ptr().cast()) };
+                    let mut offset = _mm256_setzero_si256();
+                    for (t, pair) in pairs.iter().enumerate() {
+                        let sums = _mm256_permutevar8x32_epi32(bs, _mm256_set1_epi32(t as i32));
+                        offset = dot_i16_acc(offset, *pair, sums);
+                    }
+                    let total = _mm256_sub_epi32(tot[j], _mm256_slli_epi32(offset, 5));
+                    let scale = _mm256_mul_ps(d, _mm256_set1_ps(a[j].d));
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), scale, acc[j]);
+                }
+            }
+            store_tile_group(&acc, t0, out);
+        }
+
+        fn tile_q45_k<const FIVE: bool>(
+            tile: &[u8],
+            acts: &[BlockQ8K],
+            tn: usize,
+            out: &mut [f32],
+        ) {
+            in_tile_groups(
+                tile,
+                acts,
+                tn,
+                out,
+                &[
+                    (4, tile_group_q45_k::<FIVE, 4>),
+                    (2, tile_group_q45_k::<FIVE, 2>),
+                    (1, tile_group_q45_k::<FIVE, 1>),
+                ],
+            );
+        }
+
+        pub(crate) fn tile_q4_k(tile: &[u8], acts: &[BlockQ8K], tn: usize, out: &mut [f32]) {
+            tile_q45_k::<false>(tile, acts, tn, out)
+        }
+
+        pub(crate) fn tile_q5_k(tile: &[u8], acts: &[BlockQ8K], tn: usize, out: &mut [f32]) {
+            tile_q45_k::<true>(tile, acts, tn, out)
+        }
+
+        pub(crate) fn tile_q6_k(tile: &[u8], acts: &[BlockQ8K], tn: usize, out: &mut [f32]) {
+            in_tile_groups(
+                tile,
+                acts,
+                tn,
+                out,
+                &[
+                    (4, tile_group_q6_k::<4>),
+                    (2, tile_group_q6_k::<2>),
+                    (1, tile_group_q6_k::<1>),
+                ],
+            );
+        }
+
+        /// The tile kernels, handed out by `formats` only where the CPU has this module's
+        /// features (Q8_0's only where `FULL_RANGE_U8`).
+        pub(crate) fn tile_q4_0(tile: &[u8], acts: &[BlockQ8_1], tn: usize, out: &mut [f32]) {
+            tile_affine::<T_Q4_0>(tile, acts, tn, out)
+        }
+
+        pub(crate) fn tile_q4_1(tile: &[u8], acts: &[BlockQ8_1], tn: usize, out: &mut [f32]) {
+            tile_affine::<T_Q4_1>(tile, acts, tn, out)
+        }
+
+        pub(crate) fn tile_q5_0(tile: &[u8], acts: &[BlockQ8_1], tn: usize, out: &mut [f32]) {
+            tile_affine::<T_Q5_0>(tile, acts, tn, out)
+        }
+
+        pub(crate) fn tile_q5_1(tile: &[u8], acts: &[BlockQ8_1], tn: usize, out: &mut [f32]) {
+            tile_affine::<T_Q5_1>(tile, acts, tn, out)
+        }
+
+        pub(crate) fn tile_q8_0(tile: &[u8], acts: &[BlockQ8_1], tn: usize, out: &mut [f32]) {
+            assert!(
+                FULL_RANGE_U8,
+                "interleaved Q8_0 needs exact u8 × i8 products"
+            );
+            tile_affine::<T_Q8_0>(tile, acts, tn, out)
+        }
+    };
+}
+
+pub(crate) use x86_tile_kernels;

@@ -1,0 +1,12 @@
+//! The vocabulary every tier of Fallow shares, and nothing else.
+//!
+//! - [`job`]: the validated request, event and result types: what the api makes of an
+//!   OpenAI request, what a runner streams back, and what a finished job holds.
+//! - [`grammar`]: a [`job::Constraint`] as an llguidance grammar, and a model-free check that
+//!   it compiles.
+//!
+//! **Architecture Invariant**: this crate depends on serde and llguidance only, so the engine
+//! can speak it without pulling in a database, a queue or a cloud client.
+
+pub mod grammar;
+pub mod job;
