@@ -2,8 +2,29 @@
 # Runs the whole test suite: starts what the tests need (PostgreSQL, Redis), fetches the
 # test models, installs the OpenAI Python SDK and moto (an S3-compatible server) into a venv,
 # then runs the Rust tests and the end-to-end tests against a real `fallow` stack.
+#
+#   ./infra/test.sh          the whole suite (what CI runs: .ci/run sets CI=true)
+#   ./infra/test.sh --fast   the unit tests of protocol, api, scheduler, engine and runner:
+#                            no services, no models, no CUDA emulator (docs/testing.md)
+#
+# With CI=true a missing prerequisite (NVRTC, a test model, the emulator, moto, Chromium) is a
+# failure, not a skip: every test that would skip for want of one fails instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = --fast ]; then
+  # The emulated CUDA kernels (`cuda::emu`) compile the kernel sources with g++ and take
+  # minutes: they belong to the whole suite. Tests that want a model skip without one.
+  exec cargo test --no-fail-fast -p fallow-protocol -p fallow-api -p fallow-scheduler \
+    -p fallow-engine -p fallow-runner --lib -- --skip cuda::emu
+elif [ $# -gt 0 ]; then
+  echo "usage: $0 [--fast]" >&2
+  exit 2
+fi
+
+ci=0
+case "${CI:-}" in true | 1) ci=1 ;; esac
+
 infra/services.sh
 scripts/fetch-models.sh --gemma
 # The dashboard test drives Debian's headless Chromium.
@@ -16,11 +37,11 @@ if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 .venv/bin/pip install -q --disable-pip-version-check -r tests/e2e/requirements.txt
 # NVRTC (CUDA 13's runtime compiler, from NVIDIA's PyPI wheel) lets a Rust test compile the
 # CUDA backend's kernels to PTX on this GPU-less machine. Pinned to 13.0, the CUDA version of
-# the GPU machines' driver (a newer NVRTC emits PTX that driver cannot load). Without it the
-# test skips, so a failed install is reported, not fatal. With it the CUDA conformance suite
-# also runs here, on the emulated driver (the kernels on the CPU, see
-# gpu-runner/engine/src/backend/cuda/emu/mod.rs).
-NVRTC_WHEEL='nvidia-cuda-nvrtc==13.0.88'
+# the GPU machines' driver (a newer NVRTC emits PTX that driver cannot load). With it the
+# CUDA conformance suite also runs here, on the emulated driver (the kernels on the CPU, see
+# gpu-runner/engine/src/backend/cuda/emu/mod.rs). Without it those tests skip, and in CI
+# the install's failure stops the run.
+NVRTC_WHEEL="${FALLOW_NVRTC_WHEEL:-nvidia-cuda-nvrtc==13.0.88}"
 if .venv/bin/pip install -q --disable-pip-version-check "$NVRTC_WHEEL"; then
   nvrtc_dir="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/nvidia/cu13/lib"
   # cudarc opens libnvrtc.so.13 by that name; should a wheel ship only libnvrtc.so.13.x,
@@ -33,11 +54,13 @@ if .venv/bin/pip install -q --disable-pip-version-check "$NVRTC_WHEEL"; then
       nvrtc_dir="$PWD/.cache/nvrtc:$nvrtc_dir"
     fi
   fi
-  export FALLOW_NVRTC_LIB_DIR="${nvrtc_dir%%:*}"
   export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  echo "NVRTC: $FALLOW_NVRTC_LIB_DIR"
+  echo "NVRTC: ${nvrtc_dir%%:*}"
+elif ((ci)); then
+  echo "NVRTC: could not install $NVRTC_WHEEL; CI=true needs it (the CUDA tests)" >&2
+  exit 1
 else
-  echo "NVRTC: could not install $NVRTC_WHEEL (no network?); the CUDA kernel compile test will skip" >&2
+  echo "NVRTC: could not install $NVRTC_WHEEL (no network?); the CUDA tests will skip" >&2
 fi
 # With the engine's CUDA emulator compiled in, as `cargo test` builds the engine (its tests
 # turn the feature on), so the workspace's test build reuses this one.
@@ -48,6 +71,6 @@ FALLOW_REQUIRE_S3=1 cargo test --workspace --no-fail-fast
 # The CUDA kernel tests again, launched through the CUDA driver API as gpu-check.sh runs them
 # on a GPU (here on the emulated driver, which takes the driver's name: a process of their
 # own). The same targets as above, so the same build (`--lib` alone would resolve features
-# differently and rebuild the runner); the filter leaves the other executables nothing to run.
+# differently and rebuild the engine); the filter leaves the other executables nothing to run.
 FALLOW_KERNEL_TESTS=driver cargo test --workspace --no-fail-fast cuda::emu::kernel_tests
 FALLOW_BIN="$PWD/target/debug/fallow" .venv/bin/python -m pytest -q tests/e2e

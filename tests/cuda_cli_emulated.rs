@@ -31,7 +31,9 @@ fn emulated_driver() -> Option<String> {
         return None;
     }
     if !kernels::nvrtc_available() {
-        eprintln!("SKIPPED: no NVRTC to build the kernels for the emulated driver");
+        fallow_protocol::testing::skip_for_want_of(
+            "NVRTC to build the kernels for the emulated driver",
+        );
         return None;
     }
     let [driver, blas] = emu::driver_libraries().expect("the emulated driver builds")?;

@@ -305,7 +305,7 @@ where
 async fn the_relay_works_again_after_redis_restarts() {
     let port = free_port();
     let Some(redis) = PrivateRedis::start(port) else {
-        eprintln!("redis-server not installed; skipping");
+        fallow_protocol::testing::skip_for_want_of("redis-server (infra/services.sh installs it)");
         return;
     };
     redis.wait_ready().await;

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack, wait_for
+from conftest import FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack, skip_for_want_of, wait_for
 
 ADMIN_TOKEN = "admin-secret-for-tests"
 LONG = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
@@ -337,7 +337,7 @@ def chromium_dom(url: str, budget_ms: int) -> str:
     """The page's DOM after `budget_ms` of (virtual) time in headless Chromium."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
-        pytest.skip("Debian chromium is not installed (apt-get install chromium)")
+        skip_for_want_of("Debian chromium (apt-get install chromium)")
     with tempfile.TemporaryDirectory() as profile:
         out = subprocess.run(
             [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

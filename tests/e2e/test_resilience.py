@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import FALLOW, MODEL_ID, MODEL_PATH, PG_ADMIN_URL, ROOT, Stack, free_port, psql, wait_for, spawn
+from conftest import FALLOW, MODEL_ID, MODEL_PATH, PG_ADMIN_URL, ROOT, Stack, free_port, psql, skip_for_want_of, wait_for, spawn
 
 LONG = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
 
@@ -131,7 +131,7 @@ def test_after_a_redis_restart_new_requests_work_without_restarting_fallow():
 def pg_bin(name: str) -> str:
     found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
     if not found:
-        pytest.skip(f"PostgreSQL server binaries ({name}) not found")
+        skip_for_want_of(f"PostgreSQL server binaries ({name})")
     return str(found[-1])
 
 

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack, spawn, stop_process, wait_for
+from conftest import FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack, skip_for_want_of, spawn, stop_process, wait_for
 
 GEMMA_PATH = ROOT / "models" / "gemma-3-270m-Q4_K_M.gguf"
 GEMMA_ID = "gemma"
@@ -19,7 +19,12 @@ HI = [{"role": "user", "content": "Say hello."}]
 # dev stacks, 64 MiB on the second runner) one fits in 400 MiB, not both.
 BUDGET_FOR_ONE = "400"
 
-pytestmark = pytest.mark.skipif(not GEMMA_PATH.exists(), reason="run scripts/fetch-models.sh --gemma")
+
+
+@pytest.fixture(autouse=True)
+def gemma_fetched():
+    if not GEMMA_PATH.exists():
+        skip_for_want_of(f"{GEMMA_PATH} (scripts/fetch-models.sh --gemma)")
 
 
 def admin(stack, method, path, **kw):

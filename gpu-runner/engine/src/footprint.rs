@@ -149,7 +149,10 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
         if !path.exists() {
-            eprintln!("SKIPPED: {} not fetched", path.display());
+            fallow_protocol::testing::skip_for_want_of(&format!(
+                "{} (scripts/fetch-models.sh)",
+                path.display()
+            ));
             return;
         }
         let file = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);

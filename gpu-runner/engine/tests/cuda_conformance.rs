@@ -26,9 +26,9 @@
 //!   host picks under the same masks.
 //!
 //! Without a GPU (CI has none) the suite runs on the emulated driver, the kernels compiled
-//! for the CPU (`runs_on`): the real models' tests only with `FALLOW_CUDA_EMULATOR=all`
+//! for the CPU (`runs_on`): the real models' tests only with `FALLOW_TEST_EMULATOR=all`
 //! (minutes each), but for Gemma 3's teacher-forced steps, which no GPU check carries; with
-//! neither a driver nor NVRTC every test prints SKIPPED. The GPU machine runs this binary
+//! neither a driver nor NVRTC every test skips (and fails in CI). The GPU machine runs this binary
 //! through `gpu-runner/scripts/gpu-check.sh`.
 
 use std::path::PathBuf;
@@ -46,6 +46,7 @@ use fallow_engine::quant::{GgmlType, QMatrix};
 use fallow_engine::runtime::{load, Device, LoadOptions};
 use fallow_engine::sampler::{mask_disallowed, Sampled, TokenDraw};
 use fallow_protocol::job::Sampling;
+use fallow_protocol::testing::skip_for_want_of;
 
 /// bf16 weights and activations on CUDA against the CPU backend's f32 activations on the
 /// tiny (f32/f16/bf16) fixtures: logits may differ by this fraction of the row's largest
@@ -86,19 +87,22 @@ enum Runs {
 }
 
 /// Where the suite can run, once per process: on a GPU, or where there is no NVIDIA driver
-/// on the emulated one (`FALLOW_CUDA_EMULATOR=0` skips instead), which also needs NVRTC for
-/// the kernels' PTX and a C++ compiler; `None` (each test prints SKIPPED) where neither.
+/// on the emulated one (`FALLOW_TEST_EMULATOR=0` skips instead), which also needs NVRTC for
+/// the kernels' PTX and a C++ compiler; `None` (each test skips, and fails in CI) where
+/// neither.
 fn runs_on() -> Option<Runs> {
     static RUNS: std::sync::OnceLock<Option<Runs>> = std::sync::OnceLock::new();
     *RUNS.get_or_init(|| {
         let runs = if device::driver_available() {
             Runs::Gpu
-        } else if std::env::var("FALLOW_CUDA_EMULATOR").as_deref() == Ok("0") {
-            eprintln!("SKIPPED: no NVIDIA driver, and FALLOW_CUDA_EMULATOR=0");
+        } else if std::env::var("FALLOW_TEST_EMULATOR").as_deref() == Ok("0") {
+            skip_for_want_of(
+                "an NVIDIA driver (and FALLOW_TEST_EMULATOR=0 turns the emulated one off)",
+            );
             return None;
         } else if !kernels::nvrtc_available() {
-            eprintln!(
-                "SKIPPED: no NVIDIA driver, and no NVRTC to build the kernels for the emulated one"
+            skip_for_want_of(
+                "NVRTC to build the kernels for the emulated driver (no NVIDIA driver)",
             );
             return None;
         } else {
@@ -114,7 +118,7 @@ fn runs_on() -> Option<Runs> {
                 Some(runs)
             }
             Err(e) => {
-                eprintln!("SKIPPED: {e}");
+                skip_for_want_of(&format!("a CUDA device: {e}"));
                 None
             }
         }
@@ -403,22 +407,23 @@ fn a_mixed_batch_gives_each_sequence_its_own_logits() {
 
 /// The default model's file, when there is a GPU to run it on and the file is here. On the
 /// emulated driver a test that runs the default model takes minutes, so there only with
-/// `FALLOW_CUDA_EMULATOR=all`; the tiny fixtures run every path of the backend there.
+/// `FALLOW_TEST_EMULATOR=all`; the tiny fixtures run every path of the backend there.
 fn default_model_path_on_gpu() -> Option<PathBuf> {
     model_path_on_gpu(&SMOLLM2)
 }
 
 /// `reference`'s file where the suite runs on a GPU, or on the emulated driver with
-/// `FALLOW_CUDA_EMULATOR=all` (real models take minutes there).
+/// `FALLOW_TEST_EMULATOR=all` (real models take minutes there: a GPU's tier, not CI's).
 fn model_path_on_gpu(reference: &Reference) -> Option<PathBuf> {
     if !gpu() {
         return None;
     }
     if runs_on() == Some(Runs::Emulated)
-        && std::env::var("FALLOW_CUDA_EMULATOR").as_deref() != Ok("all")
+        && std::env::var("FALLOW_TEST_EMULATOR").as_deref() != Ok("all")
     {
         eprintln!(
-            "SKIPPED: {} on the emulated driver (FALLOW_CUDA_EMULATOR=all runs it)",
+            "NOT RUN: {} on the emulated driver, a GPU's test (gpu-check.sh runs it; \
+             FALLOW_TEST_EMULATOR=all here)",
             reference.name
         );
         return None;
@@ -497,11 +502,7 @@ fn model_file(reference: &Reference) -> Option<PathBuf> {
     if path.exists() {
         Some(path)
     } else {
-        eprintln!(
-            "SKIPPED: {} is absent ({})",
-            path.display(),
-            reference.fetch
-        );
+        skip_for_want_of(&format!("{} ({})", path.display(), reference.fetch));
         None
     }
 }
@@ -784,7 +785,7 @@ fn gemma_3_decoding_its_k_quant_blocks_follows_llama_cpp_with_x_as_int8_and_as_b
 }
 
 /// Decode steps of `reference`'s file, its blocks kept as stored, on a GPU or with
-/// FALLOW_CUDA_EMULATOR=all: the int8-x products of QuantX::Int8 and, beside them, the
+/// FALLOW_TEST_EMULATOR=all: the int8-x products of QuantX::Int8 and, beside them, the
 /// bf16-x ones.
 fn decoding_its_blocks_follows_llama_cpp_with_either_x(reference: &Reference) {
     let Some(path) = model_path_on_gpu(reference) else {

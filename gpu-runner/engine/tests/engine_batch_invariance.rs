@@ -21,7 +21,10 @@ fn model_path() -> Option<PathBuf> {
     if path.exists() {
         Some(path)
     } else {
-        eprintln!("skipping: model file {} is absent", path.display());
+        fallow_protocol::testing::skip_for_want_of(&format!(
+            "{} (scripts/fetch-models.sh)",
+            path.display()
+        ));
         None
     }
 }

@@ -106,10 +106,10 @@ fn model_file(name: &str) -> Option<PathBuf> {
     if path.exists() {
         Some(path)
     } else {
-        eprintln!(
-            "skipping: {} is absent (scripts/fetch-models.sh --gemma)",
+        fallow_protocol::testing::skip_for_want_of(&format!(
+            "{} (scripts/fetch-models.sh --gemma)",
             path.display()
-        );
+        ));
         None
     }
 }

@@ -116,14 +116,17 @@ fn moto_binary() -> Option<PathBuf> {
 }
 
 /// Starts moto, or returns `None` (skipping the test) when it is not installed — unless
-/// `FALLOW_REQUIRE_S3` is set, as `infra/test.sh` does, where its absence is a failure.
+/// `FALLOW_REQUIRE_S3` is set, as `infra/test.sh` does, or the run is CI's, where its
+/// absence is a failure.
 pub fn start_moto() -> Option<Moto> {
     let Some(binary) = moto_binary() else {
         assert!(
             std::env::var_os("FALLOW_REQUIRE_S3").is_none(),
             "moto_server not found (pip install 'moto[server]' into .venv)"
         );
-        eprintln!("skipping: moto_server not found");
+        fallow_protocol::testing::skip_for_want_of(
+            "moto_server (pip install 'moto[server]' into .venv)",
+        );
         return None;
     };
     let port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -144,7 +144,7 @@ fn a_missing_tensor_is_named_in_the_error() {
 #[test]
 fn smollm2_gguf_loads_with_its_vocabulary_and_chat_template() {
     if !Path::new(SMOLLM).is_file() {
-        eprintln!("skipping: {SMOLLM} not present");
+        fallow_protocol::testing::skip_for_want_of(&format!("{SMOLLM} (scripts/fetch-models.sh)"));
         return;
     }
     let a = open(Path::new(SMOLLM)).unwrap_or_else(|e| panic!("open: {e}"));

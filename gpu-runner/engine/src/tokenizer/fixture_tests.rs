@@ -45,7 +45,7 @@ fn fixtures_dir() -> PathBuf {
 fn load(name: &str) -> Option<(Fixture, Tokenizer)> {
     let path = fixtures_dir().join(name);
     let Ok(raw) = std::fs::read_to_string(&path) else {
-        eprintln!("skipping: fixture {} not found", path.display());
+        fallow_protocol::testing::skip_for_want_of(&format!("fixture {}", path.display()));
         return None;
     };
     let fixture: Fixture = serde_json::from_str(&raw).expect("fixture parses");

@@ -97,7 +97,7 @@ pub fn read_metadata(path: &Path) -> std::io::Result<Vec<(String, Meta)>> {
 /// file is absent.
 pub fn load(path: &str) -> Option<(GgufVocab, Option<String>)> {
     if !Path::new(path).exists() {
-        eprintln!("skipping: model file {path} not found");
+        fallow_protocol::testing::skip_for_want_of(&format!("{path} (scripts/fetch-models.sh)"));
         return None;
     }
     let meta = read_metadata(Path::new(path)).ok()?;

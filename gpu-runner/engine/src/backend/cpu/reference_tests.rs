@@ -141,7 +141,7 @@ impl Agreement {
 #[test]
 fn smollm2_matches_llama_cpp_along_greedy_continuations() {
     if !Path::new(MODEL).is_file() || !Path::new(FIXTURE).is_file() {
-        eprintln!("skipping: {MODEL} or {FIXTURE} not present");
+        fallow_protocol::testing::skip_for_want_of(&format!("{MODEL} and {FIXTURE}"));
         return;
     }
     let text = std::fs::read_to_string(FIXTURE).unwrap_or_else(|e| panic!("fixture: {e}"));
@@ -170,7 +170,9 @@ fn smollm2_matches_llama_cpp_along_greedy_continuations() {
 #[test]
 fn gemma3_270m_matches_llama_cpp_at_every_position() {
     if !Path::new(GEMMA).is_file() {
-        eprintln!("skipping: {GEMMA} not present");
+        fallow_protocol::testing::skip_for_want_of(&format!(
+            "{GEMMA} (scripts/fetch-models.sh --gemma)"
+        ));
         return;
     }
     let fixture: Value =

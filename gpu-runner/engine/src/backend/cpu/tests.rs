@@ -17,7 +17,7 @@ const BLOCK: usize = 4;
 
 fn load() -> Option<ModelArtifacts> {
     if !Path::new(MODEL).is_file() {
-        eprintln!("skipping: {MODEL} not present");
+        fallow_protocol::testing::skip_for_want_of(&format!("{MODEL} (scripts/fetch-models.sh)"));
         return None;
     }
     match model::open(Path::new(MODEL)) {

@@ -427,9 +427,9 @@ mod tests {
     #[test]
     fn every_kernel_compiles_to_ptx_with_nvrtc() {
         if !nvrtc_available() {
-            eprintln!(
-                "SKIPPED: libnvrtc.so.13 not found (infra/test.sh installs the \
-                 nvidia-cuda-nvrtc wheel and puts it on LD_LIBRARY_PATH)"
+            fallow_protocol::testing::skip_for_want_of(
+                "libnvrtc.so.13 (infra/test.sh installs the nvidia-cuda-nvrtc wheel and puts \
+                 it on LD_LIBRARY_PATH)",
             );
             return;
         }
@@ -450,7 +450,7 @@ mod tests {
     #[test]
     fn every_kernel_waits_for_its_predecessor_on_hopper_only() {
         if !nvrtc_available() {
-            eprintln!("SKIPPED: libnvrtc.so.13 not found (see the PTX test)");
+            fallow_protocol::testing::skip_for_want_of("libnvrtc.so.13 (see the PTX test)");
             return;
         }
         // Before sm_90 nothing of it is compiled (a quick compile shows that as well).
@@ -481,7 +481,7 @@ mod tests {
     #[test]
     fn compiled_kernels_are_cached_on_disk_and_a_truncated_file_is_replaced() {
         if !nvrtc_available() {
-            eprintln!("SKIPPED: libnvrtc.so.13 not found (see the PTX test)");
+            fallow_protocol::testing::skip_for_want_of("libnvrtc.so.13 (see the PTX test)");
             return;
         }
         let dir = std::env::temp_dir().join(format!("fallow-kernel-cache-{}", std::process::id()));
@@ -517,7 +517,7 @@ mod tests {
         );
         assert_eq!(parameter_size(".reg .b32 %r<4>;"), None);
         if !nvrtc_available() {
-            eprintln!("SKIPPED: libnvrtc.so.13 not found (see the PTX test)");
+            fallow_protocol::testing::skip_for_want_of("libnvrtc.so.13 (see the PTX test)");
             return;
         }
         let parameters = entry_parameters(quick_ptx("compute_90"));
@@ -668,7 +668,7 @@ mod tests {
     /// `check(arch, kernel, what ptxas reported)` for every kernel on sm_80 and sm_90.
     fn for_every_kernel(check: impl Fn(&str, &str, &Resources)) {
         let Some(reports) = ptxas_reports() else {
-            eprintln!("SKIPPED: libnvrtc.so.13 not found (see the PTX test)");
+            fallow_protocol::testing::skip_for_want_of("libnvrtc.so.13 (see the PTX test)");
             return;
         };
         for (arch, kernels) in reports {

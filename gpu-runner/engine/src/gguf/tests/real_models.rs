@@ -12,7 +12,10 @@ fn model(file: &str) -> Option<GgufFile> {
         .iter()
         .collect();
     if !path.exists() {
-        eprintln!("skipping: {} not present", path.display());
+        fallow_protocol::testing::skip_for_want_of(&format!(
+            "{} (scripts/fetch-models.sh)",
+            path.display()
+        ));
         return None;
     }
     Some(GgufFile::open(Path::new(&path)).unwrap())

@@ -383,7 +383,9 @@ fn kernels_source() -> String {
 fn compiler() -> Option<String> {
     let compiler = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     if Command::new(&compiler).arg("--version").output().is_err() {
-        eprintln!("SKIPPED: no C++ compiler ({compiler}) to emulate the CUDA kernels with");
+        fallow_protocol::testing::skip_for_want_of(&format!(
+            "a C++ compiler ({compiler}) to emulate the CUDA kernels with"
+        ));
         return None;
     }
     Some(compiler)

@@ -93,13 +93,17 @@ impl DriverRunner {
         let device = if device::driver_available() {
             "the GPU"
         } else if !kernels::nvrtc_available() {
-            eprintln!("SKIPPED: no NVIDIA driver, and no NVRTC for the emulated driver's PTX");
+            fallow_protocol::testing::skip_for_want_of(
+                "NVRTC for the emulated driver's PTX (no NVIDIA driver)",
+            );
             return None;
         } else {
             match emu::install_driver() {
                 Ok(true) => "the emulated driver",
                 Ok(false) => {
-                    eprintln!("SKIPPED: no NVIDIA driver, and no C++ compiler to emulate one");
+                    fallow_protocol::testing::skip_for_want_of(
+                        "a C++ compiler to emulate a CUDA driver (no NVIDIA driver)",
+                    );
                     return None;
                 }
                 Err(e) => panic!("emulated CUDA driver: {e}"),
