@@ -136,7 +136,7 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
         // f.: the GEMV variants (and cuBLAS) timed at load, sampled decoding, the step clock
         // (graphs on).
         (
-            vec![("FALLOW_CUDA_DEBUG", "step-clock")],
+            vec![("FALLOW_CUDA_DEBUG", "step-clock,quick-tuning")],
             bench(&gemma, &["--temperature", "0.8"]),
         ),
         // f3: every launch timed, graphs off; the table goes to stderr at the end.
@@ -157,7 +157,7 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
         // against the expansion at load).
         (
             vec![
-                ("FALLOW_CUDA_DEBUG", "gemv=w8u4"),
+                ("FALLOW_CUDA_DEBUG", "gemv=w8u4,quick-tuning"),
                 ("FALLOW_CUDA_QUANT_X", "int8"),
             ],
             bench(&qwen, &["--cuda-weights", "q4_k"]),
@@ -183,7 +183,10 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
         // f11 and f12: the GEMV timed among the CUDA-core variants only, and cuBLAS not
         // timed against it.
         (
-            vec![("FALLOW_CUDA_DEBUG", "no-tensor-gemv,no-gemv-cublas")],
+            vec![(
+                "FALLOW_CUDA_DEBUG",
+                "no-tensor-gemv,no-gemv-cublas,quick-tuning",
+            )],
             bench(&qwen, &[]),
         ),
     ];

@@ -164,6 +164,9 @@ fn suite_options(weights: CudaWeights) -> CudaOptions {
         debug: CudaDebug {
             gemv: Some("w8u4".to_string()),
             mmq: MmqMode::Always,
+            // The emulated driver's times are the CPU's: one launch per candidate tests the
+            // tuning's path; a GPU times it as at load.
+            quick_tuning: runs_on() == Some(Runs::Emulated),
             ..CudaDebug::default()
         },
         ..CudaOptions::default()

@@ -5,6 +5,7 @@
 use super::gemm::GEMV_MAX_ROWS;
 use super::l2_prefetch::L2Prefetch;
 use super::tune::gemv_tune::{GemvChoice, TUNED_ROWS};
+use super::tune::launch_timer::TimingPolicy;
 use super::{CudaBackend, CudaError, CudaOptions, PrefillKernel, QuantX};
 
 impl CudaBackend {
@@ -87,6 +88,15 @@ impl CudaBackend {
         }
         self.graphs.clear();
         Ok(())
+    }
+
+    /// How load-time tuning times its candidates (`quick-tuning`).
+    pub(super) fn timing_policy(&self) -> TimingPolicy {
+        if self.options.debug.quick_tuning {
+            TimingPolicy::Quick
+        } else {
+            TimingPolicy::Measured
+        }
     }
 
     /// How many decode-step graphs this backend has captured (a capture that fails leaves

@@ -13,6 +13,10 @@ use cudarc::driver::LaunchConfig;
 use super::attention_split::{head_blocks, AttentionSplit};
 use super::gemm::{GemvForm, GemvInput, NormAfter};
 use super::launch::KernelArgs;
+use super::params::{
+    AddRmsNorm, Embed, GatedAct, KernelParams, MaskRows, PagedAttention, PagedPrefill, PickRows,
+    QkvPrepare, RmsNormBf16, Softcap,
+};
 use super::step::{addr, grow, LOGPROB_STRIDE};
 use super::weights::DeviceMatrix;
 use super::{rope_style_code, CudaBackend, CudaError};
@@ -71,29 +75,28 @@ fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {
     }
 }
 
-/// Launches `name` on the backend's stream with the given by-value arguments (each bound
-/// to a local first: the builder keeps their addresses until the launch), timed when
-/// profiling ([`super::profile`]).
+/// Launches `name` on the backend's stream with `params`, its parameter struct
+/// ([`super::params`]), timed when profiling ([`super::diag::profile`]).
 macro_rules! launch {
-    ($self:ident, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
+    ($self:ident, $name:expr, $cfg:expr, $params:expr $(,)?) => {{
         let started = $self.profiler.start(&$self.ctx, &$self.stream)?;
+        let params = $params;
         let mut b = KernelArgs::new();
-        launch!(@push b, $($arg),+);
+        KernelParams::push(&params, &mut b);
         // SAFETY: every address comes from a live buffer sized for this step by
-        // `Scratch::ensure` / `StepInputs::pack`, and the argument list matches the
-        // kernel's signature in its .cu file.
+        // `Scratch::ensure` / `StepInputs::pack`, and the parameter struct mirrors the
+        // kernel's signature in its .cu file (checked by `params`' tests).
         let launched = unsafe { $self.launcher.launch($name, $cfg, &mut b) };
         let tokens = $self.inputs.tokens;
         launched.and_then(|()| {
-            $self.profiler.stop(started, &$self.stream, || format!("{} n={tokens}", $name), 0)
+            $self.profiler.stop(
+                started,
+                &$self.stream,
+                || format!("{} n={tokens}", $name),
+                0,
+            )
         })
     }};
-    (@push $b:ident, $head:expr $(, $tail:expr)*) => {
-        let value = $head;
-        $b.arg(&value);
-        launch!(@push $b $(, $tail)*);
-    };
-    (@push $b:ident) => {};
 }
 
 /// `out = x · wᵀ` for `n` token rows, `x` a [`GemvInput`] (its scale, where it has one,
@@ -131,11 +134,13 @@ impl CudaBackend {
             self,
             "embed",
             grid(n, 1, ROW_THREADS),
-            table,
-            ids,
-            x,
-            hidden,
-            scale
+            Embed {
+                table,
+                ids,
+                x,
+                hidden,
+                scale
+            }
         )?;
         // The first block's pre-norm; later ones are fused into the residual adds.
         let (w, xn, eps, null) = (
@@ -148,12 +153,14 @@ impl CudaBackend {
             self,
             "rms_norm_bf16",
             grid(n, 1, ROW_THREADS),
-            x,
-            null,
-            w,
-            xn,
-            hidden,
-            eps
+            RmsNormBf16 {
+                x,
+                rows: null,
+                w,
+                out: xn,
+                hidden,
+                eps
+            }
         )
     }
 
@@ -189,20 +196,22 @@ impl CudaBackend {
                 self,
                 "qkv_prepare",
                 grid(n, c.n_heads + 2 * c.n_kv_heads, HEAD_THREADS),
-                qkv,
-                bias,
-                q_norm,
-                k_norm,
-                inv_freq,
-                positions,
-                slots,
-                k_cache,
-                v_cache,
-                n_heads,
-                n_kv,
-                hd,
-                eps,
-                style
+                QkvPrepare {
+                    qkv,
+                    bias,
+                    q_norm,
+                    k_norm,
+                    inv_freq,
+                    positions,
+                    slots,
+                    k_cache,
+                    v_cache,
+                    n_heads,
+                    n_kv_heads: n_kv,
+                    head_dim: hd,
+                    eps,
+                    style
+                }
             )?;
         }
 
@@ -226,23 +235,25 @@ impl CudaBackend {
                     head_blocks as usize,
                     self.prefill.threads()
                 ),
-                qkv,
-                qkv_width,
-                k_cache,
-                v_cache,
-                block_tables,
-                max_blocks,
-                token_seq,
-                positions,
-                attn,
-                n_heads,
-                n_kv,
-                hd,
-                block_size,
-                scale,
-                softcap,
-                window_arg,
-                self.inputs.at(self.inputs.tiles)
+                PagedPrefill {
+                    qkv,
+                    qkv_width,
+                    k_cache,
+                    v_cache,
+                    block_tables,
+                    max_blocks,
+                    token_seq,
+                    positions,
+                    out: attn,
+                    n_heads,
+                    n_kv_heads: n_kv,
+                    head_dim: hd,
+                    block_size,
+                    scale,
+                    softcap,
+                    window: window_arg,
+                    tiles: self.inputs.at(self.inputs.tiles)
+                }
             )?;
         }
         let decode = self.inputs.n_decode;
@@ -264,34 +275,36 @@ impl CudaBackend {
                     block_dim: (ATTN_THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 },
-                qkv,
-                qkv_width,
-                k_cache,
-                v_cache,
-                block_tables,
-                max_blocks,
-                token_seq,
-                positions,
-                attn,
-                partial,
-                counters,
-                n_heads,
-                n_kv,
-                hd,
-                block_size,
-                scale,
-                softcap,
-                window_arg,
-                split.partition as i32,
-                rows,
-                bias,
-                q_norm,
-                k_norm,
-                if prepare_in_attention { inv_freq } else { 0u64 },
-                slots,
-                eps,
-                style,
-                prefetch_keys
+                PagedAttention {
+                    qkv,
+                    qkv_width,
+                    k_cache,
+                    v_cache,
+                    block_tables,
+                    max_blocks,
+                    token_seq,
+                    positions,
+                    out: attn,
+                    partial,
+                    split_counters: counters,
+                    n_heads,
+                    n_kv_heads: n_kv,
+                    head_dim: hd,
+                    block_size,
+                    scale,
+                    softcap,
+                    window: window_arg,
+                    partition: split.partition as i32,
+                    rows,
+                    bias,
+                    q_norm,
+                    k_norm,
+                    inv_freq: if prepare_in_attention { inv_freq } else { 0 },
+                    slots,
+                    eps,
+                    style,
+                    prefetch_keys
+                }
             )?;
         }
         let (post, next, xn) = (addr(&l.post_attn_norm), l.ffn_norm.ptr(), addr(&s.xn));
@@ -379,10 +392,12 @@ impl CudaBackend {
                 self,
                 "gated_act",
                 grid(n, ffn_blocks, ELEMENT_THREADS),
-                input,
-                activated,
-                ffn,
-                kind
+                GatedAct {
+                    gate_up: input,
+                    out: activated,
+                    ffn,
+                    act: kind
+                }
             )?;
             input = activated;
         }
@@ -440,13 +455,15 @@ impl CudaBackend {
             self,
             "add_rms_norm",
             grid(n, 1, ROW_THREADS),
-            x,
-            proj,
-            post,
-            next,
-            out,
-            hidden,
-            eps
+            AddRmsNorm {
+                x,
+                delta: proj,
+                post_w: post,
+                next_w: next,
+                out,
+                hidden,
+                eps
+            }
         )
     }
 
@@ -557,12 +574,14 @@ impl CudaBackend {
                 self,
                 "rms_norm_bf16",
                 grid(rows, 1, ROW_THREADS),
-                x,
-                row_index,
-                self.weights.output_norm.ptr(),
-                head_in,
-                hidden,
-                c.rms_eps
+                RmsNormBf16 {
+                    x,
+                    rows: row_index,
+                    w: self.weights.output_norm.ptr(),
+                    out: head_in,
+                    hidden,
+                    eps: c.rms_eps
+                }
             )?;
         }
         gemm!(
@@ -580,9 +599,11 @@ impl CudaBackend {
                 self,
                 "softcap",
                 grid(blocks, 1, ELEMENT_THREADS),
-                logits,
-                total as i64,
-                cap
+                Softcap {
+                    x: logits,
+                    n: total as i64,
+                    cap
+                }
             )?;
         }
         Ok(())
@@ -600,12 +621,14 @@ impl CudaBackend {
             self,
             "pick_rows",
             grid(picked, 1, PICK_THREADS),
-            logits,
-            full as i32,
-            self.config.vocab_size as i32,
-            self.inputs.at(self.inputs.pick_params),
-            ids,
-            addr(&self.scratch.picked_logprobs)
+            PickRows {
+                logits,
+                first: full as i32,
+                vocab: self.config.vocab_size as i32,
+                params: self.inputs.at(self.inputs.pick_params),
+                ids,
+                logprobs: addr(&self.scratch.picked_logprobs)
+            }
         )
     }
 
@@ -632,12 +655,14 @@ impl CudaBackend {
                 self,
                 "mask_rows",
                 grid(picked, 1, ELEMENT_THREADS),
-                addr(&self.scratch.logits),
-                full as i32,
-                vocab as i32,
-                self.inputs.at(self.inputs.pick_params),
-                addr(&self.scratch.masks),
-                words as i32
+                MaskRows {
+                    logits: addr(&self.scratch.logits),
+                    first: full as i32,
+                    vocab: vocab as i32,
+                    params: self.inputs.at(self.inputs.pick_params),
+                    masks: addr(&self.scratch.masks),
+                    words: words as i32
+                }
             )?;
         }
         self.pick()

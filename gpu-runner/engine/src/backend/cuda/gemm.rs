@@ -19,6 +19,7 @@ use super::launch::{KernelArgs, Launcher};
 use super::mmq::{
     MmqChoice, MmqShape, MmqSplit, MMQ_BLOCK_ROWS, MMQ_MAX_ROWS, MMQ_SUM_THREADS, MMQ_WARPS,
 };
+use super::params::{Dequant, GemvBf16, GemvBf16Gated, GemvQuantized, KernelParams, Mmq, MmqSum};
 use super::tune::gemv_tune::{GemvChoice, GemvPick, GemvVariant, DEFAULT_VARIANT, GEMV_VARIANTS};
 use super::weights::{DeviceMatrix, QuantPart, QuantX, Storage};
 use super::CudaError;
@@ -248,16 +249,19 @@ impl Gemm {
             block_dim: ((MMQ_WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
+        let params = Mmq {
+            w: weights,
+            x,
+            out: dst,
+            m,
+            k,
+            n: rows,
+            ldo: dst_ldo,
+            slice_groups,
+            slice_stride: stride,
+        };
         let mut b = KernelArgs::new();
-        b.arg(&weights)
-            .arg(&x)
-            .arg(&dst)
-            .arg(&m)
-            .arg(&k)
-            .arg(&rows)
-            .arg(&dst_ldo)
-            .arg(&slice_groups)
-            .arg(&stride);
+        params.push(&mut b);
         // SAFETY: the part holds `rows` whole-block rows of `cols` (cols % 32 == 0, checked
         // by `mmq_serves`); `x` has n·cols bf16; `dst` has room for the slices' n rows
         // (`out`'s, `ldo` apart, or the scratch's, which `plan` fitted in `room`).
@@ -300,13 +304,16 @@ impl Gemm {
             shared_mem_bytes: 0,
         };
         let (m, n, ldo, slices) = (rows as i32, n as i32, ldo as i32, slices as i32);
+        let params = MmqSum {
+            parts,
+            out,
+            m,
+            n,
+            ldo,
+            slices,
+        };
         let mut b = KernelArgs::new();
-        b.arg(&parts)
-            .arg(&out)
-            .arg(&m)
-            .arg(&n)
-            .arg(&ldo)
-            .arg(&slices);
+        params.push(&mut b);
         // SAFETY: `parts` holds slices·n·rows floats (written by the product just before);
         // `out` has n rows `ldo` floats apart, `rows` of them from here.
         unsafe { self.launcher.launch("mmq_sum", cfg, &mut b) }
@@ -481,8 +488,14 @@ impl Gemm {
             shared_mem_bytes: 0,
         };
         let name = part.kernels.dequant;
+        let params = Dequant {
+            w: weights,
+            out: dst,
+            rows,
+            k,
+        };
         let mut b = KernelArgs::new();
-        b.arg(&weights).arg(&dst).arg(&rows).arg(&k);
+        params.push(&mut b);
         // SAFETY: the part holds `rows` whole-block rows of `cols`; `dst` has room for
         // rows·cols bf16 (`reserve_expansion`).
         unsafe { self.launcher.launch(name, cfg, &mut b) }
@@ -600,6 +613,13 @@ impl GemvInput {
     }
 }
 
+/// A GEMV launch's parameters, by kernel family.
+enum GemvParams {
+    Quantized(GemvQuantized),
+    Bf16(GemvBf16),
+    Bf16Gated(GemvBf16Gated),
+}
+
 /// One GEMV kernel, its warps and rows per block and the dynamic shared memory it takes;
 /// `l2` for the bf16 variants, which take a [`NormAfter`] (its fields), their input's scale
 /// ([`GemvInput`]) and then what they
@@ -640,7 +660,6 @@ impl GemvKernel {
                 self.name
             )));
         }
-        let x_rows = x.x;
         let blocks = match self.glu {
             Some(act) if act >= 0 => (rows / 2).div_ceil(self.pairs_per_block),
             _ => rows.div_ceil(self.rows_per_block),
@@ -650,33 +669,76 @@ impl GemvKernel {
             block_dim: ((self.warps * 32) as u32, 1, 1),
             shared_mem_bytes: self.shared_bytes,
         };
-        let mut b = KernelArgs::new();
-        b.arg(&weights)
-            .arg(&x_rows)
-            .arg(&out)
-            .arg(&m)
-            .arg(&k)
-            .arg(&n_rows)
-            .arg(&ldo);
-        if let Some(act) = &act {
-            b.arg(act);
-        }
         let none = NormAfter::default();
         let norm = norm.unwrap_or(&none);
-        if let Some([before_wait, ahead]) = &self.l2 {
-            b.arg(&norm.x)
-                .arg(&norm.post_w)
-                .arg(&norm.next_w)
-                .arg(&norm.out)
-                .arg(&norm.done)
-                .arg(&norm.eps)
-                .arg(&norm.inv)
-                .arg(&x.scale)
-                .arg(before_wait)
-                .arg(ahead);
-        }
-        if let Some(glu) = &self.glu {
-            b.arg(glu);
+        let mut b = KernelArgs::new();
+        // Each kernel family has its list ([`super::params`]): a block format's takes the
+        // product alone; a bf16 variant the sub-block end, x's scale, the L2 asks, and
+        // either the activation it writes (`glu`) or the one it reads (`act`, gated x).
+        let params = match (act, self.l2, self.glu) {
+            (None, None, None) => GemvParams::Quantized(GemvQuantized {
+                w: weights,
+                x: x.x,
+                out,
+                m,
+                k,
+                n: n_rows,
+                ldo,
+            }),
+            (None, Some([l2_before_wait, l2_ahead]), Some(glu)) => GemvParams::Bf16(GemvBf16 {
+                w: weights,
+                x: x.x,
+                out,
+                m,
+                k,
+                n: n_rows,
+                ldo,
+                norm_x: norm.x,
+                norm_post_w: norm.post_w,
+                norm_next_w: norm.next_w,
+                norm_out: norm.out,
+                norm_done: norm.done,
+                norm_eps: norm.eps,
+                norm_inv: norm.inv,
+                x_scale: x.scale,
+                l2_before_wait,
+                l2_ahead,
+                glu,
+            }),
+            (Some(act), Some([l2_before_wait, l2_ahead]), None) => {
+                GemvParams::Bf16Gated(GemvBf16Gated {
+                    w: weights,
+                    gate_up: x.x,
+                    out,
+                    m,
+                    k,
+                    n: n_rows,
+                    ldo,
+                    act,
+                    norm_x: norm.x,
+                    norm_post_w: norm.post_w,
+                    norm_next_w: norm.next_w,
+                    norm_out: norm.out,
+                    norm_done: norm.done,
+                    norm_eps: norm.eps,
+                    norm_inv: norm.inv,
+                    x_scale: x.scale,
+                    l2_before_wait,
+                    l2_ahead,
+                })
+            }
+            _ => {
+                return Err(CudaError::Failure(format!(
+                    "{} takes no {} input",
+                    self.name,
+                    if act.is_some() { "gated" } else { "plain" }
+                )))
+            }
+        };
+        match &params {
+            GemvParams::Quantized(p) => p.push(&mut b),
+            GemvParams::Bf16(p) => p.push(&mut b),
+            GemvParams::Bf16Gated(p) => p.push(&mut b),
         }
         // SAFETY: `weights` holds `rows` rows of `cols` in the kernel's format (bf16 with
         // cols % 8 == 0, or whole blocks, checked when the file was opened); the caller sized

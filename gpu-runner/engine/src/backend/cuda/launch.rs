@@ -39,6 +39,12 @@ impl<'a> KernelArgs<'a> {
         }
     }
 
+    /// Each argument's size in bytes, in order.
+    #[cfg(test)]
+    pub fn sizes(&self) -> &[usize] {
+        &self.sizes
+    }
+
     /// Appends an argument: a device address (`u64`), an `i32`, an `f32`, ….
     pub fn arg<T: DeviceRepr>(&mut self, value: &'a T) -> &mut Self {
         self.params.push(value as *const T as *mut c_void);

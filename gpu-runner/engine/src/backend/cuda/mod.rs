@@ -26,6 +26,7 @@ mod l2_prefetch;
 mod launch;
 mod mmq;
 mod options;
+mod params;
 mod prefill;
 mod step;
 mod tune;

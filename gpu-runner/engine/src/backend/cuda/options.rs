@@ -107,6 +107,9 @@ pub struct CudaDebug {
     pub mmq: MmqMode,
     /// `prefill=auto|mma|f32`.
     pub prefill: PrefillChoice,
+    /// `quick-tuning`: the load-time tuning times each candidate by one launch, with no
+    /// warm-up (tests on the emulated driver, whose times are the CPU's and choose nothing).
+    pub quick_tuning: bool,
 }
 
 impl Default for CudaDebug {
@@ -128,6 +131,7 @@ impl Default for CudaDebug {
             gemv_max_rows: None,
             mmq: MmqMode::Timed,
             prefill: PrefillChoice::Auto,
+            quick_tuning: false,
         }
     }
 }
@@ -136,7 +140,7 @@ impl Default for CudaDebug {
 pub const DEBUG_NAMES: &str = "profile, step-clock, no-graphs, no-early-start, no-l2-prefetch, \
      no-fused-norm, no-fused-rope, no-fused-glu, no-split-attention, split-min-keys=N, \
      no-tensor-gemv, no-gemv-cublas, gemv=VARIANT[:L2], gemv-max-rows=N, \
-     mmq=timed|always|never, prefill=auto|mma|f32";
+     mmq=timed|always|never, prefill=auto|mma|f32, quick-tuning";
 
 impl FromStr for CudaDebug {
     type Err = String;
@@ -172,6 +176,7 @@ impl FromStr for CudaDebug {
                 "no-split-attention" => flag(&mut debug.split_attention)?,
                 "no-tensor-gemv" => flag(&mut debug.tensor_gemv)?,
                 "no-gemv-cublas" => flag(&mut debug.gemv_cublas)?,
+                "quick-tuning" => flag(&mut debug.quick_tuning)?,
                 "split-min-keys" => debug.split_min_keys = split_min_keys(value_of()?)?,
                 "gemv" => {
                     let variant = value_of()?;

@@ -574,7 +574,7 @@ impl CudaBackend {
         let x = DeviceBuf::<u16>::zeros(&self.stream, n_max * widest.1)?;
         let gate_up_rows = DeviceBuf::<f32>::zeros(&self.stream, n_max * 2 * widest.1)?;
         let out = DeviceBuf::<f32>::zeros(&self.stream, n_max * widest.0)?;
-        let timer = LaunchTimer::new(&self.ctx, &self.stream)?;
+        let timer = LaunchTimer::new(&self.ctx, &self.stream, self.timing_policy())?;
         let time = |launch: &dyn Fn(usize) -> Result<(), CudaError>| timer.mean_ms(launch);
         let mut choices = Vec::new();
         // Per [rows, cols] and row count: the fastest GEMV that could stand in for cuBLAS

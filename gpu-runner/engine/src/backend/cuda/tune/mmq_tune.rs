@@ -78,7 +78,7 @@ impl CudaBackend {
             // Zeros: the time depends on shapes, not values.
             let x = DeviceBuf::<u16>::zeros(&self.stream, MMQ_MAX_ROWS * cols)?;
             let out = DeviceBuf::<f32>::zeros(&self.stream, MMQ_MAX_ROWS * rows)?;
-            let timer = LaunchTimer::new(&self.ctx, &self.stream)?;
+            let timer = LaunchTimer::new(&self.ctx, &self.stream, self.timing_policy())?;
             let (x, out) = (x.ptr(), out.ptr());
             for group in &groups {
                 let (rows, cols, format) = group.shape;
