@@ -45,8 +45,7 @@ pub async fn run(
 
 async fn reap_once(queue: &Queue) {
     // Dead runners first: their jobs' leases are expired, so this same pass requeues them.
-    let after = Duration::from_secs(crate::runners::DEAD_AFTER_SECS);
-    match crate::runners::mark_dead(queue.pool(), after).await {
+    match crate::runners::mark_dead(queue.pool(), crate::runners::LIVENESS_WINDOW).await {
         Ok(dead) if dead.is_empty() => {}
         Ok(dead) => tracing::warn!(runners = ?dead, "runners went silent; marked dead"),
         Err(e) => tracing::warn!(error = %e, "marking silent runners dead failed"),

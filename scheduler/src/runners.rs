@@ -1,6 +1,7 @@
 //! The runner registry: registration, heartbeats, which models are live (`models`: what a
 //! runner may serve) and warm (`warm`: what it holds in memory, see `warm.rs`), and the
-//! operator's states (`active`, `cordoned`, `draining`, `drained`, `yielded`, `dead`).
+//! operator's states ([`RunnerState`]: `active`, `cordoned`, `draining`, `drained`,
+//! `yielded`, `dead`; `state.rs`).
 //!
 //! The `state` column is shared by two writers with different rights: the operator sets
 //! `active` (resume), `cordoned` and `draining`; the runner itself only moves between states
@@ -9,7 +10,10 @@
 //! (`liveness.rs`); a dead runner that heartbeats again is `active` again.
 //!
 //! Heartbeat times are the database's own `now()` on both write and read, so the liveness
-//! window is measured on one clock no matter how far runners' clocks drift.
+//! window ([`LIVENESS_WINDOW`]) is measured on one clock no matter how far runners' clocks
+//! drift.
+//!
+//! The statements live in `runners/queries/*.sql`, one per operation.
 
 use crate::SchedulerError;
 use chrono::{DateTime, Utc};
@@ -21,19 +25,18 @@ use uuid::Uuid;
 mod hints;
 mod liveness;
 mod pools;
+mod state;
 mod warm;
 
 pub use hints::state_hints;
-pub use liveness::{mark_dead, DEAD_AFTER_SECS};
+pub use liveness::{mark_dead, LIVENESS_WINDOW};
 pub use pools::pool_turn;
+pub use state::{RunnerState, UnknownRunnerState};
 pub use warm::{request_evict, set_warm, take_evictions, warm_replicas};
 
 /// The Postgres channel on which an operator's state change is announced (payload: the
 /// runner id), so the runner reacts at once instead of at its next heartbeat.
 pub const STATE_CHANNEL: &str = "fallow_runners";
-
-/// A runner whose last heartbeat is older than this is not serving anything.
-pub const LIVE_WITHIN_SECS: i64 = 30;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunnerInfo {
@@ -87,16 +90,11 @@ pub struct RunnerRecord {
     /// Models held in memory (loaded or loading).
     pub warm: Vec<String>,
     pub pool: String,
-    pub state: String,
+    pub state: RunnerState,
     pub in_flight: i32,
     pub registered_at: DateTime<Utc>,
     pub last_heartbeat: DateTime<Utc>,
 }
-
-/// The states an operator (or the runner itself) can put a runner in.
-pub const RUNNER_STATES: [&str; 6] = [
-    "active", "cordoned", "draining", "drained", "yielded", "dead",
-];
 
 /// Registers a new runner under a fresh id.
 pub async fn register(pool: &PgPool, info: &RunnerInfo) -> Result<Uuid, SchedulerError> {
@@ -109,19 +107,16 @@ pub async fn register(pool: &PgPool, info: &RunnerInfo) -> Result<Uuid, Schedule
 /// database restored from backup) registers again as itself, so the jobs it holds, which
 /// name it, stay its own.
 pub async fn register_as(pool: &PgPool, id: Uuid, info: &RunnerInfo) -> Result<(), SchedulerError> {
-    sqlx::query(
-        "INSERT INTO runners (id, host, devices, slots, models, warm, pool) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
-    )
-    .bind(id)
-    .bind(&info.host)
-    .bind(&info.devices)
-    .bind(info.slots.max(0))
-    .bind(models_json(&info.models)?)
-    .bind(&info.warm)
-    .bind(&info.pool)
-    .execute(pool)
-    .await?;
+    sqlx::query(include_str!("runners/queries/register_runner.sql"))
+        .bind(id)
+        .bind(&info.host)
+        .bind(&info.devices)
+        .bind(info.slots.max(0))
+        .bind(models_json(&info.models)?)
+        .bind(&info.warm)
+        .bind(&info.pool)
+        .execute(pool)
+        .await?;
     Ok(())
 }
 
@@ -133,16 +128,13 @@ pub async fn heartbeat(
     pool: &PgPool,
     runner: Uuid,
     in_flight: i32,
-) -> Result<String, SchedulerError> {
-    let state: Option<String> = sqlx::query_scalar(
-        "UPDATE runners SET last_heartbeat = now(), in_flight = $2, \
-         state = CASE WHEN state = 'dead' THEN 'active' ELSE state END \
-         WHERE id = $1 RETURNING state",
-    )
-    .bind(runner)
-    .bind(in_flight.max(0))
-    .fetch_optional(pool)
-    .await?;
+) -> Result<RunnerState, SchedulerError> {
+    let state: Option<RunnerState> =
+        sqlx::query_scalar(include_str!("runners/queries/heartbeat.sql"))
+            .bind(runner)
+            .bind(in_flight.max(0))
+            .fetch_optional(pool)
+            .await?;
     state.ok_or_else(|| SchedulerError::NotFound(format!("runner {runner} is not registered")))
 }
 
@@ -152,29 +144,25 @@ pub async fn heartbeat(
 pub async fn report_state(
     pool: &PgPool,
     runner: Uuid,
-    from: &[&str],
-    to: &str,
-) -> Result<String, SchedulerError> {
-    check_state(to)?;
-    let state: Option<String> = sqlx::query_scalar(
-        "WITH changed AS ( \
-             UPDATE runners SET state = $3 WHERE id = $1 AND state = ANY($2) RETURNING state \
-         ) \
-         SELECT state FROM changed \
-         UNION ALL SELECT state FROM runners WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM changed)",
-    )
-    .bind(runner)
-    .bind(from)
-    .bind(to)
-    .fetch_optional(pool)
-    .await?;
+    from: &[RunnerState],
+    to: RunnerState,
+) -> Result<RunnerState, SchedulerError> {
+    // Bound as the column's words (`text[]`, `text`), as the statement compares them.
+    let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
+    let state: Option<RunnerState> =
+        sqlx::query_scalar(include_str!("runners/queries/report_state.sql"))
+            .bind(runner)
+            .bind(&from)
+            .bind(to.as_str())
+            .fetch_optional(pool)
+            .await?;
     state.ok_or_else(|| SchedulerError::NotFound(format!("runner {runner} is not registered")))
 }
 
 /// The runner's current state, if registered.
-pub async fn state(pool: &PgPool, runner: Uuid) -> Result<Option<String>, SchedulerError> {
+pub async fn state(pool: &PgPool, runner: Uuid) -> Result<Option<RunnerState>, SchedulerError> {
     Ok(
-        sqlx::query_scalar("SELECT state FROM runners WHERE id = $1")
+        sqlx::query_scalar(include_str!("runners/queries/read_state.sql"))
             .bind(runner)
             .fetch_optional(pool)
             .await?,
@@ -187,7 +175,7 @@ pub async fn set_models(
     runner: Uuid,
     models: &[ModelEntry],
 ) -> Result<(), SchedulerError> {
-    sqlx::query("UPDATE runners SET models = $2 WHERE id = $1")
+    sqlx::query(include_str!("runners/queries/set_models.sql"))
         .bind(runner)
         .bind(models_json(models)?)
         .execute(pool)
@@ -200,15 +188,11 @@ pub async fn set_models(
 /// should wait in the queue for it rather than be refused; a cordoned or drained runner was
 /// taken out of service on purpose and does not.
 pub async fn live_models(pool: &PgPool) -> Result<Vec<ModelEntry>, SchedulerError> {
-    let rows: Vec<(serde_json::Value,)> = sqlx::query_as(
-        "SELECT models FROM runners \
-         WHERE state IN ('active', 'draining', 'yielded') \
-           AND last_heartbeat > now() - make_interval(secs => $1) \
-         ORDER BY registered_at",
-    )
-    .bind(LIVE_WITHIN_SECS as f64)
-    .fetch_all(pool)
-    .await?;
+    let rows: Vec<(serde_json::Value,)> =
+        sqlx::query_as(include_str!("runners/queries/live_models.sql"))
+            .bind(LIVENESS_WINDOW.as_secs_f64())
+            .fetch_all(pool)
+            .await?;
     // BTreeMap: a stable, sorted listing; the first (oldest) runner's entry wins.
     let mut models = BTreeMap::new();
     for (value,) in rows {
@@ -220,7 +204,7 @@ pub async fn live_models(pool: &PgPool) -> Result<Vec<ModelEntry>, SchedulerErro
 }
 
 pub async fn deregister(pool: &PgPool, runner: Uuid) -> Result<(), SchedulerError> {
-    sqlx::query("DELETE FROM runners WHERE id = $1")
+    sqlx::query(include_str!("runners/queries/deregister_runner.sql"))
         .bind(runner)
         .execute(pool)
         .await?;
@@ -229,52 +213,35 @@ pub async fn deregister(pool: &PgPool, runner: Uuid) -> Result<(), SchedulerErro
 
 /// All registered runners, oldest first.
 pub async fn list(pool: &PgPool) -> Result<Vec<RunnerRecord>, SchedulerError> {
-    let rows: Vec<RunnerRow> = sqlx::query_as(
-        "SELECT id, host, devices, slots, models, warm, pool, state, in_flight, registered_at, \
-         last_heartbeat FROM runners ORDER BY registered_at, id",
-    )
-    .fetch_all(pool)
-    .await?;
+    let rows: Vec<RunnerRow> = sqlx::query_as(include_str!("runners/queries/list_runners.sql"))
+        .fetch_all(pool)
+        .await?;
     rows.into_iter().map(RunnerRecord::try_from).collect()
 }
 
 /// One runner, if registered.
 pub async fn get(pool: &PgPool, runner: Uuid) -> Result<Option<RunnerRecord>, SchedulerError> {
-    let row: Option<RunnerRow> = sqlx::query_as(
-        "SELECT id, host, devices, slots, models, warm, pool, state, in_flight, registered_at, \
-         last_heartbeat FROM runners WHERE id = $1",
-    )
-    .bind(runner)
-    .fetch_optional(pool)
-    .await?;
+    let row: Option<RunnerRow> = sqlx::query_as(include_str!("runners/queries/get_runner.sql"))
+        .bind(runner)
+        .fetch_optional(pool)
+        .await?;
     row.map(RunnerRecord::try_from).transpose()
 }
 
 /// Sets a runner's state (cordon, drain, resume = `active`, …) and tells the runner at once
 /// (`NOTIFY` on [`STATE_CHANNEL`]; the heartbeat is the fallback); false if it is unknown.
-pub async fn set_state(pool: &PgPool, runner: Uuid, state: &str) -> Result<bool, SchedulerError> {
-    check_state(state)?;
-    // One statement: the hint is sent if and only if the change commits.
-    let changed: Option<Uuid> = sqlx::query_scalar(
-        "WITH changed AS (UPDATE runners SET state = $2 WHERE id = $1 RETURNING id) \
-         SELECT id FROM changed, LATERAL (SELECT pg_notify($3, id::text)) AS hint",
-    )
-    .bind(runner)
-    .bind(state)
-    .bind(STATE_CHANNEL)
-    .fetch_optional(pool)
-    .await?;
+pub async fn set_state(
+    pool: &PgPool,
+    runner: Uuid,
+    state: RunnerState,
+) -> Result<bool, SchedulerError> {
+    let changed: Option<Uuid> = sqlx::query_scalar(include_str!("runners/queries/set_state.sql"))
+        .bind(runner)
+        .bind(state.as_str())
+        .bind(STATE_CHANNEL)
+        .fetch_optional(pool)
+        .await?;
     Ok(changed.is_some())
-}
-
-fn check_state(state: &str) -> Result<(), SchedulerError> {
-    if RUNNER_STATES.contains(&state) {
-        Ok(())
-    } else {
-        Err(SchedulerError::NotFound(format!(
-            "unknown runner state {state:?}; expected one of {RUNNER_STATES:?}"
-        )))
-    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -286,7 +253,7 @@ struct RunnerRow {
     models: serde_json::Value,
     warm: Vec<String>,
     pool: String,
-    state: String,
+    state: RunnerState,
     in_flight: i32,
     registered_at: DateTime<Utc>,
     last_heartbeat: DateTime<Utc>,

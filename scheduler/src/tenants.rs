@@ -1,5 +1,7 @@
 //! Tenants and API keys. A key is `sk-fallow-` plus 32 random alphanumerics, shown once;
 //! only its SHA-256 (hex) is stored, so a leaked database leaks no usable key.
+//!
+//! The statements live in `tenants/queries/*.sql`, one per operation.
 
 use crate::SchedulerError;
 use rand::distributions::Alphanumeric;
@@ -27,7 +29,7 @@ pub async fn create_key(pool: &PgPool, tenant: &str) -> Result<String, Scheduler
     let key = generate_key();
     let mut tx = pool.begin().await?;
     let tenant_id = upsert_tenant(&mut tx, tenant).await?;
-    sqlx::query("INSERT INTO api_keys (id, tenant_id, key_hash, prefix) VALUES ($1, $2, $3, $4)")
+    sqlx::query(include_str!("tenants/queries/insert_key.sql"))
         .bind(Uuid::new_v4())
         .bind(tenant_id)
         .bind(hash_key(&key))
@@ -40,14 +42,11 @@ pub async fn create_key(pool: &PgPool, tenant: &str) -> Result<String, Scheduler
 
 /// The tenant owning this key, if the key exists and is not revoked.
 pub async fn tenant_for_key(pool: &PgPool, key: &str) -> Result<Option<Tenant>, SchedulerError> {
-    let row: Option<(Uuid, String, i64)> = sqlx::query_as(
-        "SELECT t.id, t.name, t.max_active_jobs \
-         FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
-         WHERE k.key_hash = $1 AND k.revoked_at IS NULL",
-    )
-    .bind(hash_key(key))
-    .fetch_optional(pool)
-    .await?;
+    let row: Option<(Uuid, String, i64)> =
+        sqlx::query_as(include_str!("tenants/queries/tenant_for_key.sql"))
+            .bind(hash_key(key))
+            .fetch_optional(pool)
+            .await?;
     Ok(row.map(|(id, name, max_active_jobs)| Tenant {
         id,
         name,
@@ -57,12 +56,10 @@ pub async fn tenant_for_key(pool: &PgPool, key: &str) -> Result<Option<Tenant>, 
 
 /// Revokes a key; returns false if it was unknown or already revoked.
 pub async fn revoke_key(pool: &PgPool, key: &str) -> Result<bool, SchedulerError> {
-    let done = sqlx::query(
-        "UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1 AND revoked_at IS NULL",
-    )
-    .bind(hash_key(key))
-    .execute(pool)
-    .await?;
+    let done = sqlx::query(include_str!("tenants/queries/revoke_key.sql"))
+        .bind(hash_key(key))
+        .execute(pool)
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 
@@ -72,7 +69,7 @@ pub async fn set_max_active_jobs(
     tenant: &str,
     max_active_jobs: i64,
 ) -> Result<bool, SchedulerError> {
-    let done = sqlx::query("UPDATE tenants SET max_active_jobs = $2 WHERE name = $1")
+    let done = sqlx::query(include_str!("tenants/queries/set_max_active_jobs.sql"))
         .bind(tenant)
         .bind(max_active_jobs.max(0))
         .execute(pool)
@@ -83,7 +80,7 @@ pub async fn set_max_active_jobs(
 /// All tenants, by name.
 pub async fn list(pool: &PgPool) -> Result<Vec<Tenant>, SchedulerError> {
     let rows: Vec<(Uuid, String, i64)> =
-        sqlx::query_as("SELECT id, name, max_active_jobs FROM tenants ORDER BY name")
+        sqlx::query_as(include_str!("tenants/queries/list_tenants.sql"))
             .fetch_all(pool)
             .await?;
     Ok(rows
@@ -111,24 +108,21 @@ pub async fn list_keys(
     pool: &PgPool,
     tenant: Option<&str>,
 ) -> Result<Vec<KeyRecord>, SchedulerError> {
-    Ok(sqlx::query_as(
-        "SELECT k.id, t.name AS tenant, k.prefix, k.created_at, k.revoked_at \
-         FROM api_keys k JOIN tenants t ON t.id = k.tenant_id \
-         WHERE $1::text IS NULL OR t.name = $1 ORDER BY k.created_at, k.id",
+    Ok(
+        sqlx::query_as(include_str!("tenants/queries/list_keys.sql"))
+            .bind(tenant)
+            .fetch_all(pool)
+            .await?,
     )
-    .bind(tenant)
-    .fetch_all(pool)
-    .await?)
 }
 
 /// Revokes a key by its id (operators never hold the plaintext); false if it was unknown
 /// or already revoked.
 pub async fn revoke_key_id(pool: &PgPool, id: Uuid) -> Result<bool, SchedulerError> {
-    let done =
-        sqlx::query("UPDATE api_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL")
-            .bind(id)
-            .execute(pool)
-            .await?;
+    let done = sqlx::query(include_str!("tenants/queries/revoke_key_id.sql"))
+        .bind(id)
+        .execute(pool)
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 
@@ -151,15 +145,11 @@ async fn upsert_tenant(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     name: &str,
 ) -> Result<Uuid, SchedulerError> {
-    // DO UPDATE (a no-op write) rather than DO NOTHING so RETURNING yields the existing row.
-    let id: Uuid = sqlx::query_scalar(
-        "INSERT INTO tenants (id, name) VALUES ($1, $2) \
-         ON CONFLICT (name) DO UPDATE SET name = EXCLUDED.name RETURNING id",
-    )
-    .bind(Uuid::new_v4())
-    .bind(name)
-    .fetch_one(&mut **tx)
-    .await?;
+    let id: Uuid = sqlx::query_scalar(include_str!("tenants/queries/upsert_tenant.sql"))
+        .bind(Uuid::new_v4())
+        .bind(name)
+        .fetch_one(&mut **tx)
+        .await?;
     Ok(id)
 }
 

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use fallow_scheduler::runners::{self, RunnerInfo};
+use fallow_scheduler::runners::{self, RunnerInfo, RunnerState};
 use uuid::Uuid;
 
 async fn member(db: &TestDb, pool: &str) -> Uuid {
@@ -54,7 +54,7 @@ async fn runners_out_of_service_are_not_counted_in_their_pool() {
     let cordoned = member(&db, "office").await;
     let a = member(&db, "office").await;
     let b = member(&db, "office").await;
-    runners::set_state(&db.pool, cordoned, "cordoned")
+    runners::set_state(&db.pool, cordoned, RunnerState::Cordoned)
         .await
         .unwrap();
     assert!(turn(&db, a, true, 0.5).await, "half of two is one");

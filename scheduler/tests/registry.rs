@@ -3,7 +3,7 @@
 mod common;
 
 use common::TestDb;
-use fallow_scheduler::runners::{self, RunnerInfo};
+use fallow_scheduler::runners::{self, RunnerInfo, RunnerState};
 use fallow_scheduler::tenants;
 
 #[tokio::test]
@@ -87,7 +87,7 @@ async fn live_models_lists_each_model_of_live_runners_once() {
     let stale = runners::register(&db.pool, &info(&["llama"]))
         .await
         .unwrap();
-    runners::set_state(&db.pool, cordoned, "cordoned")
+    runners::set_state(&db.pool, cordoned, RunnerState::Cordoned)
         .await
         .unwrap();
     sqlx::query("UPDATE runners SET last_heartbeat = now() - interval '1 minute' WHERE id = $1")
@@ -126,6 +126,30 @@ async fn a_heartbeat_records_in_flight_jobs() {
         runners::heartbeat(&db.pool, id, 0).await.is_err(),
         "a deregistered runner is unknown"
     );
-    assert!(runners::set_state(&db.pool, id, "bogus").await.is_err());
+    // An unknown state no longer reaches the database: it is refused where it is parsed.
+    assert!("bogus".parse::<RunnerState>().is_err());
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn every_runner_state_round_trips_through_the_text_column() {
+    let db = TestDb::new().await;
+    let id = runners::register(&db.pool, &info(&["smol"])).await.unwrap();
+    for state in RunnerState::ALL {
+        assert!(runners::set_state(&db.pool, id, state).await.unwrap());
+        // The column holds the lowercase word the migrations' CHECK allows...
+        let stored: String = sqlx::query_scalar("SELECT state FROM runners WHERE id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(stored, state.as_str());
+        // ...it reads back as the same state, and the operators' JSON shows that word.
+        assert_eq!(runners::state(&db.pool, id).await.unwrap(), Some(state));
+        let record = runners::get(&db.pool, id).await.unwrap().unwrap();
+        assert_eq!(record.state, state);
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(json["state"], state.as_str());
+    }
     db.drop().await;
 }

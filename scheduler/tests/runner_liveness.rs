@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use fallow_scheduler::queue::JobState;
-use fallow_scheduler::runners::{self, ModelEntry, RunnerInfo};
+use fallow_scheduler::runners::{self, ModelEntry, RunnerInfo, RunnerState};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -148,38 +148,61 @@ async fn a_runner_reported_state_never_overrides_the_operator() {
     let db = TestDb::new().await;
     let runner = runners::register(&db.pool, &info()).await.unwrap();
     assert_eq!(
-        runners::report_state(&db.pool, runner, &["active"], "yielded")
-            .await
-            .unwrap(),
+        runners::report_state(
+            &db.pool,
+            runner,
+            &[RunnerState::Active],
+            RunnerState::Yielded
+        )
+        .await
+        .unwrap(),
         "yielded"
     );
     assert_eq!(
-        runners::report_state(&db.pool, runner, &["yielded"], "active")
-            .await
-            .unwrap(),
+        runners::report_state(
+            &db.pool,
+            runner,
+            &[RunnerState::Yielded],
+            RunnerState::Active
+        )
+        .await
+        .unwrap(),
         "active"
     );
-    assert!(runners::set_state(&db.pool, runner, "draining")
+    assert!(runners::set_state(&db.pool, runner, RunnerState::Draining)
         .await
         .unwrap());
     // The owner returns while draining: the operator's drain stands.
     assert_eq!(
-        runners::report_state(&db.pool, runner, &["active"], "yielded")
-            .await
-            .unwrap(),
+        runners::report_state(
+            &db.pool,
+            runner,
+            &[RunnerState::Active],
+            RunnerState::Yielded
+        )
+        .await
+        .unwrap(),
         "draining"
     );
     assert_eq!(
-        runners::report_state(&db.pool, runner, &["draining"], "drained")
-            .await
-            .unwrap(),
+        runners::report_state(
+            &db.pool,
+            runner,
+            &[RunnerState::Draining],
+            RunnerState::Drained
+        )
+        .await
+        .unwrap(),
         "drained"
     );
-    assert!(
-        runners::report_state(&db.pool, Uuid::new_v4(), &["active"], "yielded")
-            .await
-            .is_err()
-    );
+    assert!(runners::report_state(
+        &db.pool,
+        Uuid::new_v4(),
+        &[RunnerState::Active],
+        RunnerState::Yielded
+    )
+    .await
+    .is_err());
     db.drop().await;
 }
 
@@ -190,7 +213,13 @@ async fn a_runner_that_is_not_active_in_the_registry_claims_nothing() {
     let runner = runners::register(&db.pool, &info()).await.unwrap();
     queue.enqueue(batch_job("m")).await.unwrap();
     let lease = Duration::from_secs(30);
-    for state in ["cordoned", "draining", "drained", "yielded", "dead"] {
+    for state in [
+        RunnerState::Cordoned,
+        RunnerState::Draining,
+        RunnerState::Drained,
+        RunnerState::Yielded,
+        RunnerState::Dead,
+    ] {
         runners::set_state(&db.pool, runner, state).await.unwrap();
         let claimed = queue
             .claim(runner, &models(&["m"]), 1, lease)
@@ -198,7 +227,7 @@ async fn a_runner_that_is_not_active_in_the_registry_claims_nothing() {
             .unwrap();
         assert!(claimed.is_empty(), "a {state} runner claimed a job");
     }
-    runners::set_state(&db.pool, runner, "active")
+    runners::set_state(&db.pool, runner, RunnerState::Active)
         .await
         .unwrap();
     let claimed = queue

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use fallow_scheduler::queue::ClaimScope;
-use fallow_scheduler::runners;
+use fallow_scheduler::runners::{self, RunnerState};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -83,7 +83,7 @@ async fn a_warm_runner_out_of_service_holds_no_job_back() {
     let db = TestDb::new().await;
     let queue = db.queue();
     let warm = register_runner(&db.pool, &["smol"], &["smol"]).await;
-    runners::set_state(&db.pool, warm, "cordoned")
+    runners::set_state(&db.pool, warm, RunnerState::Cordoned)
         .await
         .unwrap();
     let cold_runner = register_runner(&db.pool, &["smol"], &[]).await;
@@ -122,7 +122,7 @@ async fn warm_replicas_count_live_active_runners_per_model() {
     let a = register_runner(&db.pool, &["smol", "gemma"], &["smol"]).await;
     register_runner(&db.pool, &["smol"], &["smol"]).await;
     let drained = register_runner(&db.pool, &["gemma"], &["gemma"]).await;
-    runners::set_state(&db.pool, drained, "drained")
+    runners::set_state(&db.pool, drained, RunnerState::Drained)
         .await
         .unwrap();
 

@@ -4,7 +4,7 @@
 //! keeps them right with any number of api processes: each reports the same truth.
 
 use crate::state::AppState;
-use fallow_scheduler::runners::{self, RUNNER_STATES};
+use fallow_scheduler::runners::{self, RunnerState};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
@@ -48,9 +48,9 @@ async fn refresh_inner(state: &AppState) -> Result<(), fallow_scheduler::Schedul
         metrics::gauge!(NUM_REQUESTS_WAITING, "model_name" => model.clone()).set(queued as f64);
         metrics::gauge!(NUM_REQUESTS_RUNNING, "model_name" => model).set(running as f64);
     }
-    for runner_state in RUNNER_STATES {
+    for runner_state in RunnerState::ALL {
         let n = runners.iter().filter(|r| r.state == runner_state).count();
-        metrics::gauge!(RUNNERS, "state" => runner_state).set(n as f64);
+        metrics::gauge!(RUNNERS, "state" => runner_state.as_str()).set(n as f64);
     }
     Ok(())
 }

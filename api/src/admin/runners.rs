@@ -11,7 +11,7 @@ use crate::extract::ApiJson;
 use crate::state::AppState;
 use axum::extract::{Path, State};
 use axum::Json;
-use fallow_scheduler::runners::{self, RunnerRecord};
+use fallow_scheduler::runners::{self, RunnerRecord, RunnerState};
 use serde::Deserialize;
 
 pub async fn list(
@@ -40,7 +40,7 @@ pub async fn cordon(
     admin: Admin,
     id: Path<String>,
 ) -> Result<Json<RunnerRecord>, ApiError> {
-    set(state, admin, id, "cordoned").await
+    set(state, admin, id, RunnerState::Cordoned).await
 }
 
 pub async fn drain(
@@ -48,7 +48,7 @@ pub async fn drain(
     admin: Admin,
     id: Path<String>,
 ) -> Result<Json<RunnerRecord>, ApiError> {
-    set(state, admin, id, "draining").await
+    set(state, admin, id, RunnerState::Draining).await
 }
 
 pub async fn resume(
@@ -56,21 +56,21 @@ pub async fn resume(
     admin: Admin,
     id: Path<String>,
 ) -> Result<Json<RunnerRecord>, ApiError> {
-    set(state, admin, id, "active").await
+    set(state, admin, id, RunnerState::Active).await
 }
 
 async fn set(
     State(state): State<AppState>,
     _admin: Admin,
     Path(id): Path<String>,
-    to: &str,
+    to: RunnerState,
 ) -> Result<Json<RunnerRecord>, ApiError> {
     let id = parse_id("runner", &id)?;
     let pool = state.queue().pool();
     if !runners::set_state(pool, id, to).await? {
         return Err(ApiError::NotFound(format!("No runner with id {id}.")));
     }
-    tracing::info!(runner_id = %id, state = to, "runner state set by an operator");
+    tracing::info!(runner_id = %id, state = %to, "runner state set by an operator");
     runners::get(pool, id)
         .await?
         .map(Json)

@@ -14,7 +14,7 @@ pub async fn health() -> &'static str {
 
 /// Readiness: 200 when Postgres answers `SELECT 1` and Redis answers `PING`, else 503.
 pub async fn ready(State(state): State<AppState>) -> Result<&'static str, ApiError> {
-    sqlx::query("SELECT 1")
+    sqlx::query(include_str!("queries/ping_database.sql"))
         .execute(state.queue().pool())
         .await
         .map_err(|err| ApiError::Unavailable(format!("database unavailable: {err}")))?;

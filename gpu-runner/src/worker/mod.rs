@@ -43,7 +43,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use uuid::Uuid;
 
 /// The longest heartbeat interval: the scheduler declares a runner dead after
-/// `runners::DEAD_AFTER_SECS` (three of these) of silence.
+/// `runners::LIVENESS_WINDOW` (three of these) of silence.
 const MAX_HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
 
 /// How often idle models are checked against their keep-alive and background loads start.

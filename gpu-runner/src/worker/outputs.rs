@@ -7,6 +7,7 @@ use super::models::EngineKey;
 use super::{telemetry, Worker};
 use fallow_protocol::job::{Completion, JobEvent, Usage};
 use fallow_scheduler::queue::JobKind;
+use fallow_scheduler::runners::RunnerState;
 
 impl Worker {
     pub(super) async fn on_engine_event(&mut self, engine: EngineKey, event: HostEvent) {
@@ -131,7 +132,7 @@ impl Worker {
         if finished_any {
             self.models_changed().await; // idle models may now make room for others
         }
-        if self.state.registry() == "draining" && self.table.leases().is_empty() {
+        if self.state.registry() == RunnerState::Draining && self.table.leases().is_empty() {
             self.reconcile().await; // drained: tell the operator now, not at the heartbeat
         }
     }

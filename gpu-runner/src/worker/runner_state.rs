@@ -6,21 +6,24 @@
 //! publishes: claiming is allowed only while the row says `active` and the machine is lent.
 //!
 //! The runner also reports the states it owns back to the registry ([`Reconcile`]): `yielded`
-//! while not lent, `active` again afterwards, and `drained` once a drain has no work left. Those writes are conditional (`runners::report_state`), so an operator's
-//! decision always wins.
+//! while not lent, `active` again afterwards, and `drained` once a drain has no work left.
+//! Those writes are conditional (`runners::report_state`), so an operator's decision always
+//! wins.
 
+// The registry's state is `Registry` here: `RunnerState` is this file's own, wider view.
+use fallow_scheduler::runners::RunnerState as Registry;
 use tokio::sync::watch;
 
 /// A state change the runner should report: from one of `from` to `to`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reconcile {
-    pub from: &'static [&'static str],
-    pub to: &'static str,
+    pub from: &'static [Registry],
+    pub to: Registry,
 }
 
 pub struct RunnerState {
     /// The registry row's state as last read.
-    registry: String,
+    registry: Registry,
     owner_active: bool,
     /// False while the pool has its share of runners lent without this one.
     pool_turn: bool,
@@ -33,7 +36,7 @@ impl RunnerState {
     pub fn new() -> (Self, watch::Receiver<bool>) {
         let (gate, rx) = watch::channel(false);
         let state = RunnerState {
-            registry: "active".to_string(),
+            registry: Registry::Active,
             owner_active: false,
             pool_turn: true,
             gate,
@@ -42,15 +45,15 @@ impl RunnerState {
         (state, rx)
     }
 
-    pub fn registry(&self) -> &str {
-        &self.registry
+    pub fn registry(&self) -> Registry {
+        self.registry
     }
 
     pub fn owner_active(&self) -> bool {
         self.owner_active
     }
 
-    pub fn set_registry(&mut self, state: String) {
+    pub fn set_registry(&mut self, state: Registry) {
         if state != self.registry {
             tracing::info!(from = %self.registry, to = %state, "runner state changed");
             self.registry = state;
@@ -78,23 +81,23 @@ impl RunnerState {
 
     /// Whether new jobs may be claimed.
     pub fn may_claim(&self) -> bool {
-        self.registry == "active" && self.lent()
+        self.registry == Registry::Active && self.lent()
     }
 
     /// The report the registry needs, given the jobs held now.
     pub fn reconcile(&self, in_flight: usize) -> Option<Reconcile> {
-        match self.registry.as_str() {
-            "active" if !self.lent() => Some(Reconcile {
-                from: &["active"],
-                to: "yielded",
+        match self.registry {
+            Registry::Active if !self.lent() => Some(Reconcile {
+                from: &[Registry::Active],
+                to: Registry::Yielded,
             }),
-            "yielded" if self.lent() => Some(Reconcile {
-                from: &["yielded"],
-                to: "active",
+            Registry::Yielded if self.lent() => Some(Reconcile {
+                from: &[Registry::Yielded],
+                to: Registry::Active,
             }),
-            "draining" if in_flight == 0 => Some(Reconcile {
-                from: &["draining"],
-                to: "drained",
+            Registry::Draining if in_flight == 0 => Some(Reconcile {
+                from: &[Registry::Draining],
+                to: Registry::Drained,
             }),
             _ => None,
         }
@@ -122,11 +125,17 @@ mod tests {
         assert!(!*gate.borrow());
         state.set_owner_active(false);
         assert!(*gate.borrow());
-        for closed in ["cordoned", "draining", "drained", "yielded", "dead"] {
-            state.set_registry(closed.to_string());
+        for closed in [
+            Registry::Cordoned,
+            Registry::Draining,
+            Registry::Drained,
+            Registry::Yielded,
+            Registry::Dead,
+        ] {
+            state.set_registry(closed);
             assert!(!*gate.borrow(), "{closed} claims nothing");
         }
-        state.set_registry("active".to_string());
+        state.set_registry(Registry::Active);
         assert!(*gate.borrow(), "resume claims again");
     }
 
@@ -135,16 +144,16 @@ mod tests {
         let (mut state, _gate) = RunnerState::new();
         assert_eq!(state.reconcile(0), None);
         state.set_owner_active(true);
-        assert_eq!(state.reconcile(0).map(|r| r.to), Some("yielded"));
-        state.set_registry("yielded".to_string());
+        assert_eq!(state.reconcile(0).map(|r| r.to), Some(Registry::Yielded));
+        state.set_registry(Registry::Yielded);
         assert_eq!(state.reconcile(0), None);
         state.set_owner_active(false);
-        assert_eq!(state.reconcile(0).map(|r| r.to), Some("active"));
+        assert_eq!(state.reconcile(0).map(|r| r.to), Some(Registry::Active));
 
-        state.set_registry("draining".to_string());
+        state.set_registry(Registry::Draining);
         assert_eq!(state.reconcile(2), None, "still finishing in-flight work");
-        assert_eq!(state.reconcile(0).map(|r| r.to), Some("drained"));
-        state.set_registry("cordoned".to_string());
+        assert_eq!(state.reconcile(0).map(|r| r.to), Some(Registry::Drained));
+        state.set_registry(Registry::Cordoned);
         state.set_owner_active(true);
         assert_eq!(state.reconcile(0), None, "the operator's cordon stands");
     }
@@ -154,11 +163,11 @@ mod tests {
         let (mut state, gate) = RunnerState::new();
         state.set_pool_turn(false);
         assert!(!*gate.borrow() && !state.lent());
-        assert_eq!(state.reconcile(0).map(|r| r.to), Some("yielded"));
-        state.set_registry("yielded".to_string());
+        assert_eq!(state.reconcile(0).map(|r| r.to), Some(Registry::Yielded));
+        state.set_registry(Registry::Yielded);
         state.set_pool_turn(true);
         assert!(state.lent());
-        assert_eq!(state.reconcile(0).map(|r| r.to), Some("active"));
+        assert_eq!(state.reconcile(0).map(|r| r.to), Some(Registry::Active));
         state.set_owner_active(true);
         assert!(!state.lent(), "its turn does not overrule the owner");
     }

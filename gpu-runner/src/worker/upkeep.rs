@@ -119,7 +119,7 @@ impl Worker {
         {
             Ok(state) => self.state.set_registry(state),
             Err(e) => {
-                tracing::warn!(error = %e, to = change.to, "reporting the runner state failed")
+                tracing::warn!(error = %e, to = %change.to, "reporting the runner state failed")
             }
         }
     }
@@ -133,7 +133,7 @@ impl Worker {
         self.check_pool_turn().await;
         tracing::info!(
             owner_active = active,
-            state = self.state.registry(),
+            state = %self.state.registry(),
             "owner activity handled"
         );
     }

@@ -228,7 +228,7 @@ impl BatchWorker {
 
     /// Gives the lease up (the batch was cancelled while being validated).
     async fn release(&self, batch: &ClaimedValidation) -> Result<(), SchedulerError> {
-        sqlx::query("UPDATE batches SET lease_token = NULL, lease_expires_at = NULL WHERE id = $1 AND lease_token = $2")
+        sqlx::query(include_str!("queries/release_validation.sql"))
             .bind(batch.id)
             .bind(batch.lease_token)
             .execute(self.queue.pool())

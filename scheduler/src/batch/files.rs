@@ -17,22 +17,17 @@ pub struct FileRecord {
     pub created_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "id, tenant_id, purpose, filename, bytes, object_key, created_at";
-
 pub async fn insert<'e>(db: impl PgExecutor<'e>, file: &FileRecord) -> Result<(), SchedulerError> {
-    sqlx::query(
-        "INSERT INTO files (id, tenant_id, purpose, filename, bytes, object_key, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    )
-    .bind(file.id)
-    .bind(file.tenant_id)
-    .bind(&file.purpose)
-    .bind(&file.filename)
-    .bind(file.bytes)
-    .bind(&file.object_key)
-    .bind(file.created_at)
-    .execute(db)
-    .await?;
+    sqlx::query(include_str!("queries/insert_file.sql"))
+        .bind(file.id)
+        .bind(file.tenant_id)
+        .bind(&file.purpose)
+        .bind(&file.filename)
+        .bind(file.bytes)
+        .bind(&file.object_key)
+        .bind(file.created_at)
+        .execute(db)
+        .await?;
     Ok(())
 }
 
@@ -42,13 +37,11 @@ pub async fn get(
     id: Uuid,
     tenant: Option<Uuid>,
 ) -> Result<Option<FileRecord>, SchedulerError> {
-    let row = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM files WHERE id = $1 AND ($2::uuid IS NULL OR tenant_id = $2)"
-    ))
-    .bind(id)
-    .bind(tenant)
-    .fetch_optional(pool)
-    .await?;
+    let row = sqlx::query_as(include_str!("queries/get_file.sql"))
+        .bind(id)
+        .bind(tenant)
+        .fetch_optional(pool)
+        .await?;
     Ok(row)
 }
 
@@ -60,19 +53,13 @@ pub async fn list(
     after: Option<Uuid>,
     limit: i64,
 ) -> Result<Vec<FileRecord>, SchedulerError> {
-    let rows = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM files \
-         WHERE ($1::uuid IS NULL OR tenant_id = $1) AND ($2::text IS NULL OR purpose = $2) \
-           AND ($3::uuid IS NULL OR (created_at, id) < \
-                (SELECT created_at, id FROM files WHERE id = $3)) \
-         ORDER BY created_at DESC, id DESC LIMIT $4"
-    ))
-    .bind(tenant)
-    .bind(purpose)
-    .bind(after)
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
+    let rows = sqlx::query_as(include_str!("queries/list_files.sql"))
+        .bind(tenant)
+        .bind(purpose)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
     Ok(rows)
 }
 
@@ -82,13 +69,10 @@ pub async fn delete(
     id: Uuid,
     tenant: Option<Uuid>,
 ) -> Result<Option<FileRecord>, SchedulerError> {
-    let row = sqlx::query_as(&format!(
-        "DELETE FROM files WHERE id = $1 AND ($2::uuid IS NULL OR tenant_id = $2) \
-         RETURNING {COLUMNS}"
-    ))
-    .bind(id)
-    .bind(tenant)
-    .fetch_optional(pool)
-    .await?;
+    let row = sqlx::query_as(include_str!("queries/delete_file.sql"))
+        .bind(id)
+        .bind(tenant)
+        .fetch_optional(pool)
+        .await?;
     Ok(row)
 }

@@ -8,7 +8,7 @@
 
 use super::rows::ClaimedRow;
 use super::{ClaimedJob, Queue};
-use crate::runners::LIVE_WITHIN_SECS;
+use crate::runners::LIVENESS_WINDOW;
 use crate::SchedulerError;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use std::collections::HashSet;
@@ -90,7 +90,7 @@ impl Queue {
             .bind(lease_end(now, lease))
             .bind(&warm)
             .bind(cold_before)
-            .bind(LIVE_WITHIN_SECS as f64)
+            .bind(LIVENESS_WINDOW.as_secs_f64())
             .fetch_all(&self.pool)
             .await?;
         rows.sort_by(|a, b| {

@@ -180,7 +180,7 @@ pub(crate) async fn notify_queued(
 ) -> Result<(), SchedulerError> {
     let distinct: std::collections::BTreeSet<&str> = models.iter().copied().collect();
     let distinct: Vec<&str> = distinct.into_iter().collect();
-    sqlx::query("SELECT pg_notify($1, m) FROM unnest($2::text[]) AS m")
+    sqlx::query(include_str!("queries/notify_queued.sql"))
         .bind(NOTIFY_CHANNEL)
         .bind(&distinct)
         .execute(conn)
@@ -229,12 +229,10 @@ impl Queue {
     }
     /// Jobs of this tenant that are queued or running.
     pub async fn active_for_tenant(&self, tenant_id: Uuid) -> Result<i64, SchedulerError> {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM jobs WHERE tenant_id = $1 AND state IN ('queued', 'running')",
-        )
-        .bind(tenant_id)
-        .fetch_one(&self.pool)
-        .await?;
+        let n: i64 = sqlx::query_scalar(include_str!("queries/active_for_tenant.sql"))
+            .bind(tenant_id)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(n)
     }
     /// Interactive jobs of this tenant that are queued or running (for per-tenant limits).
@@ -243,18 +241,15 @@ impl Queue {
         &self,
         tenant_id: Uuid,
     ) -> Result<i64, SchedulerError> {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM jobs \
-             WHERE tenant_id = $1 AND state IN ('queued', 'running') AND kind = 'interactive'",
-        )
-        .bind(tenant_id)
-        .fetch_one(&self.pool)
-        .await?;
+        let n: i64 = sqlx::query_scalar(include_str!("queries/active_interactive_for_tenant.sql"))
+            .bind(tenant_id)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(n)
     }
     /// All queued jobs.
     pub async fn queued_total(&self) -> Result<i64, SchedulerError> {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'queued'")
+        let n: i64 = sqlx::query_scalar(include_str!("queries/queued_total.sql"))
             .fetch_one(&self.pool)
             .await?;
         Ok(n)
@@ -262,11 +257,9 @@ impl Queue {
     /// Queued interactive jobs (for the global queue limit). Batch backlogs do not count:
     /// they wait behind interactive work by priority and must not cause 429s.
     pub async fn queued_interactive(&self) -> Result<i64, SchedulerError> {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM jobs WHERE state = 'queued' AND kind = 'interactive'",
-        )
-        .fetch_one(&self.pool)
-        .await?;
+        let n: i64 = sqlx::query_scalar(include_str!("queries/queued_interactive.sql"))
+            .fetch_one(&self.pool)
+            .await?;
         Ok(n)
     }
     /// Queued jobs per model, for operators.

@@ -71,36 +71,22 @@ struct SummaryRow {
 impl Queue {
     /// Queued and running jobs per model and priority (lower priority values run first).
     pub async fn queue_depths_by_priority(&self) -> Result<Vec<QueueDepth>, SchedulerError> {
-        Ok(sqlx::query_as(
-            "SELECT model, priority, \
-                    count(*) FILTER (WHERE state = 'queued') AS queued, \
-                    count(*) FILTER (WHERE state = 'running') AS running \
-             FROM jobs WHERE state IN ('queued', 'running') \
-             GROUP BY model, priority ORDER BY model, priority",
+        Ok(
+            sqlx::query_as(include_str!("queries/queue_depths_by_priority.sql"))
+                .fetch_all(&self.pool)
+                .await?,
         )
-        .fetch_all(&self.pool)
-        .await?)
     }
 
     /// Jobs matching `filter`, newest first.
     pub async fn search(&self, filter: &JobFilter) -> Result<Vec<JobSummary>, SchedulerError> {
-        let rows: Vec<SummaryRow> = sqlx::query_as(
-            "SELECT j.id, t.name AS tenant, j.model, j.kind, j.priority, j.state, j.attempt, \
-                    j.max_attempts, j.runner_id, j.cancel_requested, j.error, j.created_at, \
-                    j.started_at, j.finished_at \
-             FROM jobs j LEFT JOIN tenants t ON t.id = j.tenant_id \
-             WHERE ($1::text IS NULL OR j.state = $1) \
-               AND ($2::text IS NULL OR j.model = $2) \
-               AND ($3::text IS NULL OR t.name = $3) \
-             ORDER BY j.created_at DESC, j.id \
-             LIMIT $4",
-        )
-        .bind(filter.state.map(JobState::as_str))
-        .bind(filter.model.as_deref())
-        .bind(filter.tenant.as_deref())
-        .bind(filter.limit.clamp(1, MAX_SEARCH_LIMIT))
-        .fetch_all(&self.pool)
-        .await?;
+        let rows: Vec<SummaryRow> = sqlx::query_as(include_str!("queries/search_jobs.sql"))
+            .bind(filter.state.map(JobState::as_str))
+            .bind(filter.model.as_deref())
+            .bind(filter.tenant.as_deref())
+            .bind(filter.limit.clamp(1, MAX_SEARCH_LIMIT))
+            .fetch_all(&self.pool)
+            .await?;
         rows.into_iter().map(JobSummary::try_from).collect()
     }
 }

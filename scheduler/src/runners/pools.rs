@@ -8,7 +8,7 @@
 //! they agree without talking to each other; a runner whose owner returns gives its place to
 //! the next one at that runner's next heartbeat.
 
-use super::LIVE_WITHIN_SECS;
+use super::LIVENESS_WINDOW;
 use crate::SchedulerError;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -24,7 +24,7 @@ pub async fn pool_turn(
     let row: Option<(i64, i64)> = sqlx::query_as(include_str!("queries/pool_turn.sql"))
         .bind(runner)
         .bind(owner_idle)
-        .bind(LIVE_WITHIN_SECS as f64)
+        .bind(LIVENESS_WINDOW.as_secs_f64())
         .fetch_optional(pool)
         .await?;
     let Some((members, ahead)) = row else {

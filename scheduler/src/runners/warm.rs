@@ -6,7 +6,7 @@
 //! a request queued on the runner's row (`evict`) plus a state hint; the runner takes the
 //! requests on its next hint or heartbeat and unloads the model once its jobs are done.
 
-use super::{LIVE_WITHIN_SECS, STATE_CHANNEL};
+use super::{LIVENESS_WINDOW, STATE_CHANNEL};
 use crate::SchedulerError;
 use sqlx::PgPool;
 use std::collections::HashMap;
@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 /// Replaces the models the runner holds in memory (loaded or loading).
 pub async fn set_warm(pool: &PgPool, runner: Uuid, warm: &[String]) -> Result<(), SchedulerError> {
-    sqlx::query("UPDATE runners SET warm = $2 WHERE id = $1")
+    sqlx::query(include_str!("queries/set_warm.sql"))
         .bind(runner)
         .bind(warm)
         .execute(pool)
@@ -24,14 +24,10 @@ pub async fn set_warm(pool: &PgPool, runner: Uuid, warm: &[String]) -> Result<()
 
 /// How many live, active runners hold each model warm (models warm nowhere are absent).
 pub async fn warm_replicas(pool: &PgPool) -> Result<HashMap<String, i64>, SchedulerError> {
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT model, count(*) FROM runners, unnest(warm) AS model \
-         WHERE state = 'active' AND last_heartbeat > now() - make_interval(secs => $1) \
-         GROUP BY model",
-    )
-    .bind(LIVE_WITHIN_SECS as f64)
-    .fetch_all(pool)
-    .await?;
+    let rows: Vec<(String, i64)> = sqlx::query_as(include_str!("queries/warm_replicas.sql"))
+        .bind(LIVENESS_WINDOW.as_secs_f64())
+        .fetch_all(pool)
+        .await?;
     Ok(rows.into_iter().collect())
 }
 
@@ -42,31 +38,20 @@ pub async fn request_evict(
     runner: Uuid,
     model: &str,
 ) -> Result<bool, SchedulerError> {
-    let changed: Option<Uuid> = sqlx::query_scalar(
-        "WITH changed AS ( \
-             UPDATE runners \
-             SET evict = CASE WHEN evict @> ARRAY[$2] THEN evict ELSE array_append(evict, $2) END \
-             WHERE id = $1 RETURNING id \
-         ) \
-         SELECT id FROM changed, LATERAL (SELECT pg_notify($3, id::text)) AS hint",
-    )
-    .bind(runner)
-    .bind(model)
-    .bind(STATE_CHANNEL)
-    .fetch_optional(pool)
-    .await?;
+    let changed: Option<Uuid> = sqlx::query_scalar(include_str!("queries/request_evict.sql"))
+        .bind(runner)
+        .bind(model)
+        .bind(STATE_CHANNEL)
+        .fetch_optional(pool)
+        .await?;
     Ok(changed.is_some())
 }
 
 /// Takes (and clears) the runner's pending eviction requests.
 pub async fn take_evictions(pool: &PgPool, runner: Uuid) -> Result<Vec<String>, SchedulerError> {
-    let taken: Option<Vec<String>> = sqlx::query_scalar(
-        "UPDATE runners AS r SET evict = '{}' \
-         FROM (SELECT id, evict FROM runners WHERE id = $1 FOR UPDATE) AS old \
-         WHERE r.id = old.id RETURNING old.evict",
-    )
-    .bind(runner)
-    .fetch_optional(pool)
-    .await?;
+    let taken: Option<Vec<String>> = sqlx::query_scalar(include_str!("queries/take_evictions.sql"))
+        .bind(runner)
+        .fetch_optional(pool)
+        .await?;
     Ok(taken.unwrap_or_default())
 }

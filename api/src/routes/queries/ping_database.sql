@@ -1,0 +1,2 @@
+-- Readiness probe: the database answers a trivial statement.
+SELECT 1
