@@ -6,7 +6,7 @@
 # The peer is llama-cpp-python 0.3.36 from PyPI (it builds llama.cpp 0c1e57098), installed into
 # the git-ignored venv .cache/bench-venv on first use (~6 min). LLAMACPP_PYTHON=/path/to/python
 # uses an interpreter that already has it instead. This is a benchmark, not a test: CI does not
-# run it. See README.md "Performance" for what each figure means.
+# run it. See docs/performance.md for what each figure means.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,9 +1,9 @@
-//! A job's prompt → token ids. Chat messages go through the model's chat template; messages
+//! A request's prompt → token ids. Chat messages go through the model's chat template; messages
 //! and tools reach it in the shapes Hugging Face's `apply_chat_template` gives it, so model
 //! templates render tool calls, tool results and reasoning as the model was trained to see
 //! them. A raw prompt (legacy completions) is tokenized as is, token ids are checked against
-//! the vocabulary. Errors come back as `(code, message)` pairs that end the job as a request
-//! error (the api answers 400).
+//! the vocabulary. Errors come back as `(code, message)` pairs; the runner ends the job with
+//! them as a request error (the api answers 400).
 
 use crate::runtime::ModelFrontend;
 use fallow_protocol::job::{ChatMessage, GenerateRequest, Prompt, Task, Tokenized, ToolCall};

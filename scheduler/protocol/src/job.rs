@@ -1,7 +1,9 @@
-//! The internal, validated vocabulary shared by the api tier and the runners: what a job asks
-//! for (`GenerateRequest`), what a runner streams back (`JobEvent`), and how it ended
-//! (`Completion`). Nothing here knows about HTTP or OpenAI's wire format; `api` converts at
-//! its boundary, and the runner converts to the engine's own types at its boundary.
+//! The internal, validated vocabulary shared by the api tier, the runners and the engine: what
+//! a job asks for (`GenerateRequest`), what a runner streams back (`JobEvent`), and how it
+//! ended (`Completion`). Nothing here knows about HTTP or OpenAI's wire format; `api` converts
+//! at its boundary. The engine reads `Sampling` (with its `Constraint`), `FinishReason`,
+//! `Usage` and the logprob types as they are, so one validated sampling type flows from the
+//! api to the sampler.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
