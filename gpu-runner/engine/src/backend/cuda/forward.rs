@@ -12,10 +12,9 @@ use cudarc::driver::LaunchConfig;
 
 use super::attention_split::{head_blocks, AttentionSplit};
 use super::gemm::{GemvForm, GemvInput, NormAfter};
-use super::launch::KernelArgs;
 use super::params::{
-    AddRmsNorm, Embed, GatedAct, KernelParams, MaskRows, PagedAttention, PagedPrefill, PickRows,
-    QkvPrepare, RmsNormBf16, Softcap,
+    AddRmsNorm, Embed, GatedAct, MaskRows, PagedAttention, PagedPrefill, PickRows, QkvPrepare,
+    RmsNormBf16, Softcap,
 };
 use super::step::{addr, grow, LOGPROB_STRIDE};
 use super::weights::DeviceMatrix;
@@ -80,13 +79,10 @@ fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {
 macro_rules! launch {
     ($self:ident, $name:expr, $cfg:expr, $params:expr $(,)?) => {{
         let started = $self.profiler.start(&$self.ctx, &$self.stream)?;
-        let params = $params;
-        let mut b = KernelArgs::new();
-        KernelParams::push(&params, &mut b);
         // SAFETY: every address comes from a live buffer sized for this step by
         // `Scratch::ensure` / `StepInputs::pack`, and the parameter struct mirrors the
         // kernel's signature in its .cu file (checked by `params`' tests).
-        let launched = unsafe { $self.launcher.launch($name, $cfg, &mut b) };
+        let launched = unsafe { $self.launcher.launch_params($name, $cfg, &$params) };
         let tokens = $self.inputs.tokens;
         launched.and_then(|()| {
             $self.profiler.stop(

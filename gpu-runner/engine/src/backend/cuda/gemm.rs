@@ -15,11 +15,11 @@ use cudarc::driver::{CudaStream, LaunchConfig};
 
 use super::buffer::DeviceBuf;
 use super::l2_prefetch::L2Prefetch;
-use super::launch::{KernelArgs, Launcher};
+use super::launch::Launcher;
 use super::mmq::{
     MmqChoice, MmqShape, MmqSplit, MMQ_BLOCK_ROWS, MMQ_MAX_ROWS, MMQ_SUM_THREADS, MMQ_WARPS,
 };
-use super::params::{Dequant, GemvBf16, GemvBf16Gated, GemvQuantized, KernelParams, Mmq, MmqSum};
+use super::params::{Dequant, GemvBf16, GemvBf16Gated, GemvQuantized, Mmq, MmqSum};
 use super::tune::gemv_tune::{GemvChoice, GemvPick, GemvVariant, DEFAULT_VARIANT, GEMV_VARIANTS};
 use super::weights::{DeviceMatrix, QuantPart, QuantX, Storage};
 use super::CudaError;
@@ -260,12 +260,10 @@ impl Gemm {
             slice_groups,
             slice_stride: stride,
         };
-        let mut b = KernelArgs::new();
-        params.push(&mut b);
         // SAFETY: the part holds `rows` whole-block rows of `cols` (cols % 32 == 0, checked
         // by `mmq_serves`); `x` has n·cols bf16; `dst` has room for the slices' n rows
         // (`out`'s, `ldo` apart, or the scratch's, which `plan` fitted in `room`).
-        unsafe { self.launcher.launch(name, cfg, &mut b) }?;
+        unsafe { self.launcher.launch_params(name, cfg, &params) }?;
         if split.slices > 1 {
             self.mmq_sum(dst, out, part.rows, n, ldo, split.slices)?;
         }
@@ -312,11 +310,9 @@ impl Gemm {
             ldo,
             slices,
         };
-        let mut b = KernelArgs::new();
-        params.push(&mut b);
         // SAFETY: `parts` holds slices·n·rows floats (written by the product just before);
         // `out` has n rows `ldo` floats apart, `rows` of them from here.
-        unsafe { self.launcher.launch("mmq_sum", cfg, &mut b) }
+        unsafe { self.launcher.launch_params("mmq_sum", cfg, &params) }
     }
 
     /// Whether the product of `n` rows through `w` is one of our bf16 GEMVs (a decode-sized
@@ -494,11 +490,9 @@ impl Gemm {
             rows,
             k,
         };
-        let mut b = KernelArgs::new();
-        params.push(&mut b);
         // SAFETY: the part holds `rows` whole-block rows of `cols`; `dst` has room for
         // rows·cols bf16 (`reserve_expansion`).
-        unsafe { self.launcher.launch(name, cfg, &mut b) }
+        unsafe { self.launcher.launch_params(name, cfg, &params) }
     }
 
     /// Row-major `W[out, in]` is column-major `Wᵀ`, so cuBLAS computes the column-major
@@ -613,13 +607,6 @@ impl GemvInput {
     }
 }
 
-/// A GEMV launch's parameters, by kernel family.
-enum GemvParams {
-    Quantized(GemvQuantized),
-    Bf16(GemvBf16),
-    Bf16Gated(GemvBf16Gated),
-}
-
 /// One GEMV kernel, its warps and rows per block and the dynamic shared memory it takes;
 /// `l2` for the bf16 variants, which take a [`NormAfter`] (its fields), their input's scale
 /// ([`GemvInput`]) and then what they
@@ -671,42 +658,53 @@ impl GemvKernel {
         };
         let none = NormAfter::default();
         let norm = norm.unwrap_or(&none);
-        let mut b = KernelArgs::new();
+        let launcher = &gemm.launcher;
         // Each kernel family has its list ([`super::params`]): a block format's takes the
         // product alone; a bf16 variant the sub-block end, x's scale, the L2 asks, and
         // either the activation it writes (`glu`) or the one it reads (`act`, gated x).
-        let params = match (act, self.l2, self.glu) {
-            (None, None, None) => GemvParams::Quantized(GemvQuantized {
-                w: weights,
-                x: x.x,
-                out,
-                m,
-                k,
-                n: n_rows,
-                ldo,
-            }),
-            (None, Some([l2_before_wait, l2_ahead]), Some(glu)) => GemvParams::Bf16(GemvBf16 {
-                w: weights,
-                x: x.x,
-                out,
-                m,
-                k,
-                n: n_rows,
-                ldo,
-                norm_x: norm.x,
-                norm_post_w: norm.post_w,
-                norm_next_w: norm.next_w,
-                norm_out: norm.out,
-                norm_done: norm.done,
-                norm_eps: norm.eps,
-                norm_inv: norm.inv,
-                x_scale: x.scale,
-                l2_before_wait,
-                l2_ahead,
-                glu,
-            }),
+        //
+        // SAFETY (every arm): `weights` holds `rows` rows of `cols` in the kernel's format
+        // (bf16 with cols % 8 == 0, or whole blocks, checked when the file was opened); the
+        // caller sized `x` (n·cols bf16, or n·2·cols f32 for the gated kernel) and `out` (n
+        // rows `ldo` floats apart, `rows` of them from here).
+        match (act, self.l2, self.glu) {
+            (None, None, None) => {
+                let params = GemvQuantized {
+                    w: weights,
+                    x: x.x,
+                    out,
+                    m,
+                    k,
+                    n: n_rows,
+                    ldo,
+                };
+                unsafe { launcher.launch_params(self.name, cfg, &params) }
+            }
+            (None, Some([l2_before_wait, l2_ahead]), Some(glu)) => {
+                let params = GemvBf16 {
+                    w: weights,
+                    x: x.x,
+                    out,
+                    m,
+                    k,
+                    n: n_rows,
+                    ldo,
+                    norm_x: norm.x,
+                    norm_post_w: norm.post_w,
+                    norm_next_w: norm.next_w,
+                    norm_out: norm.out,
+                    norm_done: norm.done,
+                    norm_eps: norm.eps,
+                    norm_inv: norm.inv,
+                    x_scale: x.scale,
+                    l2_before_wait,
+                    l2_ahead,
+                    glu,
+                };
+                unsafe { launcher.launch_params(self.name, cfg, &params) }
+            }
             (Some(act), Some([l2_before_wait, l2_ahead]), None) => {
-                GemvParams::Bf16Gated(GemvBf16Gated {
+                let params = GemvBf16Gated {
                     w: weights,
                     gate_up: x.x,
                     out,
@@ -725,25 +723,14 @@ impl GemvKernel {
                     x_scale: x.scale,
                     l2_before_wait,
                     l2_ahead,
-                })
+                };
+                unsafe { launcher.launch_params(self.name, cfg, &params) }
             }
-            _ => {
-                return Err(CudaError::Failure(format!(
-                    "{} takes no {} input",
-                    self.name,
-                    if act.is_some() { "gated" } else { "plain" }
-                )))
-            }
-        };
-        match &params {
-            GemvParams::Quantized(p) => p.push(&mut b),
-            GemvParams::Bf16(p) => p.push(&mut b),
-            GemvParams::Bf16Gated(p) => p.push(&mut b),
+            _ => Err(CudaError::Failure(format!(
+                "{} takes no {} input",
+                self.name,
+                if act.is_some() { "gated" } else { "plain" }
+            ))),
         }
-        // SAFETY: `weights` holds `rows` rows of `cols` in the kernel's format (bf16 with
-        // cols % 8 == 0, or whole blocks, checked when the file was opened); the caller sized
-        // `x` (n·cols bf16, or n·2·cols f32 for the gated kernel) and `out` (n rows `ldo`
-        // floats apart, `rows` of them from here).
-        unsafe { gemm.launcher.launch(self.name, cfg, &mut b) }
     }
 }

@@ -19,6 +19,7 @@ use cudarc::driver::sys::{
 use cudarc::driver::{CudaStream, DeviceRepr, LaunchConfig};
 
 use super::kernels::Kernels;
+use super::params::KernelParams;
 use super::CudaError;
 
 /// The by-value arguments of one launch, each borrowed until the launch
@@ -89,6 +90,23 @@ impl Launcher {
     /// driver's compile of it leaves registers for that many).
     pub fn fits(&self, name: &str, threads: u32) -> bool {
         threads <= self.kernels.max_threads(name)
+    }
+
+    /// Launches kernel `name` with `params`, its parameter struct ([`super::params`]).
+    ///
+    /// # Safety
+    /// As [`Launcher::launch`]: every address in `params` points to device memory the kernel
+    /// may read or write as sized for this launch.
+    pub unsafe fn launch_params<P: KernelParams>(
+        &self,
+        name: &str,
+        cfg: LaunchConfig,
+        params: &P,
+    ) -> Result<(), CudaError> {
+        let mut args = KernelArgs::new();
+        params.push(&mut args);
+        // SAFETY: the caller's contract; the struct mirrors the kernel's signature.
+        unsafe { self.launch(name, cfg, &mut args) }
     }
 
     /// Launches kernel `name` (one of [`super::kernels::NAMES`]) with `args`. A driver that
