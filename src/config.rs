@@ -7,6 +7,7 @@ use anyhow::Context;
 use fallow_api::parsers::reasoning::REASONING_PARSERS;
 use fallow_api::parsers::tool_calls::TOOL_PARSERS;
 use fallow_engine::backend::cuda::CudaOptions;
+use fallow_engine::cpu_settings::{CpuKernels, CpuSettings};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -357,10 +358,11 @@ pub struct CudaFile {
 
 impl CudaArgs {
     /// The CUDA backend's options: the environment's debug list and kernel cache
-    /// ([`CudaOptions::from_env`]), the file's keys over the defaults, and the flags (or their
+    /// ([`CudaOptions::from_vars`], over the process environment), the file's keys over the defaults, and the flags (or their
     /// variables) over both.
     pub fn options(&self, file: CudaFile) -> anyhow::Result<CudaOptions> {
-        let mut options = CudaOptions::from_env().map_err(anyhow::Error::msg)?;
+        let mut options =
+            CudaOptions::from_vars(&|name| std::env::var_os(name)).map_err(anyhow::Error::msg)?;
         if let Some(weights) = self.cuda_weights.clone().or(file.weights) {
             options.weights = weights
                 .parse()
@@ -379,6 +381,30 @@ impl CudaArgs {
         }
         Ok(options)
     }
+}
+
+/// The CPU backend's settings from the process environment: `FALLOW_CPU_THREADS` (else
+/// `RAYON_NUM_THREADS`, honoured as before) and `FALLOW_CPU_KERNELS` (`scalar`, `avx2`,
+/// `best`). Read once here; `main` fixes them before any model loads.
+pub fn cpu_settings() -> anyhow::Result<CpuSettings> {
+    let threads = match std::env::var("FALLOW_CPU_THREADS") {
+        Ok(v) => Some(
+            v.trim()
+                .parse::<usize>()
+                .with_context(|| format!("FALLOW_CPU_THREADS={v:?} is not a thread count"))?,
+        ),
+        // Another tool's variable: used when it parses, as it always was.
+        Err(_) => std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok()),
+    };
+    let kernels = match std::env::var("FALLOW_CPU_KERNELS") {
+        Ok(v) => v
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("FALLOW_CPU_KERNELS: {e}"))?,
+        Err(_) => CpuKernels::default(),
+    };
+    Ok(CpuSettings { threads, kernels })
 }
 
 fn load_file(path: Option<&Path>) -> anyhow::Result<FileConfig> {

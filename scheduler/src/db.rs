@@ -14,9 +14,6 @@ use uuid::Uuid;
 /// Migrations embedded at build time, so a binary never needs the source tree.
 static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 
-/// The database tests use unless `FALLOW_TEST_DATABASE_URL` says otherwise.
-pub const DEFAULT_TEST_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-
 /// Pool sizing for [`connect_with`].
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
@@ -94,12 +91,6 @@ pub async fn drop_schema(pool: &PgPool, schema: &str) -> Result<(), SchedulerErr
     );
     pool.execute(sql.as_str()).await?;
     Ok(())
-}
-
-/// `FALLOW_TEST_DATABASE_URL`, or the local default.
-pub fn test_database_url() -> String {
-    std::env::var("FALLOW_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| DEFAULT_TEST_DATABASE_URL.to_string())
 }
 
 /// Schema names end up inside SQL text (`SET search_path` takes no bind parameters), so

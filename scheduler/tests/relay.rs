@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 fn redis_url() -> String {
-    std::env::var("FALLOW_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    fallow_protocol::testing::test_redis_url()
 }
 
 async fn relay() -> TokenRelay {

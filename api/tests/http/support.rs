@@ -33,7 +33,7 @@ pub struct TestApp {
 impl Drop for TestApp {
     fn drop(&mut self) {
         let schema = std::mem::take(&mut self.schema);
-        let url = db::test_database_url();
+        let url = fallow_protocol::testing::test_database_url();
         let cleanup = std::thread::spawn(move || {
             let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -56,7 +56,7 @@ impl Drop for TestApp {
 }
 
 fn redis_url() -> String {
-    std::env::var("FALLOW_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    fallow_protocol::testing::test_redis_url()
 }
 
 pub async fn spawn_app() -> TestApp {
@@ -69,7 +69,7 @@ pub async fn spawn_app_with(config: ApiConfig) -> TestApp {
 
 /// An app whose token relay points at `redis` (tests of a Redis outage pass a dead port).
 pub async fn spawn_app_on(config: ApiConfig, redis: &str) -> TestApp {
-    let (pool, schema) = db::fresh_schema(&db::test_database_url())
+    let (pool, schema) = db::fresh_schema(&fallow_protocol::testing::test_database_url())
         .await
         .expect("fresh schema (is Postgres running?)");
     let queue = Queue::new(pool.clone(), Clock::system());

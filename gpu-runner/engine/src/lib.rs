@@ -20,11 +20,13 @@
 //!   → token ids, and tokenize/detokenize answers.
 //! - [`runtime`]: the one place that wires a model's parts; [`footprint`]: what a model will
 //!   take in memory.
+//! - [`cpu_settings`]: the CPU backend's process-wide settings, set once at the edge.
 //! - [`team`]: the CPU backend's persistent worker threads; [`fast_exp`]: a vectorisable
 //!   `e^x` for the backend's activations and the sampler.
 
 pub mod backend;
 pub mod batcher;
+pub mod cpu_settings;
 pub mod fast_exp;
 pub mod footprint;
 pub mod gguf;

@@ -65,16 +65,17 @@ thread_local! {
     static IN_TEAM: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Threads the team uses (the caller included): `FALLOW_CPU_THREADS`, else
-/// `RAYON_NUM_THREADS`, else the CPUs available to the process.
+/// Threads the team uses (the caller included): [`CpuSettings::threads`], else the CPUs
+/// available to the process.
+///
+/// [`CpuSettings::threads`]: crate::cpu_settings::CpuSettings::threads
 pub(crate) fn team_size() -> usize {
     team().size
 }
 
 fn configured_size() -> usize {
-    ["FALLOW_CPU_THREADS", "RAYON_NUM_THREADS"]
-        .iter()
-        .find_map(|var| std::env::var(var).ok()?.trim().parse::<usize>().ok())
+    crate::cpu_settings::settings()
+        .threads
         .filter(|&n| n > 0)
         .unwrap_or_else(|| thread::available_parallelism().map_or(1, |n| n.get()))
 }

@@ -160,7 +160,7 @@ fn backends(artifacts: &ModelArtifacts) -> (CpuBackend, CudaBackend) {
 fn suite_options(weights: CudaWeights) -> CudaOptions {
     CudaOptions {
         weights,
-        kernel_cache: CudaOptions::kernel_cache_from_env(),
+        kernel_cache: CudaOptions::kernel_cache_from_vars(&|name| std::env::var_os(name)),
         debug: CudaDebug {
             gemv: Some("w8u4".to_string()),
             mmq: MmqMode::Always,

@@ -4,7 +4,8 @@
 //!   OpenAI request, what a runner streams back, and what a finished job holds.
 //! - [`grammar`]: a [`job::Constraint`] as an llguidance grammar, and a model-free check that
 //!   it compiles.
-//! - [`testing`]: the suite's one rule for a missing prerequisite: a skip here, a failure in CI.
+//! - [`testing`]: for tests, the test services' addresses and the one rule for a missing
+//!   prerequisite: a skip here, a failure in CI.
 //!
 //! **Architecture Invariant**: this crate depends on serde and llguidance only, so the engine
 //! can speak it without pulling in a database, a queue or a cloud client.

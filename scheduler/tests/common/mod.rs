@@ -17,7 +17,7 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new() -> TestDb {
-        let (pool, schema) = db::fresh_schema(&db::test_database_url())
+        let (pool, schema) = db::fresh_schema(&fallow_protocol::testing::test_database_url())
             .await
             .expect("a test Postgres (FALLOW_TEST_DATABASE_URL or 127.0.0.1:5432)");
         TestDb { pool, schema }

@@ -169,12 +169,12 @@ pub(crate) fn has_vnni() -> bool {
 }
 
 /// Runtime selection of SIMD row kernels (VNNI, else AVX2); `None` where the CPU has
-/// neither. `FALLOW_CPU_KERNELS=avx2` skips VNNI (to compare the two) and `=scalar` skips
-/// both.
+/// neither. [`CpuKernels::Avx2`](crate::cpu_settings::CpuKernels) (`FALLOW_CPU_KERNELS=avx2`)
+/// skips VNNI, to compare the two, and `Scalar` skips both.
 mod simd {
     use super::*;
 
-    /// The best kernel set this CPU may run, within `FALLOW_CPU_KERNELS`.
+    /// The best kernel set this CPU may run, within the settings' cap.
     #[cfg(target_arch = "x86_64")]
     #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
     enum Level {
@@ -183,16 +183,17 @@ mod simd {
         Vnni,
     }
 
-    /// Decided once per process: every matrix product asks, and reading the environment
-    /// takes a lock and allocates.
+    /// Decided once per process: every matrix product asks, and the CPU's features are
+    /// detected once.
     #[cfg(target_arch = "x86_64")]
     fn level() -> Level {
+        use crate::cpu_settings::{settings, CpuKernels};
         static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
         *LEVEL.get_or_init(|| {
-            let cap = match std::env::var("FALLOW_CPU_KERNELS").as_deref() {
-                Ok("scalar") => Level::Scalar,
-                Ok("avx2") => Level::Avx2,
-                _ => Level::Vnni,
+            let cap = match settings().kernels {
+                CpuKernels::Scalar => Level::Scalar,
+                CpuKernels::Avx2 => Level::Avx2,
+                CpuKernels::Best => Level::Vnni,
             };
             let detected = if has_vnni() {
                 Level::Vnni

@@ -8,6 +8,7 @@
 //! `--cuda-split-norm`, `FALLOW_KERNEL_CACHE`). Diagnostics and A/B switches are one list,
 //! [`CudaDebug`], written `FALLOW_CUDA_DEBUG=name,name=value,…`; `docs/cuda.md` has the table.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -281,26 +282,29 @@ const RETIRED: [(&str, &str); 14] = [
     ),
 ];
 
+/// A process's variables as the edge reads them: the value of a name, if set.
+pub type Vars<'a> = &'a dyn Fn(&str) -> Option<OsString>;
+
 impl CudaOptions {
-    /// The defaults with what this process's environment adds beyond the flags: the debug
+    /// The defaults with what the process's variables `var` add beyond the flags: the debug
     /// list (`FALLOW_CUDA_DEBUG`) and the kernel cache (`FALLOW_KERNEL_CACHE`). A retired
     /// variable is an error naming its replacement. The flags (`--cuda-weights`,
     /// `--cuda-quant-x`, `--cuda-split-norm`, each with its `FALLOW_CUDA_*` variable) are the
-    /// CLI's to fill in. The one reader of the CUDA backend's environment: the CLI calls it at
-    /// start, test binaries for the kernel cache.
-    pub fn from_env() -> Result<CudaOptions, String> {
-        if let Some((old, new)) = RETIRED
-            .iter()
-            .find(|(old, _)| std::env::var_os(old).is_some())
-        {
+    /// CLI's to fill in. The edge passes `std::env::var_os`; nothing here reads the
+    /// environment itself.
+    pub fn from_vars(var: Vars<'_>) -> Result<CudaOptions, String> {
+        if let Some((old, new)) = RETIRED.iter().find(|(old, _)| var(old).is_some()) {
             return Err(format!("{old} is no longer read: use {new}"));
         }
-        let debug = match std::env::var("FALLOW_CUDA_DEBUG") {
-            Ok(list) => list.parse()?,
-            Err(_) => CudaDebug::default(),
+        let debug = match var("FALLOW_CUDA_DEBUG") {
+            Some(list) => list
+                .to_str()
+                .ok_or("FALLOW_CUDA_DEBUG is not UTF-8")?
+                .parse()?,
+            None => CudaDebug::default(),
         };
         Ok(CudaOptions {
-            kernel_cache: Self::kernel_cache_from_env(),
+            kernel_cache: Self::kernel_cache_from_vars(var),
             debug,
             ..CudaOptions::default()
         })
@@ -308,14 +312,14 @@ impl CudaOptions {
 
     /// Where compiled kernels are kept: `FALLOW_KERNEL_CACHE` (`off` for nowhere), else
     /// `$XDG_CACHE_HOME/fallow/kernels`, else `~/.cache/fallow/kernels`.
-    pub fn kernel_cache_from_env() -> Option<PathBuf> {
-        match std::env::var_os("FALLOW_KERNEL_CACHE") {
+    pub fn kernel_cache_from_vars(var: Vars<'_>) -> Option<PathBuf> {
+        match var("FALLOW_KERNEL_CACHE") {
             Some(v) if v == "off" => None,
             Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
-            _ => std::env::var_os("XDG_CACHE_HOME")
+            _ => var("XDG_CACHE_HOME")
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".cache")))
                 .map(|base| base.join("fallow").join("kernels")),
         }
     }
@@ -369,6 +373,47 @@ mod tests {
             let err = keys(bad).unwrap_err();
             assert!(err.contains("split-min-keys"), "{err}");
         }
+    }
+
+    /// `vars` as a process's variables.
+    fn from(vars: &[(&str, &str)]) -> Result<CudaOptions, String> {
+        let lookup = |name: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| OsString::from(v))
+        };
+        CudaOptions::from_vars(&lookup)
+    }
+
+    #[test]
+    fn the_variables_give_the_debug_list_and_the_kernel_cache() {
+        let o = from(&[("FALLOW_CUDA_DEBUG", "no-graphs"), ("HOME", "/h")]).expect("valid");
+        assert!(!o.debug.graphs);
+        assert_eq!(
+            o.kernel_cache,
+            Some(PathBuf::from("/h/.cache/fallow/kernels"))
+        );
+        let o = from(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]).expect("valid");
+        assert_eq!(o.kernel_cache, Some(PathBuf::from("/x/fallow/kernels")));
+        let o = from(&[("FALLOW_KERNEL_CACHE", "/k"), ("HOME", "/h")]).expect("valid");
+        assert_eq!(o.kernel_cache, Some(PathBuf::from("/k")));
+        assert_eq!(
+            from(&[("FALLOW_KERNEL_CACHE", "off")])
+                .expect("valid")
+                .kernel_cache,
+            None
+        );
+        assert_eq!(from(&[]), Ok(CudaOptions::default()));
+    }
+
+    #[test]
+    fn a_retired_variable_is_refused_with_its_replacement() {
+        let err = from(&[("FALLOW_CUDA_GRAPHS", "0")]).unwrap_err();
+        assert_eq!(
+            err,
+            "FALLOW_CUDA_GRAPHS is no longer read: use FALLOW_CUDA_DEBUG=no-graphs"
+        );
+        assert!(from(&[("FALLOW_CUDA_DEBUG", "no-graph")]).is_err());
     }
 
     #[test]

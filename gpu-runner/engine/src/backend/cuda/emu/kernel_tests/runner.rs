@@ -126,7 +126,7 @@ impl DriverRunner {
         let info = device::describe(&ctx)?;
         let stream = ctx.new_stream().map_err(CudaError::driver)?;
         // The suite's edge: where its process keeps compiled kernels.
-        let cache = CudaOptions::kernel_cache_from_env();
+        let cache = CudaOptions::kernel_cache_from_vars(&|name| std::env::var_os(name));
         let kernels = Kernels::for_device(&ctx, cache.as_deref()).map_err(CudaError::Failure)?;
         let (major, _) = ctx.compute_capability().map_err(CudaError::driver)?;
         let launcher = Launcher::new(Arc::clone(&kernels), Arc::clone(&stream), major);
