@@ -12,8 +12,8 @@
 //!   detokenizer, chat templates.
 //! - [`kv`]: the paged KV block manager with prefix caching (pure bookkeeping).
 //! - [`batcher`]: continuous batching under one token budget per step (pure).
-//! - [`sampler`]: logits → token, penalties, logprobs; [`stop`]: stop-string matching;
-//!   [`stop_regex`]: `stop_regex` matching.
+//! - [`sampler`]: logits → token, penalties, logprobs; [`stop`]: stop-string matching over
+//!   a request's one automaton ([`stop_strings`]); [`stop_regex`]: `stop_regex` matching.
 //! - [`grammar`]: constrained decoding (llguidance): a constraint → per-sequence token masks.
 //! - [`llm`]: the engine loop tying them together.
 //! - [`prompt`]: a request's prompt (chat messages through the template, raw text, token ids)
@@ -40,5 +40,6 @@ pub mod runtime;
 pub mod sampler;
 pub mod stop;
 pub mod stop_regex;
+pub mod stop_strings;
 pub(crate) mod team;
 pub mod tokenizer;

@@ -4,50 +4,88 @@
 //! `stop_token_ids`, or `max_tokens` reached (→ `length`). Stop tokens end the choice
 //! without their text.
 //!
-//! [`StopMatcher`] finds stop strings in the detokenized text, across token boundaries:
+//! [`StopMatcher`] finds stop strings in the detokenized text, across token boundaries,
+//! with the request's one automaton ([`crate::stop_strings`]):
 //! text that could be the start of a stop string is held back until the next token shows
 //! whether it is, so nothing is ever streamed and then retracted. A matched stop string and
 //! everything after it are dropped from the output.
 
+use std::sync::Arc;
+
+use aho_corasick::automaton::StateID;
 use fallow_protocol::job::{FinishReason, Sampling};
 
+use crate::stop_strings::StopStrings;
+
 /// Finds stop strings in streamed text, holding back possible beginnings of one.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct StopMatcher {
-    stops: Vec<String>,
-    /// Longest stop string, in bytes.
-    max_len: usize,
+    /// The request's automaton, shared by its choices.
+    strings: Arc<StopStrings>,
     /// Text received but not yet released: a suffix that may begin a stop string.
     held: String,
+    /// The automaton's state after `held`.
+    state: StateID,
+    /// `held` was taken in while matches were not allowed (before `min_tokens`), so it may
+    /// hold a whole stop string the next allowed push must still see.
+    unchecked: bool,
+}
+
+impl Default for StopMatcher {
+    fn default() -> Self {
+        StopMatcher::shared(Arc::default())
+    }
 }
 
 impl StopMatcher {
+    /// A matcher with its own automaton (tests; the engine shares one per request).
     /// Empty stop strings are ignored (they would match everywhere).
     pub fn new(stops: &[String]) -> Self {
-        let stops: Vec<String> = stops.iter().filter(|s| !s.is_empty()).cloned().collect();
-        let max_len = stops.iter().map(String::len).max().unwrap_or(0);
+        StopMatcher::shared(Arc::new(StopStrings::new(stops).unwrap_or_default()))
+    }
+
+    /// A matcher over a request's compiled stop strings.
+    pub fn shared(strings: Arc<StopStrings>) -> Self {
+        let state = strings.start();
         StopMatcher {
-            stops,
-            max_len,
+            strings,
             held: String::new(),
+            state,
+            unchecked: false,
         }
     }
 
     /// Adds `delta`, appends the text that is now safe to stream to `out`, and returns the
     /// index (into the non-empty stops) of the stop string that matched, if one did. With
     /// `allow_match` false (before `min_tokens`) text flows but nothing stops.
+    ///
+    /// Of several matches the one that starts first wins, then the lower index. Only the
+    /// new bytes are walked, except once after `min_tokens`, when the held text is too.
     pub fn push(&mut self, delta: &str, allow_match: bool, out: &mut String) -> Option<usize> {
-        if self.stops.is_empty() {
+        if self.strings.is_empty() {
             out.push_str(delta);
             return None;
         }
+        let mut scan_from = self.held.len();
+        if allow_match && self.unchecked {
+            scan_from = 0;
+            self.state = self.strings.start();
+        }
+        self.unchecked = !allow_match;
         self.held.push_str(delta);
-        if allow_match {
-            if let Some((pos, index)) = self.earliest_match() {
-                out.push_str(&self.held[..pos]);
-                self.held.clear();
-                return Some(index);
+        let mut best = None;
+        for (offset, &byte) in self.held.as_bytes()[scan_from..].iter().enumerate() {
+            self.state = self.strings.next(self.state, byte);
+            if allow_match {
+                self.strings
+                    .note_matches(self.state, scan_from + offset + 1, &mut best);
             }
+        }
+        if let Some((start, index)) = best {
+            out.push_str(&self.held[..start]);
+            self.held.clear();
+            self.state = self.strings.start();
+            return Some(index);
         }
         let keep_from = self.hold_start();
         out.push_str(&self.held[..keep_from]);
@@ -59,37 +97,28 @@ impl StopMatcher {
     pub fn flush(&mut self, out: &mut String) {
         out.push_str(&self.held);
         self.held.clear();
+        self.state = self.strings.start();
     }
 
     /// The stop string a [`StopMatcher::push`] index names.
     pub fn stop(&self, index: usize) -> Option<&str> {
-        self.stops.get(index).map(String::as_str)
-    }
-
-    fn earliest_match(&self) -> Option<(usize, usize)> {
-        self.stops
-            .iter()
-            .enumerate()
-            .filter_map(|(index, stop)| self.held.find(stop.as_str()).map(|pos| (pos, index)))
-            .min()
+        self.strings.stop(index)
     }
 
     /// Where the longest suffix of `held` that is a proper prefix of some stop begins
-    /// (`held.len()` when none is).
-    fn hold_start(&self) -> usize {
-        let earliest = self
-            .held
-            .len()
-            .saturating_sub(self.max_len.saturating_sub(1));
-        (earliest..self.held.len())
-            .filter(|&start| self.held.is_char_boundary(start))
-            .find(|&start| {
-                let suffix = &self.held[start..];
-                self.stops
-                    .iter()
-                    .any(|s| s.len() > suffix.len() && s.starts_with(suffix))
-            })
-            .unwrap_or(self.held.len())
+    /// (`held.len()` when none is). The automaton's state is the longest suffix that begins
+    /// a stop; when that suffix is a whole stop and no more (possible only before
+    /// `min_tokens`), the shorter suffixes are walked again until one is a proper prefix.
+    fn hold_start(&mut self) -> usize {
+        loop {
+            let (depth, proper) = self.strings.depth(self.state);
+            if depth == 0 || proper {
+                // A stop starts at a character boundary, so the suffix does too.
+                return self.held.len() - depth;
+            }
+            let from = self.held.len() - depth + 1;
+            self.state = self.strings.walk(&self.held.as_bytes()[from..]);
+        }
     }
 }
 
@@ -134,6 +163,7 @@ impl TokenStop {
 #[derive(Debug, Clone)]
 pub struct StopConditions {
     eos_ids: Vec<u32>,
+    /// Sorted and deduplicated, for a binary search per token.
     stop_token_ids: Vec<u32>,
     min_tokens: usize,
     max_tokens: usize,
@@ -148,7 +178,7 @@ impl StopConditions {
             } else {
                 eos_ids.to_vec()
             },
-            stop_token_ids: params.stop_token_ids.clone(),
+            stop_token_ids: sorted_ids(&params.stop_token_ids),
             min_tokens: params.min_tokens as usize,
             max_tokens: max_tokens.max(1),
         }
@@ -165,12 +195,20 @@ impl StopConditions {
             if self.eos_ids.contains(&token) {
                 return Some(TokenStop::Eos(token));
             }
-            if self.stop_token_ids.contains(&token) {
+            if self.stop_token_ids.binary_search(&token).is_ok() {
                 return Some(TokenStop::StopToken(token));
             }
         }
         (num_generated >= self.max_tokens).then_some(TokenStop::Length)
     }
+}
+
+/// `ids` as a sorted set.
+fn sorted_ids(ids: &[u32]) -> Vec<u32> {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
 }
 
 #[cfg(test)]

@@ -153,3 +153,145 @@ fn any_token_split_streams_the_same_text() {
         }
     }
 }
+
+/// The matcher's specification: every stop searched for in all held text on every push
+/// (the earliest start wins, then the lower index), and the longest suffix that begins a
+/// stop held back.
+#[derive(Default)]
+struct Reference {
+    stops: Vec<String>,
+    held: String,
+}
+
+impl Reference {
+    fn push(&mut self, delta: &str, allow_match: bool, out: &mut String) -> Option<usize> {
+        self.held.push_str(delta);
+        if allow_match {
+            let earliest = self
+                .stops
+                .iter()
+                .enumerate()
+                .filter_map(|(i, stop)| self.held.find(stop.as_str()).map(|pos| (pos, i)))
+                .min();
+            if let Some((pos, index)) = earliest {
+                out.push_str(&self.held[..pos]);
+                self.held.clear();
+                return Some(index);
+            }
+        }
+        let keep_from = (0..self.held.len())
+            .filter(|&start| self.held.is_char_boundary(start))
+            .find(|&start| {
+                let suffix = &self.held[start..];
+                self.stops
+                    .iter()
+                    .any(|s| s.len() > suffix.len() && s.starts_with(suffix))
+            })
+            .unwrap_or(self.held.len());
+        out.push_str(&self.held[..keep_from]);
+        self.held.replace_range(..keep_from, "");
+        None
+    }
+}
+
+/// Random texts over a small alphabet, random stops drawn from them, random token cuts and
+/// a random `min_tokens` point: the automaton streams exactly what the reference does.
+#[test]
+fn the_automaton_streams_exactly_what_searching_every_stop_does() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(38);
+    let alphabet = ['a', 'b', 'é', '#'];
+    let word = |rng: &mut rand::rngs::StdRng, len: usize| -> String {
+        (0..len)
+            .map(|_| alphabet[rng.gen_range(0..alphabet.len())])
+            .collect()
+    };
+    for _ in 0..3000 {
+        let text_len = rng.gen_range(0..40);
+        let text = word(&mut rng, text_len);
+        let stops: Vec<String> = (0..rng.gen_range(1..5))
+            .map(|_| {
+                let len = rng.gen_range(1..6);
+                word(&mut rng, len)
+            })
+            .collect();
+        let mut ours = StopMatcher::new(&stops);
+        let mut reference = Reference {
+            stops: stops.clone(),
+            ..Reference::default()
+        };
+        let allow_after = rng.gen_range(0..4);
+        let (mut out_ours, mut out_ref) = (String::new(), String::new());
+        let mut rest = text.as_str();
+        let mut pushes = 0;
+        while !rest.is_empty() {
+            let mut cut = rng.gen_range(1..=rest.len().min(6));
+            while !rest.is_char_boundary(cut) {
+                cut += 1;
+            }
+            let allow = pushes >= allow_after;
+            pushes += 1;
+            let a = ours.push(&rest[..cut], allow, &mut out_ours);
+            let b = reference.push(&rest[..cut], allow, &mut out_ref);
+            assert_eq!(a, b, "text {text:?} stops {stops:?}");
+            assert_eq!(out_ours, out_ref, "text {text:?} stops {stops:?}");
+            if a.is_some() {
+                break;
+            }
+            rest = &rest[cut..];
+        }
+    }
+}
+
+/// A 100 KB stop string among 16 is found across token boundaries, the text before it
+/// streams, and a near miss of it is released rather than held for ever.
+#[test]
+fn a_100_kb_stop_among_16_still_matches() {
+    let long = "x".repeat(100 * 1024 - 1) + "!";
+    let mut stops: Vec<String> = (0..15).map(|i| format!("never{i}")).collect();
+    stops.push(long.clone());
+    let mut m = StopMatcher::new(&stops);
+    let mut out = String::new();
+    assert_eq!(m.push("before ", true, &mut out), None);
+    for chunk in long.as_bytes().chunks(7) {
+        let chunk = std::str::from_utf8(chunk).unwrap();
+        if let Some(index) = m.push(chunk, true, &mut out) {
+            assert_eq!(index, 15);
+            assert_eq!(out, "before ");
+            assert_eq!(m.stop(index), Some(long.as_str()));
+            return;
+        }
+    }
+    panic!("the long stop did not match");
+}
+
+#[test]
+fn a_near_miss_of_a_long_stop_is_released() {
+    let long = "x".repeat(100 * 1024 - 1) + "!";
+    let mut m = StopMatcher::new(&[long]);
+    let mut out = String::new();
+    let text = "x".repeat(5000) + "?";
+    for chunk in text.as_bytes().chunks(3) {
+        assert_eq!(
+            m.push(std::str::from_utf8(chunk).unwrap(), true, &mut out),
+            None
+        );
+    }
+    assert_eq!(
+        out, text,
+        "nothing is held once the text can no longer begin the stop"
+    );
+}
+
+#[test]
+fn stop_token_ids_are_found_in_any_order() {
+    let params = Sampling {
+        stop_token_ids: vec![900, 3, 77, 3],
+        ..Sampling::default()
+    };
+    let c = StopConditions::new(&params, &[2], 100);
+    for id in [3, 77, 900] {
+        assert_eq!(c.check(id, 1), Some(TokenStop::StopToken(id)));
+    }
+    assert_eq!(c.check(78, 1), None);
+}

@@ -35,6 +35,7 @@ use crate::kv::BlockManager;
 use crate::sampler::{Sampler, SeqSampler};
 use crate::stop::{StopConditions, StopMatcher};
 use crate::stop_regex::{RegexStop, StopRegexes};
+use crate::stop_strings::StopStrings;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 
 use choice::Choice;
@@ -139,6 +140,9 @@ impl LlmEngine {
         self.grammars.start(&self.tokenizer, &self.eos_ids);
         let stop_regexes = StopRegexes::compile(&request.sampling.stop_regex)
             .map_err(EngineError::InvalidRequest)?;
+        let stop_strings = Arc::new(
+            StopStrings::new(&request.sampling.stop).map_err(EngineError::InvalidRequest)?,
+        );
         let grammar = match &request.sampling.constraint {
             Some(constraint) => Some(self.compile_grammar(constraint)?),
             None => None,
@@ -151,7 +155,7 @@ impl LlmEngine {
                 ..Default::default()
             },
             prompt: request.prompt,
-            sampling: request.sampling,
+            sampling: Arc::new(request.sampling),
             priority: request.priority,
             arrival,
             max_tokens,
@@ -160,6 +164,7 @@ impl LlmEngine {
             first_token_seen: false,
             grammar,
             stop_regexes,
+            stop_strings,
         };
         let hold_back = self.config.enable_prefix_cache && request.n > 1;
         let first_wave = if hold_back { 1 } else { request.n };
@@ -202,9 +207,9 @@ impl LlmEngine {
             Choice {
                 request_id,
                 index,
-                sampler: SeqSampler::new(params, index, &state.prompt, &self.eos_ids),
+                sampler: SeqSampler::new(params.clone(), index, &state.prompt, &self.eos_ids),
                 decoder: IncrementalDecoder::new(params.skip_special_tokens),
-                matcher: StopMatcher::new(&params.stop),
+                matcher: StopMatcher::shared(state.stop_strings.clone()),
                 regex_stop: RegexStop::new(state.stop_regexes.clone()),
                 conditions: StopConditions::new(params, &self.eos_ids, state.max_tokens),
                 grammar: state.grammar.clone(),

@@ -1,12 +1,15 @@
 //! What the engine accepts ([`EngineRequest`]), how it is checked, and the per-request and
 //! per-choice state the loop keeps.
 
+use std::sync::Arc;
+
 use fallow_protocol::job::{Sampling, Usage};
 
 use super::EngineError;
 use crate::batcher::SeqId;
 use crate::grammar::SeqGrammar;
 use crate::stop_regex::StopRegexes;
+use crate::stop_strings::StopStrings;
 
 /// One generation request: a tokenized prompt and `n` choices to sample from it.
 #[derive(Debug, Clone)]
@@ -101,7 +104,8 @@ pub(super) fn validate(request: &EngineRequest, limits: Limits) -> Result<usize,
 #[derive(Debug)]
 pub(super) struct RequestState {
     pub prompt: Vec<u32>,
-    pub sampling: Sampling,
+    /// Shared by the choices' samplers rather than copied into each.
+    pub sampling: Arc<Sampling>,
     pub priority: i32,
     pub arrival: u64,
     pub max_tokens: usize,
@@ -115,6 +119,8 @@ pub(super) struct RequestState {
     /// The compiled constraint, fresh; each choice starts from a clone.
     pub grammar: Option<SeqGrammar>,
     pub stop_regexes: StopRegexes,
+    /// The stop strings' automaton, built once and shared by the choices.
+    pub stop_strings: Arc<StopStrings>,
 }
 
 impl RequestState {

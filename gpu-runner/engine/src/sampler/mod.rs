@@ -34,6 +34,7 @@ mod penalties;
 mod select;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use fallow_protocol::job::Sampling;
 use rand::rngs::StdRng;
@@ -60,7 +61,8 @@ pub struct Sampled {
 /// One sequence's sampling parameters, RNG and token history.
 #[derive(Debug)]
 pub struct SeqSampler {
-    params: Sampling,
+    /// The request's parameters, shared by its choices.
+    params: Arc<Sampling>,
     rng: StdRng,
     /// Masked while fewer than `min_tokens` tokens were generated.
     suppressed_early: Vec<u32>,
@@ -73,7 +75,14 @@ pub struct SeqSampler {
 
 impl SeqSampler {
     /// `choice_index` offsets the seed so the `n` choices of one request differ.
-    pub fn new(params: &Sampling, choice_index: u32, prompt: &[u32], eos_ids: &[u32]) -> Self {
+    /// `params` may be the request's shared `Arc` (the engine) or an owned value (tests).
+    pub fn new(
+        params: impl Into<Arc<Sampling>>,
+        choice_index: u32,
+        prompt: &[u32],
+        eos_ids: &[u32],
+    ) -> Self {
+        let params = params.into();
         let rng = match params.seed {
             Some(seed) => StdRng::seed_from_u64(seed.wrapping_add(u64::from(choice_index))),
             None => StdRng::from_entropy(),
@@ -88,7 +97,7 @@ impl SeqSampler {
             HashSet::new()
         };
         SeqSampler {
-            params: params.clone(),
+            params,
             rng,
             suppressed_early,
             output_counts: HashMap::new(),

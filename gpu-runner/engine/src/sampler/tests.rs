@@ -10,7 +10,7 @@ fn params() -> Sampling {
 }
 
 fn seq(params: &Sampling) -> SeqSampler {
-    SeqSampler::new(params, 0, &[1, 2, 3], &[EOS])
+    SeqSampler::new(params.clone(), 0, &[1, 2, 3], &[EOS])
 }
 
 /// A peaked row: token `best` has the largest logit, the others decline by id distance.
@@ -20,7 +20,7 @@ fn row(best: u32) -> Vec<f32> {
 
 fn draw_many(params: &Sampling, index: u32, logits: &[f32], count: usize) -> Vec<u32> {
     let mut sampler = Sampler::new();
-    let mut s = SeqSampler::new(params, index, &[], &[EOS]);
+    let mut s = SeqSampler::new(params.clone(), index, &[], &[EOS]);
     (0..count)
         .map(|_| sampler.sample(logits, &mut s).token)
         .collect()
@@ -107,13 +107,13 @@ fn seeded_sampling_does_not_depend_on_other_sequences_in_the_batch() {
     let alone = draw_many(&p, 0, &flat, 32);
     // Interleave with another sequence sharing the same Sampler, as a batch would.
     let mut sampler = Sampler::new();
-    let mut ours = SeqSampler::new(&p, 0, &[], &[EOS]);
+    let mut ours = SeqSampler::new(p.clone(), 0, &[], &[EOS]);
     let other_params = Sampling {
         temperature: 1.3,
         top_k: 3,
         ..Sampling::default()
     };
-    let mut other = SeqSampler::new(&other_params, 0, &[], &[EOS]);
+    let mut other = SeqSampler::new(other_params.clone(), 0, &[], &[EOS]);
     let mixed: Vec<u32> = (0..32)
         .map(|_| {
             sampler.sample(&row(3), &mut other);
@@ -182,7 +182,7 @@ fn repetition_penalty_covers_prompt_tokens() {
     let mut p = params();
     p.repetition_penalty = 2.0;
     let mut sampler = Sampler::new();
-    let mut s = SeqSampler::new(&p, 0, &[4], &[EOS]); // 4 is in the prompt
+    let mut s = SeqSampler::new(p.clone(), 0, &[4], &[EOS]); // 4 is in the prompt
     let mut logits = vec![0.0f32; 10];
     logits[4] = 2.0; // → 1.0
     logits[5] = 1.5;
@@ -362,7 +362,7 @@ fn a_grammar_mask_leaves_only_allowed_tokens_to_sample() {
         ..Sampling::default()
     };
     let mut sampler = Sampler::new();
-    let mut s = SeqSampler::new(&p, 0, &[], &[EOS]);
+    let mut s = SeqSampler::new(p.clone(), 0, &[], &[EOS]);
     // Tokens 2 and 7 allowed; the row prefers 4.
     let allowed = [(1u32 << 2) | (1 << 7)];
     for _ in 0..50 {
@@ -466,7 +466,7 @@ fn time_sampling_over_a_large_vocabulary() {
         ("greedy", params()),
     ] {
         let mut sampler = Sampler::new();
-        let mut s = SeqSampler::new(&p, 0, &[], &[EOS]);
+        let mut s = SeqSampler::new(p.clone(), 0, &[], &[EOS]);
         let t0 = std::time::Instant::now();
         for _ in 0..50 {
             std::hint::black_box(sampler.sample(&logits, &mut s).token);
