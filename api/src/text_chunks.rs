@@ -46,7 +46,7 @@ pub struct TextChunkBuilder {
 
 impl TextChunkBuilder {
     pub fn new(id: String, created: i64, model: String, valid: &ValidCompletion) -> Self {
-        let jobs = valid.jobs.len();
+        let jobs = valid.prompts.len();
         TextChunkBuilder {
             id,
             created,

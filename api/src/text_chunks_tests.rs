@@ -9,7 +9,8 @@ fn valid(prompts: usize, n: u32, echo: bool, include_usage: bool) -> ValidComple
             "n": n, "add_generation_prompt": false, "continue_final_message": false}))
         .unwrap_or_else(|e| panic!("{e}"));
     ValidCompletion {
-        jobs: vec![job; prompts],
+        shared: job,
+        prompts: vec![fallow_protocol::job::Prompt::Messages; prompts],
         prompt_texts: (0..prompts).map(|p| Some(format!("P{p}"))).collect(),
         n,
         echo,

@@ -137,7 +137,7 @@ impl ChatBatchCodec {
             ));
         }
         let valid = validate_completion(wire, &self.limits).map_err(envelope)?;
-        let [request]: [_; 1] = valid.jobs.try_into().map_err(|_| {
+        let [request]: [_; 1] = valid.jobs().collect::<Vec<_>>().try_into().map_err(|_| {
             (
                 Some("prompt".to_owned()),
                 "A batch line takes one prompt; put each prompt on its own line.".to_owned(),

@@ -47,13 +47,14 @@ pub async fn create_completion(
         let limits = super::chat::limits(&state, &model).await?;
         let valid = validate_completion(wire, &limits)?;
         admit(&state, &caller).await?;
-        let mut jobs = Vec::with_capacity(valid.jobs.len());
-        for request in &valid.jobs {
+        let mut jobs = Vec::with_capacity(valid.prompts.len());
+        // One job request at a time: the prompts share one validated request.
+        for request in valid.jobs() {
             let job = NewJob {
                 tenant_id: caller.tenant_id(),
                 kind: JobKind::Interactive,
                 priority: valid.priority,
-                request: request.clone(),
+                request,
                 max_attempts: state.config().max_attempts,
                 request_id: request_id.clone(),
             };

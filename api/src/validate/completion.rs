@@ -2,7 +2,12 @@
 //! fields go through the chat path's checks (the wire request embeds the chat one); what is
 //! the legacy API's own is checked here: `prompt` in its four shapes, `echo`, the integer
 //! `logprobs`, `suffix` and `best_of`. A raw prompt never meets the chat template.
+//!
+//! The prompts share one validated request (sampling, stop strings, constraint): up to 64
+//! prompts do not hold 64 copies of it for the whole request. Each job's request is made
+//! when it is enqueued ([`ValidCompletion::jobs`]).
 
+use super::caps::{too_many, too_many_bytes, MAX_PROMPT_BYTES, MAX_PROMPT_TOKEN_IDS};
 use super::{delivery, reject_unsupported, sampling, validate_priority, Delivery, Limits};
 use crate::error::ApiError;
 use crate::openai::completions::CompletionRequest;
@@ -16,10 +21,14 @@ pub const MAX_LEGACY_LOGPROBS: i64 = 5;
 /// Prompts in one request (each becomes a job of `n` choices).
 pub const MAX_PROMPTS: usize = 64;
 
-/// A completions request that passed validation: one job request per prompt, in order.
+/// A completions request that passed validation: one job per prompt, in order.
 #[derive(Debug, Clone)]
 pub struct ValidCompletion {
-    pub jobs: Vec<GenerateRequest>,
+    /// What every prompt's job shares; its `input` is set per prompt by
+    /// [`ValidCompletion::jobs`].
+    pub shared: GenerateRequest,
+    /// The prompts, in order; each becomes one job of `n` choices.
+    pub prompts: Vec<Prompt>,
     /// The text of each prompt given as text (for `echo`); `None` for token ids, whose
     /// text the runner reports.
     pub prompt_texts: Vec<Option<String>>,
@@ -89,28 +98,26 @@ pub fn validate_completion(
             _ => None,
         })
         .collect();
-    let jobs = prompts
-        .into_iter()
-        .map(|input| GenerateRequest {
-            model: model.clone(),
-            messages: Vec::new(),
-            sampling: sampling.clone(),
-            n,
-            add_generation_prompt: false,
-            continue_final_message: false,
-            stream: delivery.stream,
-            chat_template_kwargs: Default::default(),
-            tools: Vec::new(),
-            output: OutputFormat {
-                text_completion: Some(TextFormat { logprobs, echo }),
-                ..OutputFormat::default()
-            },
-            input,
-            task: Task::Generate,
-        })
-        .collect();
+    let shared = GenerateRequest {
+        model,
+        messages: Vec::new(),
+        sampling,
+        n,
+        add_generation_prompt: false,
+        continue_final_message: false,
+        stream: delivery.stream,
+        chat_template_kwargs: Default::default(),
+        tools: Vec::new(),
+        output: OutputFormat {
+            text_completion: Some(TextFormat { logprobs, echo }),
+            ..OutputFormat::default()
+        },
+        input: Prompt::Messages,
+        task: Task::Generate,
+    };
     Ok(ValidCompletion {
-        jobs,
+        shared,
+        prompts,
         prompt_texts,
         n,
         echo,
@@ -118,6 +125,16 @@ pub fn validate_completion(
         delivery,
         priority,
     })
+}
+
+impl ValidCompletion {
+    /// The job request of each prompt, in order, made one at a time as they are consumed.
+    pub fn jobs(&self) -> impl ExactSizeIterator<Item = GenerateRequest> + '_ {
+        self.prompts.iter().map(|prompt| GenerateRequest {
+            input: prompt.clone(),
+            ..self.shared.clone()
+        })
+    }
 }
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
@@ -164,7 +181,28 @@ pub fn validate_prompt(prompt: Option<Value>) -> Result<Vec<Prompt>, ApiError> {
             ),
         ));
     }
+    check_prompt_size(&prompts)?;
     Ok(prompts)
+}
+
+/// All prompts together: at most [`MAX_PROMPT_BYTES`] of text and [`MAX_PROMPT_TOKEN_IDS`]
+/// token ids, what one request may ask the engine thread to tokenize or run.
+fn check_prompt_size(prompts: &[Prompt]) -> Result<(), ApiError> {
+    let (mut bytes, mut ids) = (0, 0);
+    for prompt in prompts {
+        match prompt {
+            Prompt::Text { text } => bytes += text.len(),
+            Prompt::Tokens { ids: tokens } => ids += tokens.len(),
+            Prompt::Messages => {}
+        }
+    }
+    if bytes > MAX_PROMPT_BYTES {
+        return Err(too_many_bytes("prompt", "holds", bytes, MAX_PROMPT_BYTES));
+    }
+    if ids > MAX_PROMPT_TOKEN_IDS {
+        return Err(too_many("prompt", "token ids", ids, MAX_PROMPT_TOKEN_IDS));
+    }
+    Ok(())
 }
 
 fn text_prompt(param: &str, text: String) -> Result<Prompt, ApiError> {

@@ -39,8 +39,9 @@ fn refused_param(body: serde_json::Value) -> String {
 #[test]
 fn a_string_prompt_is_one_raw_text_job_with_sixteen_max_tokens() {
     let valid = accepted(json!({"prompt": "Hello"}));
-    assert_eq!(valid.jobs.len(), 1);
-    let job = &valid.jobs[0];
+    let jobs: Vec<_> = valid.jobs().collect();
+    assert_eq!(jobs.len(), 1);
+    let job = &jobs[0];
     assert_eq!(
         job.input,
         Prompt::Text {
@@ -55,7 +56,7 @@ fn a_string_prompt_is_one_raw_text_job_with_sixteen_max_tokens() {
 #[test]
 fn every_prompt_shape_becomes_one_job_per_prompt_in_order() {
     let tokens = |ids: &[u32]| Prompt::Tokens { ids: ids.to_vec() };
-    let inputs = |v: ValidCompletion| v.jobs.into_iter().map(|j| j.input).collect::<Vec<_>>();
+    let inputs = |v: ValidCompletion| v.jobs().map(|j| j.input).collect::<Vec<_>>();
     assert_eq!(
         inputs(accepted(json!({"prompt": [1, 2, 3]}))),
         vec![tokens(&[1, 2, 3])]
@@ -111,8 +112,8 @@ fn suffix_best_of_and_out_of_range_logprobs_are_refused() {
 fn integer_logprobs_turn_on_token_logprobs_with_that_many_alternatives() {
     let valid = accepted(json!({"prompt": "a", "logprobs": 3}));
     assert_eq!(valid.logprobs, Some(3));
-    assert!(valid.jobs[0].sampling.logprobs);
-    assert_eq!(valid.jobs[0].sampling.top_logprobs, 3);
+    assert!(valid.shared.sampling.logprobs);
+    assert_eq!(valid.shared.sampling.top_logprobs, 3);
 }
 
 #[test]
@@ -121,15 +122,29 @@ fn the_chat_paths_sampling_extras_and_constraints_apply() {
         "prompt": "a", "max_tokens": 5, "top_k": 4, "min_p": 0.1, "ignore_eos": true,
         "stop_token_ids": [7], "regex": "[0-9]+", "no_stop_trim": true, "stream": true
     }));
-    let sampling = &valid.jobs[0].sampling;
+    let sampling = &valid.shared.sampling;
     assert_eq!(sampling.max_tokens, Some(5));
     assert_eq!(sampling.top_k, 4);
     assert!(sampling.ignore_eos && sampling.no_stop_trim);
     assert_eq!(sampling.stop_token_ids, vec![7]);
     assert!(sampling.constraint.is_some());
-    assert!(valid.delivery.stream && valid.jobs[0].stream);
+    assert!(valid.delivery.stream && valid.shared.stream);
     assert_eq!(
         refused_param(json!({"prompt": "a", "temperature": 3.0})),
         "temperature"
     );
+}
+
+#[test]
+fn the_prompts_share_one_request_and_each_job_gets_its_own_prompt() {
+    let valid = accepted(json!({"prompt": ["a", "b", "c"], "stop": ["END"], "max_tokens": 5}));
+    assert_eq!(valid.prompts.len(), 3);
+    assert_eq!(valid.shared.input, Prompt::Messages);
+    let jobs: Vec<_> = valid.jobs().collect();
+    assert_eq!(jobs.len(), 3);
+    for (job, text) in jobs.iter().zip(["a", "b", "c"]) {
+        assert_eq!(job.input, Prompt::Text { text: text.into() });
+        assert_eq!(job.sampling.stop, ["END"]);
+        assert_eq!(job.sampling.max_tokens, Some(5));
+    }
 }

@@ -7,18 +7,19 @@
 use fallow_protocol::job::Constraint;
 use serde_json::Value;
 
+use super::caps::{
+    json_len, too_many_bytes, MAX_CONSTRAINT_BYTES, MAX_STOP_REGEXES, MAX_STOP_REGEX_BYTES,
+};
 use super::gbnf::gbnf_to_lark;
 use crate::error::ApiError;
 use crate::openai::request::ChatCompletionRequest;
-
-/// At most this many `stop_regex` patterns (as for `stop` strings).
-pub const MAX_STOP_REGEXES: usize = 16;
 
 /// The request's constraint, if it asks for one. At most one of `response_format`
 /// (`json_object` / `json_schema`), `regex` and `ebnf` may be set.
 pub(super) fn validate_constraint(
     wire: &ChatCompletionRequest,
 ) -> Result<Option<Constraint>, ApiError> {
+    check_sizes(wire)?;
     let mut found: Vec<(&'static str, Constraint)> = Vec::new();
     if let Some(c) = response_format(wire.response_format.as_ref())? {
         found.push(("response_format", c));
@@ -60,6 +61,26 @@ pub(super) fn validate_constraint(
         return Err(compile_error(param, &constraint, &message));
     }
     Ok(Some(constraint))
+}
+
+/// Each constraint at most [`MAX_CONSTRAINT_BYTES`] (a schema as compact JSON), checked
+/// before anything compiles it: compiling is work for the api and the engine, and every
+/// job of the request stores a copy.
+fn check_sizes(wire: &ChatCompletionRequest) -> Result<(), ApiError> {
+    let sizes = [
+        (
+            "response_format",
+            wire.response_format.as_ref().map(json_len),
+        ),
+        ("regex", wire.regex.as_ref().map(String::len)),
+        ("ebnf", wire.ebnf.as_ref().map(String::len)),
+    ];
+    for (param, bytes) in sizes {
+        if let Some(bytes) = bytes.filter(|&b| b > MAX_CONSTRAINT_BYTES) {
+            return Err(too_many_bytes(param, "is", bytes, MAX_CONSTRAINT_BYTES));
+        }
+    }
+    Ok(())
 }
 
 /// `response_format`: `text` (or absent) is no constraint.
@@ -172,6 +193,14 @@ pub(super) fn validate_stop_regex(wire: &ChatCompletionRequest) -> Result<Vec<St
                 "stop_regex",
                 "invalid_regex",
                 "`stop_regex` patterns must not be empty (one would match at once).",
+            ));
+        }
+        if pattern.len() > MAX_STOP_REGEX_BYTES {
+            return Err(super::caps::too_many_bytes(
+                "stop_regex",
+                "has a pattern of",
+                pattern.len(),
+                MAX_STOP_REGEX_BYTES,
             ));
         }
         if let Err(e) = regex::Regex::new(pattern) {

@@ -1,5 +1,6 @@
-//! Conversation validation: roles, content shapes, and the message count limit.
+//! Conversation validation: roles, content shapes, and the message count and size limits.
 
+use super::caps::{too_many_bytes, MAX_PROMPT_BYTES};
 use crate::error::ApiError;
 use crate::openai::request::{ContentPart, MessageContent, WireMessage};
 use fallow_protocol::job::{ChatMessage, Role, ToolCall};
@@ -25,11 +26,30 @@ pub(super) fn validate_messages(
             ),
         ));
     }
-    messages
+    let messages: Vec<ChatMessage> = messages
         .into_iter()
         .enumerate()
         .map(|(i, message)| validate_message(i, message))
-        .collect()
+        .collect::<Result<_, _>>()?;
+    let bytes: usize = messages.iter().map(text_bytes).sum();
+    if bytes > MAX_PROMPT_BYTES {
+        return Err(too_many_bytes("messages", "hold", bytes, MAX_PROMPT_BYTES));
+    }
+    Ok(messages)
+}
+
+/// The text a message brings to the prompt: what the chat template renders and the
+/// engine thread tokenizes.
+fn text_bytes(message: &ChatMessage) -> usize {
+    let calls: usize = message
+        .tool_calls
+        .iter()
+        .map(|c| c.name.len() + c.arguments.len())
+        .sum();
+    message.content.as_ref().map_or(0, String::len)
+        + message.reasoning_content.as_ref().map_or(0, String::len)
+        + message.name.as_ref().map_or(0, String::len)
+        + calls
 }
 
 fn validate_message(i: usize, message: WireMessage) -> Result<ChatMessage, ApiError> {

@@ -2,6 +2,7 @@
 //! [`GenerateRequest`]. Every rule names the parameter it checks and the limit it enforces,
 //! so a client can fix its request from the error alone.
 
+pub mod caps;
 mod completion;
 mod constraint;
 mod gbnf;

@@ -1,15 +1,16 @@
 //! Sampling parameter validation: ranges, defaults, and OpenAI-to-internal conventions
 //! (`top_k = -1` means off, `max_completion_tokens` overrides `max_tokens`).
 
+use super::caps::{
+    too_many, too_many_bytes, MAX_LOGIT_BIAS, MAX_STOP_BYTES, MAX_STOP_SEQUENCES,
+    MAX_STOP_TOKEN_IDS, MAX_STOP_TOTAL_BYTES,
+};
 use super::Limits;
 use crate::error::ApiError;
 use crate::openai::request::ChatCompletionRequest;
 use fallow_protocol::job::Sampling;
 use std::collections::BTreeMap;
 
-/// vLLM accepts any number of stop strings; OpenAI four. Sixteen keeps the stop matcher
-/// cheap while accepting what real clients send.
-pub const MAX_STOP_SEQUENCES: usize = 16;
 pub const MAX_TOP_LOGPROBS: i64 = 20;
 /// Temperatures below this are treated as 0 (greedy), as Qwen's server documents.
 pub const GREEDY_BELOW: f32 = 0.01;
@@ -188,6 +189,10 @@ fn validate_logprobs(logprobs: Option<bool>, top: Option<i64>) -> Result<(bool, 
 fn validate_logit_bias(
     bias: Option<&BTreeMap<String, f64>>,
 ) -> Result<BTreeMap<u32, f32>, ApiError> {
+    let count = bias.map_or(0, BTreeMap::len);
+    if count > MAX_LOGIT_BIAS {
+        return Err(too_many("logit_bias", "entries", count, MAX_LOGIT_BIAS));
+    }
     let mut out = BTreeMap::new();
     for (key, &value) in bias.into_iter().flatten() {
         let token: u32 = key.trim().parse().map_err(|_| {
@@ -209,6 +214,9 @@ fn validate_logit_bias(
     Ok(out)
 }
 
+/// At most [`MAX_STOP_SEQUENCES`] strings, each at most [`MAX_STOP_BYTES`] and all
+/// together at most [`MAX_STOP_TOTAL_BYTES`]: every choice holds back up to the longest
+/// and the engine matches all of them on every token.
 fn validate_stop(wire: &ChatCompletionRequest) -> Result<Vec<String>, ApiError> {
     let stop: Vec<String> = wire
         .stop
@@ -220,20 +228,44 @@ fn validate_stop(wire: &ChatCompletionRequest) -> Result<Vec<String>, ApiError> 
         .filter(|s| !s.is_empty())
         .collect();
     if stop.len() > MAX_STOP_SEQUENCES {
-        return Err(ApiError::invalid(
+        return Err(too_many(
             "stop",
-            format!(
-                "`stop` has {} sequences; at most {MAX_STOP_SEQUENCES} are allowed.",
-                stop.len()
-            ),
+            "sequences",
+            stop.len(),
+            MAX_STOP_SEQUENCES,
+        ));
+    }
+    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(too_many_bytes(
+            "stop",
+            "has a sequence of",
+            long.len(),
+            MAX_STOP_BYTES,
+        ));
+    }
+    let total: usize = stop.iter().map(String::len).sum();
+    if total > MAX_STOP_TOTAL_BYTES {
+        return Err(too_many_bytes(
+            "stop",
+            "sequences total",
+            total,
+            MAX_STOP_TOTAL_BYTES,
         ));
     }
     Ok(stop)
 }
 
 fn validate_stop_token_ids(ids: Option<&[i64]>) -> Result<Vec<u32>, ApiError> {
-    ids.unwrap_or_default()
-        .iter()
+    let ids = ids.unwrap_or_default();
+    if ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(too_many(
+            "stop_token_ids",
+            "ids",
+            ids.len(),
+            MAX_STOP_TOKEN_IDS,
+        ));
+    }
+    ids.iter()
         .map(|&id| {
             u32::try_from(id).map_err(|_| {
                 ApiError::invalid(

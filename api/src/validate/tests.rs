@@ -525,3 +525,6 @@ fn return_cached_tokens_details_and_no_stop_trim_reach_the_job() {
     assert!(!plain.request.output.cached_tokens_details);
     assert!(!plain.request.sampling.no_stop_trim);
 }
+
+#[path = "caps_tests.rs"]
+mod caps_tests;

@@ -4,6 +4,9 @@
 //! template reads (Hugging Face's `tools` shape) and the tool part of the job's output
 //! format.
 
+use super::caps::{
+    json_len, too_many, too_many_bytes, MAX_TOOLS, MAX_TOOLS_TOTAL_BYTES, MAX_TOOL_BYTES,
+};
 use crate::error::ApiError;
 use crate::openai::request::ChatCompletionRequest;
 use crate::parsers::grammar::FunctionSpec;
@@ -67,6 +70,8 @@ pub fn validate_tools(wire: &ChatCompletionRequest) -> Result<Option<ToolRequest
             "Send either `tools` or the legacy `functions`, not both.",
         ));
     }
+    check_size("tools", tools)?;
+    check_size("functions", functions)?;
     if !functions.is_empty() {
         let tools = functions
             .iter()
@@ -122,6 +127,28 @@ pub fn validate_tools(wire: &ChatCompletionRequest) -> Result<Option<ToolRequest
         parallel: wire.parallel_tool_calls.unwrap_or(true),
         legacy: false,
     }))
+}
+
+/// At most [`MAX_TOOLS`] definitions, each at most [`MAX_TOOL_BYTES`] and all together at
+/// most [`MAX_TOOLS_TOTAL_BYTES`] of compact JSON: the template renders them into the
+/// prompt and a forced call compiles their schemas.
+fn check_size(param: &str, tools: &[Value]) -> Result<(), ApiError> {
+    if tools.len() > MAX_TOOLS {
+        return Err(too_many(param, "definitions", tools.len(), MAX_TOOLS));
+    }
+    let mut total = 0;
+    for (i, tool) in tools.iter().enumerate() {
+        let bytes = json_len(tool);
+        if bytes > MAX_TOOL_BYTES {
+            let at = format!("{param}[{i}]");
+            return Err(too_many_bytes(&at, "is", bytes, MAX_TOOL_BYTES));
+        }
+        total += bytes;
+    }
+    if total > MAX_TOOLS_TOTAL_BYTES {
+        return Err(too_many_bytes(param, "total", total, MAX_TOOLS_TOTAL_BYTES));
+    }
+    Ok(())
 }
 
 fn wrapped_tool(i: usize, tool: &Value) -> Result<Value, ApiError> {
