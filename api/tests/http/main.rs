@@ -5,6 +5,7 @@
 mod support;
 
 mod auth;
+mod caps;
 mod chat;
 mod completions;
 mod errors;
