@@ -165,6 +165,12 @@ impl From<SchedulerError> for ApiError {
                 ApiError::Unavailable(err.to_string())
             }
             SchedulerError::NotFound(what) => ApiError::NotFound(what),
+            SchedulerError::TenantOverLimit { active, asked, limit } => ApiError::RateLimited {
+                message: format!(
+                    "Rate limit reached: {active} requests in flight for this API key and {asked} more asked; the limit is {limit}."
+                ),
+                retry_after: Duration::from_secs(1),
+            },
             SchedulerError::Store(fallow_scheduler::store::StoreError::NotFound(_)) => {
                 ApiError::NotFound("The file's contents are missing from the object store.".into())
             }

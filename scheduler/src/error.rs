@@ -15,6 +15,10 @@ pub enum SchedulerError {
     Corrupt(String),
     #[error("{0}")]
     NotFound(String),
+    /// Admitting `asked` more jobs would take the tenant past its `max_active_jobs`; the api
+    /// answers 429.
+    #[error("{active} jobs active for this tenant and {asked} more asked; the limit is {limit}")]
+    TenantOverLimit { active: i64, asked: i64, limit: i64 },
     /// The object store (local directory or S3) failed.
     #[error("object store: {0}")]
     Store(#[from] crate::store::StoreError),

@@ -22,6 +22,30 @@ pub struct Tenant {
     pub name: String,
     /// Max queued+running jobs for this tenant.
     pub max_active_jobs: i64,
+    /// This tenant's share of the fleet relative to other tenants' weights (default 1).
+    pub weight: f64,
+    /// Tenants of a higher class are served first within a band (default 0).
+    pub class: i32,
+}
+
+/// A tenant's fair-share weight lies in (0, `MAX_WEIGHT`].
+pub const MAX_WEIGHT: f64 = 1000.0;
+/// A tenant's class lies in 0..=`MAX_CLASS`.
+pub const MAX_CLASS: i32 = 100;
+
+/// A tenant as its row reads.
+type TenantRow = (Uuid, String, i64, f64, i32);
+
+impl From<TenantRow> for Tenant {
+    fn from((id, name, max_active_jobs, weight, class): TenantRow) -> Self {
+        Tenant {
+            id,
+            name,
+            max_active_jobs,
+            weight,
+            class,
+        }
+    }
 }
 
 /// Creates the tenant if needed and a new key for it; returns the plaintext key (once).
@@ -42,16 +66,11 @@ pub async fn create_key(pool: &PgPool, tenant: &str) -> Result<String, Scheduler
 
 /// The tenant owning this key, if the key exists and is not revoked.
 pub async fn tenant_for_key(pool: &PgPool, key: &str) -> Result<Option<Tenant>, SchedulerError> {
-    let row: Option<(Uuid, String, i64)> =
-        sqlx::query_as(include_str!("tenants/queries/tenant_for_key.sql"))
-            .bind(hash_key(key))
-            .fetch_optional(pool)
-            .await?;
-    Ok(row.map(|(id, name, max_active_jobs)| Tenant {
-        id,
-        name,
-        max_active_jobs,
-    }))
+    let row: Option<TenantRow> = sqlx::query_as(include_str!("tenants/queries/tenant_for_key.sql"))
+        .bind(hash_key(key))
+        .fetch_optional(pool)
+        .await?;
+    Ok(row.map(Tenant::from))
 }
 
 /// Revokes a key; returns false if it was unknown or already revoked.
@@ -77,20 +96,30 @@ pub async fn set_max_active_jobs(
     Ok(done.rows_affected() == 1)
 }
 
+/// Sets a tenant's fair-share weight and class (`None` keeps the current value); returns
+/// false if the tenant is unknown. Callers validate the ranges ([`MAX_WEIGHT`], [`MAX_CLASS`]);
+/// the table's checks refuse a weight ≤ 0 or a negative class anyway.
+pub async fn set_fair_share(
+    pool: &PgPool,
+    tenant: &str,
+    weight: Option<f64>,
+    class: Option<i32>,
+) -> Result<bool, SchedulerError> {
+    let done = sqlx::query(include_str!("tenants/queries/set_fair_share.sql"))
+        .bind(tenant)
+        .bind(weight)
+        .bind(class)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 /// All tenants, by name.
 pub async fn list(pool: &PgPool) -> Result<Vec<Tenant>, SchedulerError> {
-    let rows: Vec<(Uuid, String, i64)> =
-        sqlx::query_as(include_str!("tenants/queries/list_tenants.sql"))
-            .fetch_all(pool)
-            .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, name, max_active_jobs)| Tenant {
-            id,
-            name,
-            max_active_jobs,
-        })
-        .collect())
+    let rows: Vec<TenantRow> = sqlx::query_as(include_str!("tenants/queries/list_tenants.sql"))
+        .fetch_all(pool)
+        .await?;
+    Ok(rows.into_iter().map(Tenant::from).collect())
 }
 
 /// An API key as operators see it: never the key itself, only its first characters.

@@ -283,3 +283,44 @@ async fn cancelling_while_runners_claim_never_loses_a_cancellation() {
     }
     db.drop().await;
 }
+
+#[tokio::test]
+async fn an_undecodable_row_fails_only_its_own_job() {
+    let db = TestDb::new().await;
+    let queue = db.queue();
+    let ids = queue
+        .enqueue_many(&[batch_job("m"), batch_job("m"), batch_job("m")])
+        .await
+        .unwrap();
+    let bad = ids[1];
+    sqlx::query("UPDATE jobs SET request = '{\"not\": \"a request\"}' WHERE id = $1")
+        .bind(bad)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    let got = queue
+        .claim(Uuid::new_v4(), &models(&["m"]), 10, LEASE)
+        .await
+        .unwrap();
+
+    let claimed: HashSet<Uuid> = got.iter().map(|j| j.id).collect();
+    assert_eq!(claimed, HashSet::from([ids[0], ids[2]]));
+    let (state, attempt, error): (String, i32, Option<String>) =
+        sqlx::query_as("SELECT state, attempt, error FROM jobs WHERE id = $1")
+            .bind(bad)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (state.as_str(), attempt),
+        ("failed", 1),
+        "failed once, not retried"
+    );
+    let error = error.unwrap_or_default();
+    assert!(
+        error.contains("could not be read") && error.contains("request"),
+        "{error}"
+    );
+    db.drop().await;
+}

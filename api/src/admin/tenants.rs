@@ -17,6 +17,20 @@ pub struct TenantView {
     id: uuid::Uuid,
     name: String,
     max_active_jobs: i64,
+    weight: f64,
+    class: i32,
+}
+
+impl From<tenants::Tenant> for TenantView {
+    fn from(t: tenants::Tenant) -> Self {
+        TenantView {
+            id: t.id,
+            name: t.name,
+            max_active_jobs: t.max_active_jobs,
+            weight: t.weight,
+            class: t.class,
+        }
+    }
 }
 
 pub async fn list(
@@ -25,20 +39,47 @@ pub async fn list(
 ) -> Result<Json<AdminList<TenantView>>, ApiError> {
     let tenants = tenants::list(state.queue().pool()).await?;
     Ok(Json(AdminList::new(
-        tenants
-            .into_iter()
-            .map(|t| TenantView {
-                id: t.id,
-                name: t.name,
-                max_active_jobs: t.max_active_jobs,
-            })
-            .collect(),
+        tenants.into_iter().map(TenantView::from).collect(),
     )))
 }
 
+/// The limits to change; a field left out keeps its value.
 #[derive(Debug, Deserialize)]
 pub struct Limits {
-    max_active_jobs: i64,
+    max_active_jobs: Option<i64>,
+    /// Fair-share weight, relative to other tenants.
+    weight: Option<f64>,
+    /// Served-first class within a band; higher first.
+    class: Option<i32>,
+}
+
+impl Limits {
+    fn validate(&self) -> Result<(), ApiError> {
+        if matches!(self.max_active_jobs, Some(n) if n < 0) {
+            return Err(ApiError::invalid(
+                "max_active_jobs",
+                "max_active_jobs must be 0 or more",
+            ));
+        }
+        if let Some(weight) = self.weight {
+            if !(weight > 0.0 && weight <= tenants::MAX_WEIGHT) {
+                return Err(ApiError::invalid(
+                    "weight",
+                    format!(
+                        "weight must be more than 0 and at most {}",
+                        tenants::MAX_WEIGHT
+                    ),
+                ));
+            }
+        }
+        if matches!(self.class, Some(c) if !(0..=tenants::MAX_CLASS).contains(&c)) {
+            return Err(ApiError::invalid(
+                "class",
+                format!("class must be from 0 to {}", tenants::MAX_CLASS),
+            ));
+        }
+        Ok(())
+    }
 }
 
 pub async fn set_limits(
@@ -47,28 +88,25 @@ pub async fn set_limits(
     Path(name): Path<String>,
     ApiJson(limits): ApiJson<Limits>,
 ) -> Result<Json<TenantView>, ApiError> {
-    if limits.max_active_jobs < 0 {
-        return Err(ApiError::invalid(
-            "max_active_jobs",
-            "max_active_jobs must be 0 or more",
-        ));
-    }
+    limits.validate()?;
     let pool = state.queue().pool();
-    if !tenants::set_max_active_jobs(pool, &name, limits.max_active_jobs).await? {
-        return Err(ApiError::NotFound(format!("No tenant named {name:?}.")));
+    let unknown = || ApiError::NotFound(format!("No tenant named {name:?}."));
+    if let Some(max_active_jobs) = limits.max_active_jobs {
+        if !tenants::set_max_active_jobs(pool, &name, max_active_jobs).await? {
+            return Err(unknown());
+        }
+    }
+    if limits.weight.is_some() || limits.class.is_some() {
+        if !tenants::set_fair_share(pool, &name, limits.weight, limits.class).await? {
+            return Err(unknown());
+        }
     }
     tenants::list(pool)
         .await?
         .into_iter()
         .find(|t| t.name == name)
-        .map(|t| {
-            Json(TenantView {
-                id: t.id,
-                name: t.name,
-                max_active_jobs: t.max_active_jobs,
-            })
-        })
-        .ok_or_else(|| ApiError::NotFound(format!("No tenant named {name:?}.")))
+        .map(|t| Json(TenantView::from(t)))
+        .ok_or_else(unknown)
 }
 
 #[derive(Debug, Serialize)]

@@ -48,7 +48,7 @@ pub async fn create_chat_completion(
         tracing::Span::current().record("model", model.as_str());
         let limits = limits(&state, &model).await?;
         let valid = validate_chat(wire, &limits)?;
-        admit(&state, &caller).await?;
+        admit(&state).await?;
         let job = enqueue(&state, &caller, &valid, request_id).await?;
         tracing::Span::current().record("job_id", tracing::field::display(job));
         tracing::info!(
@@ -97,26 +97,11 @@ pub(super) async fn limits(state: &AppState, model: &str) -> Result<Limits, ApiE
     })
 }
 
-/// Refuses work the system cannot take now: a tenant over its active-job limit, or a
-/// global queue over its limit (429 with `Retry-After`).
-pub(super) async fn admit(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
-    let queue = state.queue();
-    if let Some(tenant) = &caller.tenant {
-        // A non-positive limit means "unlimited".
-        if tenant.max_active_jobs > 0 {
-            let active = queue.active_interactive_for_tenant(tenant.id).await?;
-            if active >= tenant.max_active_jobs {
-                return Err(ApiError::RateLimited {
-                    message: format!(
-                        "Rate limit reached: {active} requests in flight for this API key; the limit is {}.",
-                        tenant.max_active_jobs
-                    ),
-                    retry_after: Duration::from_secs(1),
-                });
-            }
-        }
-    }
-    let queued = queue.queued_interactive().await?;
+/// Refuses work the system cannot take now: a global queue over its limit (429 with
+/// `Retry-After`). The tenant's own limit is enforced by the enqueue itself
+/// ([`Queue::enqueue_admitted`](fallow_scheduler::queue::Queue::enqueue_admitted)), atomically.
+pub(super) async fn admit(state: &AppState) -> Result<(), ApiError> {
+    let queued = state.queue().queued_interactive().await?;
     let limit = state.config().global_queue_limit;
     if queued >= limit {
         return Err(ApiError::RateLimited {
@@ -127,6 +112,7 @@ pub(super) async fn admit(state: &AppState, caller: &Caller) -> Result<(), ApiEr
     Ok(())
 }
 
+/// Enqueues the job within the tenant's active-job limit (429 when over it).
 async fn enqueue(
     state: &AppState,
     caller: &Caller,
@@ -141,7 +127,13 @@ async fn enqueue(
         max_attempts: state.config().max_attempts,
         request_id,
     };
-    Ok(state.queue().enqueue(job).await?)
+    let ids = state
+        .queue()
+        .enqueue_admitted(std::slice::from_ref(&job))
+        .await?;
+    ids.into_iter()
+        .next()
+        .ok_or_else(|| ApiError::Internal("the enqueue returned no job id".into()))
 }
 
 /// Streams the job as SSE. The response is committed only once the job's first entries

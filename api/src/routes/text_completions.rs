@@ -46,25 +46,27 @@ pub async fn create_completion(
         tracing::Span::current().record("model", model.as_str());
         let limits = super::chat::limits(&state, &model).await?;
         let valid = validate_completion(wire, &limits)?;
-        admit(&state, &caller).await?;
-        let mut jobs = Vec::with_capacity(valid.prompts.len());
-        // One job request at a time: the prompts share one validated request.
-        for request in valid.jobs() {
-            let job = NewJob {
+        admit(&state).await?;
+        // All prompts in one admission: each is a job, and all of them count against the
+        // tenant's active-job limit, or none is enqueued.
+        let new_jobs: Vec<NewJob> = valid
+            .jobs()
+            .map(|request| NewJob {
                 tenant_id: caller.tenant_id(),
                 kind: JobKind::Interactive,
                 priority: valid.priority,
                 request,
                 max_attempts: state.config().max_attempts,
                 request_id: request_id.clone(),
-            };
-            let id = state.queue().enqueue(job).await?;
-            jobs.push(CancelOnDrop::new(
-                state.queue().clone(),
-                state.relay().clone(),
-                id,
-            ));
-        }
+            })
+            .collect();
+        let jobs: Vec<CancelOnDrop> = state
+            .queue()
+            .enqueue_admitted(&new_jobs)
+            .await?
+            .into_iter()
+            .map(|id| CancelOnDrop::new(state.queue().clone(), state.relay().clone(), id))
+            .collect();
         let ids: Vec<Uuid> = jobs.iter().map(CancelOnDrop::job).collect();
         tracing::info!(
             jobs = ids.len(),

@@ -53,18 +53,21 @@ async fn run(
     caller: &Caller,
     request: GenerateRequest,
 ) -> Result<Tokenized, ApiError> {
-    admit(state, caller).await?;
+    admit(state).await?;
     let job = state
         .queue()
-        .enqueue(NewJob {
+        .enqueue_admitted(&[NewJob {
             tenant_id: caller.tenant_id(),
             kind: JobKind::Interactive,
             priority: 0,
             request,
             max_attempts: state.config().max_attempts,
             request_id: None,
-        })
-        .await?;
+        }])
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| ApiError::Internal("the enqueue returned no job id".into()))?;
     let mut guard = CancelOnDrop::new(state.queue().clone(), state.relay().clone(), job);
     let mut follower = follower(state, job);
     loop {

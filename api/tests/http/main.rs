@@ -4,6 +4,7 @@
 
 mod support;
 
+mod admission;
 mod auth;
 mod caps;
 mod chat;

@@ -1,7 +1,9 @@
 //! Claiming jobs and keeping their leases alive.
 //!
 //! A runner claims at most its free slots in one statement, then renews the leases of what
-//! it holds on every heartbeat. Claims prefer models the runner holds warm: a job of a model
+//! it holds on every heartbeat. Claims share the fleet between tenants by weight (see
+//! `queries/claim.sql`). A claimed row that cannot be decoded fails alone, fenced, and the
+//! rest of the claim goes ahead. Claims prefer models the runner holds warm: a job of a model
 //! it would have to load goes to it only when no other runner holds that model warm, or
 //! after the job has waited a while. A lease that is not renewed expires and the reaper takes the
 //! job back (see `housekeeping.rs`).
@@ -37,9 +39,10 @@ pub struct LeaseRenewal {
 }
 
 impl Queue {
-    /// Claims up to `limit` runnable jobs for one of `models`, in priority then age order,
-    /// in one statement (`FOR UPDATE SKIP LOCKED`), setting the lease. Every model counts as
-    /// warm (see [`claim_in`](Self::claim_in)).
+    /// Claims up to `limit` runnable jobs for one of `models` in one statement (`FOR UPDATE
+    /// SKIP LOCKED`), setting the lease: interactive before batch, fair between tenants, each
+    /// tenant's jobs in its own priority then age order. Every model counts as warm (see
+    /// [`claim_in`](Self::claim_in)).
     pub async fn claim(
         &self,
         runner_id: Uuid,
@@ -93,10 +96,27 @@ impl Queue {
             .bind(LIVENESS_WINDOW.as_secs_f64())
             .fetch_all(&self.pool)
             .await?;
-        rows.sort_by(|a, b| {
-            (a.priority, a.created_at, a.id).cmp(&(b.priority, b.created_at, b.id))
-        });
-        rows.into_iter().map(ClaimedJob::try_from).collect()
+        rows.sort_by_key(|row| row.rank);
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in rows {
+            let (id, attempt) = (row.id, row.attempt);
+            match ClaimedJob::try_from(row) {
+                Ok(job) => claimed.push(job),
+                Err(err) => self.fail_undecodable(id, attempt, &err).await,
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// Fails a just-claimed job whose stored row cannot be decoded, so that it alone ends
+    /// (retrying would only fail again) and the rest of the claim goes ahead.
+    async fn fail_undecodable(&self, id: Uuid, attempt: i32, err: &SchedulerError) {
+        tracing::error!(job = %id, attempt, error = %err, "claimed job is undecodable; failing it");
+        let reason = format!("the stored job could not be read: {err}");
+        if let Err(fail_err) = self.fail(id, attempt, &reason, false).await {
+            // The lease runs out and the reaper takes the job back; the next claim tries again.
+            tracing::warn!(job = %id, error = %fail_err, "could not fail the undecodable job");
+        }
     }
 
     /// Renews the leases of the listed `(id, attempt)` jobs held by this runner; returns the

@@ -20,6 +20,18 @@ impl Queue {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
+        let mut tx = self.pool.begin().await?;
+        let ids = self.insert(&mut tx, jobs).await?;
+        tx.commit().await?;
+        Ok(ids)
+    }
+
+    /// Inserts the jobs and sends their `NOTIFY` hints inside the caller's transaction.
+    pub(super) async fn insert(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        jobs: &[NewJob],
+    ) -> Result<Vec<Uuid>, SchedulerError> {
         let ids: Vec<Uuid> = jobs.iter().map(|_| Uuid::new_v4()).collect();
         let mut requests = Vec::with_capacity(jobs.len());
         for job in jobs {
@@ -37,7 +49,6 @@ impl Queue {
         let max_attempts: Vec<i32> = jobs.iter().map(|j| j.max_attempts.max(1)).collect();
         let request_ids: Vec<Option<&str>> = jobs.iter().map(|j| j.request_id.as_deref()).collect();
 
-        let mut tx = self.pool.begin().await?;
         sqlx::query(include_str!("queries/enqueue.sql"))
             .bind(&ids)
             .bind(&tenants)
@@ -48,10 +59,9 @@ impl Queue {
             .bind(&requests)
             .bind(&request_ids)
             .bind(self.clock.now())
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await?;
-        notify_queued(&mut tx, &models).await?;
-        tx.commit().await?;
+        notify_queued(conn, &models).await?;
         Ok(ids)
     }
 }

@@ -8,6 +8,7 @@
 //!
 //! The statements live in `queries/*.sql`, one per operation:
 //! - [`enqueue`](Queue::enqueue): insert + `NOTIFY fallow_jobs` (a wake-up hint only).
+//! - `admission.rs`: an interactive enqueue within the tenant's `max_active_jobs`, atomically.
 //! - `claim.rs`: claiming (`SKIP LOCKED`) and lease renewal.
 //! - `finish.rs`: completion, cancellation, failure with retry, hand-back.
 //! - `housekeeping.rs`: reaping expired leases and pruning finished jobs.
@@ -24,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 
+mod admission;
 mod claim;
 mod enqueue;
 mod finish;

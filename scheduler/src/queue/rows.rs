@@ -54,14 +54,14 @@ impl TryFrom<JobRow> for JobRecord {
     }
 }
 
-/// What `claim.sql` returns; `priority` is kept only to restore claim order, because
+/// What `claim.sql` returns; `rank` is kept only to restore claim order, because
 /// `UPDATE … RETURNING` does not preserve the CTE's `ORDER BY`.
 #[derive(sqlx::FromRow)]
 pub(super) struct ClaimedRow {
     pub id: Uuid,
     pub attempt: i32,
     pub kind: String,
-    pub priority: i32,
+    pub rank: i64,
     pub request: serde_json::Value,
     pub created_at: DateTime<Utc>,
 }

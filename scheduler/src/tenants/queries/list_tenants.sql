@@ -1,2 +1,2 @@
 -- Every tenant, by name.
-SELECT id, name, max_active_jobs FROM tenants ORDER BY name
+SELECT id, name, max_active_jobs, weight, class FROM tenants ORDER BY name
