@@ -93,12 +93,18 @@ pub enum TenantsCommand {
         #[command(flatten)]
         client: AdminClientArgs,
     },
-    /// Sets a tenant's limits.
+    /// Sets a tenant's limits; a limit not given keeps its value.
     Limits {
         name: String,
         /// Queued + running jobs the tenant may have at once.
         #[arg(long)]
-        max_active_jobs: i64,
+        max_active_jobs: Option<i64>,
+        /// Fair-share weight relative to other tenants (default 1; 2 gets twice the share).
+        #[arg(long)]
+        weight: Option<f64>,
+        /// Served-first class within a band: a higher class goes first (default 0).
+        #[arg(long)]
+        class: Option<i32>,
         #[command(flatten)]
         client: AdminClientArgs,
     },
@@ -209,15 +215,30 @@ async fn tenants(command: TenantsCommand) -> anyhow::Result<()> {
         Column::new("ID", "/id"),
         Column::new("NAME", "/name"),
         Column::new("MAX ACTIVE JOBS", "/max_active_jobs"),
+        Column::new("WEIGHT", "/weight"),
+        Column::new("CLASS", "/class"),
     ];
     match command {
         TenantsCommand::List { client } => list(&client, Method::GET, "/tenants", &columns).await,
         TenantsCommand::Limits {
             name,
             max_active_jobs,
+            weight,
+            class,
             client,
         } => {
-            let body = json!({ "max_active_jobs": max_active_jobs });
+            // Only the limits given are sent; the server keeps the others.
+            let mut body = serde_json::Map::new();
+            for (key, value) in [
+                ("max_active_jobs", max_active_jobs.map(|n| json!(n))),
+                ("weight", weight.map(|w| json!(w))),
+                ("class", class.map(|c| json!(c))),
+            ] {
+                if let Some(value) = value {
+                    body.insert(key.to_owned(), value);
+                }
+            }
+            let body = serde_json::Value::Object(body);
             let path = format!("/tenants/{}/limits", encode(&name));
             let value = AdminClient::new(&client)?
                 .call(Method::POST, &path, Some(body))
