@@ -1,5 +1,5 @@
 //! The maintenance loop: mark silent runners dead, reap expired leases (jobs whose runner
-//! died) and prune old finished jobs, each on its own cadence, until shutdown. Any number of
+//! died), cancel queued interactive jobs whose client is gone, and prune old finished jobs, each on its own cadence, until shutdown. Any number of
 //! scheduler processes may run it at once: every statement is idempotent.
 
 use crate::queue::Queue;
@@ -10,6 +10,9 @@ pub struct MaintenanceConfig {
     pub reap_every: Duration,
     pub prune_every: Duration,
     pub retention: Duration,
+    /// A queued interactive job older than this has no client any more (the api's request
+    /// timeout, plus a margin) and is cancelled.
+    pub abandoned_after: Duration,
 }
 
 impl Default for MaintenanceConfig {
@@ -18,6 +21,7 @@ impl Default for MaintenanceConfig {
             reap_every: Duration::from_secs(5),
             prune_every: Duration::from_secs(300),
             retention: Duration::from_secs(7 * 24 * 3600),
+            abandoned_after: Duration::from_secs(660),
         }
     }
 }
@@ -37,13 +41,13 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
-            _ = reap.tick() => reap_once(&queue).await,
+            _ = reap.tick() => reap_once(&queue, config.abandoned_after).await,
             _ = prune.tick() => prune_once(&queue, config.retention).await,
         }
     }
 }
 
-async fn reap_once(queue: &Queue) {
+async fn reap_once(queue: &Queue, abandoned_after: Duration) {
     // Dead runners first: their jobs' leases are expired, so this same pass requeues them.
     match crate::runners::mark_dead(queue.pool(), crate::runners::LIVENESS_WINDOW).await {
         Ok(dead) if dead.is_empty() => {}
@@ -54,6 +58,14 @@ async fn reap_once(queue: &Queue) {
         Ok(0) => {}
         Ok(n) => tracing::info!(jobs = n, "reaped expired leases"),
         Err(e) => tracing::warn!(error = %e, "reaping expired leases failed"),
+    }
+    match queue.cancel_abandoned(abandoned_after).await {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(
+            jobs = n,
+            "cancelled queued interactive jobs whose client is gone"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cancelling abandoned jobs failed"),
     }
 }
 

@@ -377,3 +377,94 @@ async fn a_batch_cancelled_while_validating_creates_no_jobs() {
     assert_eq!(jobs, 0);
     s.db.drop().await;
 }
+
+#[tokio::test]
+async fn a_batch_whose_input_is_missing_from_the_store_fails_with_the_reason() {
+    let s = setup().await;
+    let id = create_batch(&s, &input(3)).await;
+    let file = batch(&s, id).await.input_file_id;
+    s.store.delete(&object_key(file)).await.unwrap();
+    assert!(s.worker.run_once().await.unwrap());
+    let b = batch(&s, id).await;
+    assert_eq!(b.status, BatchStatus::Failed);
+    assert_eq!(b.errors[0].code, "input_file_missing");
+    assert_eq!(s.queue.queued_total().await.unwrap(), 0);
+    s.db.drop().await;
+}
+
+#[tokio::test]
+async fn a_batch_whose_rounds_keep_failing_fails_after_max_rounds_and_the_others_go_on() {
+    let s = setup().await;
+    let broken = create_batch(&s, &input(2)).await;
+    // The object becomes a directory: opening it works, reading it fails, every time.
+    let ObjectStore::Local(local) = &s.store else {
+        unreachable!("the test store is local")
+    };
+    let path = local
+        .root()
+        .join(object_key(batch(&s, broken).await.input_file_id));
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    let fine = create_batch(&s, &input(2)).await;
+    let config = BatchConfig {
+        lease: Duration::from_secs(60),
+        max_rounds: 2,
+        retry_after: Duration::ZERO,
+        ..BatchConfig::default()
+    };
+    let worker = BatchWorker::new(
+        s.queue.clone(),
+        s.store.clone(),
+        Arc::new(TestCodec),
+        config,
+    );
+
+    assert!(worker.run_once().await.unwrap());
+    assert_eq!(batch(&s, fine).await.status, BatchStatus::InProgress);
+    assert_eq!(batch(&s, broken).await.status, BatchStatus::Validating);
+    s.queue.clock().advance(Duration::from_secs(1));
+    assert!(worker.run_once().await.unwrap());
+
+    let b = batch(&s, broken).await;
+    assert_eq!(b.status, BatchStatus::Failed);
+    assert_eq!(b.errors[0].code, "validation_failed");
+    assert!(
+        b.errors[0].message.contains("after 2 attempts"),
+        "{}",
+        b.errors[0].message
+    );
+    assert_eq!(batch(&s, fine).await.status, BatchStatus::InProgress);
+    s.db.drop().await;
+}
+
+#[tokio::test]
+async fn a_failed_validation_round_backs_off_instead_of_retrying_at_once() {
+    let s = setup().await;
+    let id = create_batch(&s, &input(1)).await;
+    let ObjectStore::Local(local) = &s.store else {
+        unreachable!("the test store is local")
+    };
+    let path = local
+        .root()
+        .join(object_key(batch(&s, id).await.input_file_id));
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+
+    let attempts = || async {
+        sqlx::query_scalar::<_, i32>("SELECT validation_attempts FROM batches WHERE id = $1")
+            .bind(id)
+            .fetch_one(s.queue.pool())
+            .await
+            .unwrap()
+    };
+
+    s.worker.run_once().await.unwrap();
+    s.queue.clock().advance(Duration::from_secs(5));
+    s.worker.run_once().await.unwrap();
+    assert_eq!(attempts().await, 1, "a retry waits for the backoff (10 s)");
+    s.queue.clock().advance(Duration::from_secs(6));
+    s.worker.run_once().await.unwrap();
+    assert_eq!(attempts().await, 2);
+    assert_eq!(batch(&s, id).await.status, BatchStatus::Validating);
+    s.db.drop().await;
+}

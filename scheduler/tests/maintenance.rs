@@ -24,6 +24,7 @@ async fn the_maintenance_loop_reaps_expired_leases_until_shut_down() {
         reap_every: Duration::from_millis(50),
         prune_every: Duration::from_secs(60),
         retention: Duration::from_secs(3600),
+        abandoned_after: Duration::from_secs(3600),
     };
     let running = tokio::spawn(maintenance::run(queue.clone(), config, async {
         let _ = stopped.await;
@@ -44,5 +45,34 @@ async fn the_maintenance_loop_reaps_expired_leases_until_shut_down() {
         .await
         .unwrap()
         .unwrap();
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn queued_interactive_jobs_past_the_request_timeout_are_cancelled_and_batch_jobs_wait() {
+    let db = TestDb::new().await;
+    let queue = db.queue();
+    let abandoned = queue.enqueue(interactive_job("m")).await.unwrap();
+    let batch = queue.enqueue(batch_job("m")).await.unwrap();
+    queue.clock().advance(Duration::from_secs(700));
+    let fresh = queue.enqueue(interactive_job("m")).await.unwrap();
+
+    let cancelled = queue
+        .cancel_abandoned(Duration::from_secs(660))
+        .await
+        .unwrap();
+
+    assert_eq!(cancelled, 1);
+    let record = queue.get(abandoned).await.unwrap().unwrap();
+    assert_eq!(record.state, JobState::Cancelled);
+    assert!(record.error.unwrap_or_default().contains("no client"));
+    assert_eq!(
+        queue.get(batch).await.unwrap().unwrap().state,
+        JobState::Queued
+    );
+    assert_eq!(
+        queue.get(fresh).await.unwrap().unwrap().state,
+        JobState::Queued
+    );
     db.drop().await;
 }

@@ -76,11 +76,14 @@ fn api_config(settings: &Settings, auth: bool) -> ApiConfig {
     }
 }
 
-fn maintenance_config() -> MaintenanceConfig {
+fn maintenance_config(settings: &Settings) -> MaintenanceConfig {
     MaintenanceConfig {
         reap_every: Duration::from_secs(2),
         prune_every: Duration::from_secs(600),
         retention: Duration::from_secs(7 * 24 * 3600),
+        // The api gives up on a client after its request timeout: a job still queued a
+        // minute past that has nobody waiting.
+        abandoned_after: Duration::from_secs(settings.request_timeout.saturating_add(60)),
     }
 }
 
@@ -176,7 +179,7 @@ pub async fn dev(args: ServiceArgs) -> anyhow::Result<()> {
     ));
     let maint = tokio::spawn(maintenance::run(
         conns.queue.clone(),
-        maintenance_config(),
+        maintenance_config(&settings),
         wait(stop.clone()),
     ));
     let store = object_store(&settings).await?;
@@ -217,7 +220,11 @@ pub async fn scheduler(args: ServiceArgs) -> anyhow::Result<()> {
     let stop = shutdown_signal();
     let worker = batch_worker(&conns, store, &api_config(&settings, false));
     tokio::join!(
-        maintenance::run(conns.queue, maintenance_config(), wait(stop.clone())),
+        maintenance::run(
+            conns.queue,
+            maintenance_config(&settings),
+            wait(stop.clone())
+        ),
         batch_worker::run(worker, wait(stop)),
     );
     Ok(())

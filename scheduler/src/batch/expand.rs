@@ -1,7 +1,7 @@
 //! Validation and expansion: a worker claims one `validating` batch (with a lease), reads
 //! its input file once to check every line — a bad file fails the batch with line-numbered
 //! errors and creates no job — then reads it again and inserts one batch-kind job per line
-//! in bulk (`unnest`, chunks of [`CHUNK`]) together with the `batch_requests` rows, all in one
+//! in bulk (`unnest`, chunks of at most [`CHUNK`] lines and [`CHUNK_BYTES`] bytes) together with the `batch_requests` rows, all in one
 //! transaction that also moves the batch to `in_progress`. Reading twice keeps memory flat:
 //! only one line and the set of `custom_id`s are ever held.
 
@@ -9,13 +9,17 @@ use super::lines::{LineReader, ValidLine};
 use super::worker::BatchWorker;
 use super::LineError;
 use crate::queue::notify_queued;
+use crate::store::StoreError;
 use crate::SchedulerError;
 use std::collections::BTreeSet;
 use tokio::io::BufReader;
 use uuid::Uuid;
 
-/// Lines inserted per statement.
+/// Lines inserted per statement, at most.
 const CHUNK: usize = 2000;
+/// Bytes of input lines inserted per statement, at most: 2,000 lines of 4 MiB would make
+/// one 8 GB statement.
+const CHUNK_BYTES: usize = 16 << 20;
 
 /// A validating batch this worker holds the lease on.
 #[derive(Debug, sqlx::FromRow)]
@@ -24,6 +28,8 @@ pub struct ClaimedValidation {
     pub tenant_id: Option<Uuid>,
     pub endpoint: String,
     pub lease_token: Uuid,
+    /// Claims of this batch's validation so far, this one included.
+    pub attempts: i32,
     /// `None` when the input file was deleted meanwhile.
     pub object_key: Option<String>,
 }
@@ -61,7 +67,18 @@ impl BatchWorker {
             let error = file_error("input_file_missing", "The input file was deleted.");
             return self.fail_validation(batch, &[error]).await;
         };
-        let (count, errors) = self.check_file(key, &batch.endpoint).await?;
+        let (count, errors) = match self.check_file(key, &batch.endpoint).await {
+            // The file's record is there but its contents are not (a store that lost it, or
+            // an api that wrote to another store): retrying cannot help.
+            Err(SchedulerError::Store(StoreError::NotFound(_))) => {
+                let error = file_error(
+                    "input_file_missing",
+                    "The input file's contents are missing from the object store.",
+                );
+                return self.fail_validation(batch, &[error]).await;
+            }
+            result => result?,
+        };
         if !errors.is_empty() {
             return self.fail_validation(batch, &errors).await;
         }
@@ -123,11 +140,15 @@ impl BatchWorker {
         let mut tx = self.queue.pool().begin().await?;
         let mut models = BTreeSet::new();
         let (mut chunk, mut total) = (Vec::with_capacity(CHUNK), 0usize);
+        let mut chunk_bytes = 0usize;
         loop {
             let next = lines.next().await.map_err(store_io)?;
             let done = next.is_none();
             match next {
-                Some(Ok(line)) => chunk.push(line),
+                Some(Ok(line)) => {
+                    chunk_bytes += line.bytes;
+                    chunk.push(line);
+                }
                 // The file changed between the passes (it cannot through the api): give up.
                 Some(Err(e)) => {
                     drop(tx);
@@ -135,11 +156,12 @@ impl BatchWorker {
                 }
                 None => {}
             }
-            if chunk.len() == CHUNK || (done && !chunk.is_empty()) {
+            if chunk.len() == CHUNK || chunk_bytes >= CHUNK_BYTES || (done && !chunk.is_empty()) {
                 total += chunk.len();
                 models.extend(chunk.iter().map(|l| l.request.request.model.clone()));
                 self.insert_chunk(&mut tx, batch, &chunk).await?;
                 chunk.clear();
+                chunk_bytes = 0;
             }
             if done {
                 break;
@@ -205,7 +227,7 @@ impl BatchWorker {
         Ok(())
     }
 
-    async fn fail_validation(
+    pub(super) async fn fail_validation(
         &self,
         batch: &ClaimedValidation,
         errors: &[LineError],
@@ -237,7 +259,7 @@ impl BatchWorker {
     }
 }
 
-fn file_error(code: &str, message: &str) -> LineError {
+pub(super) fn file_error(code: &str, message: &str) -> LineError {
     LineError {
         code: code.to_owned(),
         message: message.to_owned(),

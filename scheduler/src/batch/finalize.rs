@@ -24,6 +24,8 @@ pub struct ClaimedFinalization {
     /// `cancelled` or `expired`; `None` ends `completed`.
     pub ending: Option<String>,
     pub lease_token: Uuid,
+    /// Claims of this batch's finalisation so far, this one included.
+    pub attempts: i32,
 }
 
 #[derive(sqlx::FromRow)]

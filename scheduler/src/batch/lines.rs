@@ -13,6 +13,8 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 #[derive(Debug, Clone)]
 pub struct ValidLine {
     pub line: u64,
+    /// The line's length in the file, in bytes: what it weighs when jobs are inserted.
+    pub bytes: usize,
     pub custom_id: String,
     pub request: LineRequest,
 }
@@ -184,6 +186,7 @@ impl<'a, R: AsyncBufRead + Unpin> LineReader<'a, R> {
         }
         Ok(ValidLine {
             line: self.line,
+            bytes: self.buf.len(),
             custom_id,
             request,
         })

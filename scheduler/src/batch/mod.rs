@@ -15,12 +15,15 @@
 //! - [`expand`]: validating a file and expanding it into jobs in bulk (`unnest`).
 //! - [`finalize`]: writing the output and error files and recording them.
 //! - [`worker`]: the loop that drives validation, expiry and finalisation.
+//! - `failed_rounds`: a failed validation or finalisation retried with a backoff, then failed
+//!   with its reason.
 //!
 //! **API Boundary**: turning a line's `body` into a `GenerateRequest`, and a finished job
 //! into the response body, is the api's business (the same code as the sync endpoint); it
 //! comes in as a [`BatchCodec`].
 
 pub mod expand;
+mod failed_rounds;
 pub mod files;
 pub mod finalize;
 pub mod lines;

@@ -25,6 +25,11 @@ pub struct BatchConfig {
     pub max_reported_errors: usize,
     /// Attempts each batch job gets.
     pub max_attempts: i32,
+    /// Rounds of validation, and of finalisation, that may fail (the store or database
+    /// failing) before the batch fails with the reason.
+    pub max_rounds: i32,
+    /// The wait after a failed round, times the rounds so far.
+    pub retry_after: Duration,
 }
 
 impl Default for BatchConfig {
@@ -36,6 +41,8 @@ impl Default for BatchConfig {
             max_lines: 50_000,
             max_reported_errors: 100,
             max_attempts: 3,
+            max_rounds: 5,
+            retry_after: Duration::from_secs(10),
         }
     }
 }
@@ -95,17 +102,26 @@ impl BatchWorker {
     }
 
     /// One round: expiry, then every validation and finalisation that is ready. Returns
-    /// whether anything was done.
+    /// whether anything was done. A batch whose validation or finalisation fails is given
+    /// back with a backoff (or failed, after `max_rounds`): the others go on.
     pub async fn run_once(&self) -> Result<bool, SchedulerError> {
         let mut worked = self.expire_due().await? > 0;
         while let Some(batch) = self.claim_validation().await? {
-            let outcome = self.validate_and_expand(&batch).await?;
-            tracing::info!(batch = %super::batch_id(batch.id), ?outcome, "batch validated");
+            match self.validate_and_expand(&batch).await {
+                Ok(outcome) => {
+                    tracing::info!(batch = %super::batch_id(batch.id), ?outcome, "batch validated")
+                }
+                Err(e) => self.validation_round_failed(&batch, &e).await?,
+            }
             worked = true;
         }
         while let Some(batch) = self.claim_finalization().await? {
-            let recorded = self.finalize(&batch).await?;
-            tracing::info!(batch = %super::batch_id(batch.id), recorded, "batch finalised");
+            match self.finalize(&batch).await {
+                Ok(recorded) => {
+                    tracing::info!(batch = %super::batch_id(batch.id), recorded, "batch finalised")
+                }
+                Err(e) => self.finalization_round_failed(&batch, &e).await?,
+            }
             worked = true;
         }
         Ok(worked)

@@ -1,5 +1,6 @@
-//! Taking back jobs whose runner stopped heartbeating, and deleting old finished jobs. Both
-//! work in bounded batches so a large backlog never holds many row locks at once.
+//! Taking back jobs whose runner stopped heartbeating, cancelling queued interactive jobs
+//! whose client is gone, and deleting old finished jobs. All work in bounded batches so a
+//! large backlog never holds many row locks at once.
 
 use super::Queue;
 use crate::SchedulerError;
@@ -26,6 +27,30 @@ impl Queue {
                 .await?;
             total += reaped.len() as u64;
             if (reaped.len() as i64) < BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Cancels queued interactive jobs created more than `deadline` ago (the api's request
+    /// timeout, past which no client waits for them). Returns how many.
+    pub async fn cancel_abandoned(&self, deadline: Duration) -> Result<u64, SchedulerError> {
+        let deadline = ChronoDuration::from_std(deadline).unwrap_or(ChronoDuration::MAX);
+        let now = self.clock.now();
+        let Some(cutoff) = now.checked_sub_signed(deadline) else {
+            return Ok(0);
+        };
+        let mut total = 0u64;
+        loop {
+            let cancelled: Vec<Uuid> =
+                sqlx::query_scalar(include_str!("queries/cancel_abandoned.sql"))
+                    .bind(cutoff)
+                    .bind(now)
+                    .bind(BATCH)
+                    .fetch_all(&self.pool)
+                    .await?;
+            total += cancelled.len() as u64;
+            if (cancelled.len() as i64) < BATCH {
                 return Ok(total);
             }
         }

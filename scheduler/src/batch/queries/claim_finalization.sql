@@ -5,7 +5,8 @@ UPDATE batches AS b
 SET status = CASE WHEN b.status = 'in_progress' THEN 'finalizing' ELSE b.status END,
     finalizing_at = CASE WHEN b.status = 'in_progress' THEN $1 ELSE b.finalizing_at END,
     lease_token = $2,
-    lease_expires_at = $3
+    lease_expires_at = $3,
+    finalization_attempts = b.finalization_attempts + 1
 WHERE b.id = (
     SELECT c.id FROM batches c
     WHERE c.status IN ('in_progress', 'finalizing', 'cancelling')
@@ -18,4 +19,4 @@ WHERE b.id = (
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 )
-RETURNING b.id, b.tenant_id, b.ending, b.lease_token
+RETURNING b.id, b.tenant_id, b.ending, b.lease_token, b.finalization_attempts AS attempts
