@@ -177,6 +177,10 @@ pub struct ServiceArgs {
     /// yield as if their owners were active. Every runner of a pool should be given the same.
     #[arg(long, env = "FALLOW_POOL_MAX_SHARE")]
     pub pool_max_share: Option<f64>,
+    /// Test hook (debug builds only): an engine thread panics at the step after admitting a
+    /// request whose input contains this text.
+    #[arg(long, hide = true)]
+    pub test_engine_panic_marker: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]

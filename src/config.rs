@@ -188,6 +188,21 @@ pub struct Settings {
     pub pool: String,
     /// Checked to lie in (0, 1].
     pub pool_max_share: Option<f64>,
+    /// The runner's test hook (`--test-engine-panic-marker`, debug builds only).
+    pub panic_hook: fallow_runner::worker::PanicHook,
+}
+
+/// The runner's test hook: honoured by debug builds (what the test suite runs), refused by
+/// release builds, so a served binary cannot be made to panic on purpose.
+fn panic_hook(marker: Option<String>) -> anyhow::Result<fallow_runner::worker::PanicHook> {
+    match marker.filter(|m| !m.is_empty()) {
+        Some(_) if !cfg!(debug_assertions) => {
+            anyhow::bail!("--test-engine-panic-marker is a test hook of debug builds only")
+        }
+        marker => Ok(fallow_runner::worker::PanicHook {
+            marker: marker.map(Into::into),
+        }),
+    }
 }
 
 /// The local object store's directory when none is configured (git-ignored).
@@ -306,6 +321,7 @@ impl Settings {
                 }
                 None => None,
             },
+            panic_hook: panic_hook(args.test_engine_panic_marker.clone())?,
         })
     }
 

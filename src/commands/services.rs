@@ -151,6 +151,7 @@ fn runner_config(settings: &Settings) -> RunnerConfig {
         cold_claim_after: settings.cold_claim_after,
         pool: settings.pool.clone(),
         pool_max_share: settings.pool_max_share,
+        panic_hook: settings.panic_hook.clone(),
         ..RunnerConfig::default()
     }
 }

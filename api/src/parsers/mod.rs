@@ -193,10 +193,14 @@ pub struct ParsedChoice {
 /// Parses a job's choices for a non-streamed answer: deltas as they arrive (which carry
 /// token counts), then whatever of the stored text they did not carry.
 pub struct OutputCollector {
+    format: OutputFormat,
+    job: uuid::Uuid,
     parsers: Vec<ChoiceParser>,
     messages: Vec<ParsedMessage>,
-    /// Bytes of each choice's text fed so far.
-    fed: Vec<usize>,
+    /// Each choice's text fed so far. The final record must extend it: if it does not, a
+    /// delta went missing (a Redis blip, a trimmed stream) and the answer is built from the
+    /// final record alone, never stitched.
+    fed: Vec<String>,
     /// Completion tokens of the job already attributed to a delta.
     tokens_seen: u32,
 }
@@ -205,11 +209,13 @@ impl OutputCollector {
     pub fn new(format: &OutputFormat, job: uuid::Uuid, n: u32) -> Self {
         let n = n.max(1);
         OutputCollector {
+            format: format.clone(),
+            job,
             parsers: (0..n)
                 .map(|i| ChoiceParser::new(format, job.as_u128(), i))
                 .collect(),
             messages: vec![ParsedMessage::default(); n as usize],
-            fed: vec![0; n as usize],
+            fed: vec![String::new(); n as usize],
             tokens_seen: 0,
         }
     }
@@ -225,11 +231,19 @@ impl OutputCollector {
             return;
         };
         message.absorb(&parser.feed(text, Some(tokens)));
-        self.fed[i] += text.len();
+        self.fed[i].push_str(text);
     }
 
     /// The parsed choices of the finished job.
     pub fn finish(mut self, completion: &Completion) -> Vec<ParsedChoice> {
+        let gap = completion.choices.iter().any(|c| {
+            let fed = self.fed.get(c.index as usize).map_or("", String::as_str);
+            !c.text.starts_with(fed)
+        });
+        if gap {
+            tracing::warn!(job = %self.job, "the stream missed text the final record holds; answering from the record");
+            self = OutputCollector::new(&self.format, self.job, self.parsers.len() as u32);
+        }
         let mut unattributed = completion
             .usage
             .completion_tokens
@@ -240,7 +254,7 @@ impl OutputCollector {
             .map(|c| {
                 c.text
                     .len()
-                    .saturating_sub(*self.fed.get(c.index as usize).unwrap_or(&0))
+                    .saturating_sub(self.fed.get(c.index as usize).map_or(0, String::len))
             })
             .sum();
         let mut out = Vec::with_capacity(self.parsers.len());
@@ -248,7 +262,7 @@ impl OutputCollector {
             let mut share = 0;
             let mut pieces = Vec::new();
             if let Some(choice) = completion.choices.iter().find(|c| c.index as usize == i) {
-                let fed = self.fed[i];
+                let fed = self.fed[i].len();
                 if choice.text.len() > fed && choice.text.is_char_boundary(fed) {
                     let rest = &choice.text[fed..];
                     share = (u64::from(unattributed) * rest.len() as u64)

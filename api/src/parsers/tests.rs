@@ -129,6 +129,23 @@ fn the_collector_counts_reasoning_from_deltas_and_parses_the_stored_rest() {
 }
 
 #[test]
+fn a_delta_lost_on_the_way_leaves_no_hole_and_no_repeated_tail_in_the_answer() {
+    let f = format(None, Some("deepseek_r1"));
+    let mut collector = OutputCollector::new(&f, uuid::Uuid::nil(), 1);
+    let usage = |n| Usage {
+        completion_tokens: n,
+        ..Usage::default()
+    };
+    collector.on_delta(0, "think", &usage(1));
+    // "ing</think>Hello " never arrived (a Redis blip, a trimmed stream).
+    collector.on_delta(0, "world", &usage(5));
+    let done = completion(&["thinking</think>Hello world"], 5);
+    let parsed = collector.finish(&done);
+    assert_eq!(parsed[0].message.reasoning.as_deref(), Some("thinking"));
+    assert_eq!(parsed[0].message.content, "Hello world");
+}
+
+#[test]
 fn a_stored_result_without_deltas_estimates_reasoning_tokens_by_length() {
     let f = format(None, Some("deepseek_r1"));
     let collector = OutputCollector::new(&f, uuid::Uuid::nil(), 1);

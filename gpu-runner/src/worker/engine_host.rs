@@ -2,12 +2,19 @@
 //! async runtime that talks to Postgres and Redis. The host owns the engine and the model's
 //! frontend; it takes commands over a channel and sends every step's outputs back as one
 //! message, so the relay can append them to Redis in one round trip.
+//!
+//! A panic on the engine thread is caught: the engine it interrupted may be inconsistent, so
+//! the thread reports `Failed` and ends, and the worker ends its jobs and unloads the model
+//! (the next job loads it again). A panic while preparing one request's prompt refuses only
+//! that request.
 
 use super::telemetry::EngineGauges;
 use fallow_engine::llm::{EngineRequest, LlmEngine, SeqOutput};
 use fallow_engine::runtime::ModelFrontend;
 use fallow_protocol::job::{GenerateRequest, Prompt, Task, Tokenized};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// What the worker asks of the engine thread.
@@ -49,19 +56,47 @@ pub struct EngineHost {
     commands: std_mpsc::Sender<HostCommand>,
 }
 
+/// A test hook: the engine thread panics at the first step after admitting a request whose
+/// input contains this text. Set only by debug builds' hidden `--test-engine-panic-marker`,
+/// so the suite can check that a panic is contained.
+#[derive(Debug, Clone, Default)]
+pub struct PanicHook {
+    pub marker: Option<Arc<str>>,
+}
+
+impl PanicHook {
+    fn fires_for(&self, request: &GenerateRequest) -> bool {
+        let Some(marker) = &self.marker else {
+            return false;
+        };
+        serde_json::to_string(&(&request.messages, &request.input))
+            .is_ok_and(|input| input.contains(&**marker))
+    }
+}
+
 impl EngineHost {
     /// Starts the engine thread. Events arrive on the returned receiver.
     pub fn spawn(
         engine: LlmEngine,
         frontend: ModelFrontend,
         name: &str,
+        hook: PanicHook,
     ) -> std::io::Result<(EngineHost, mpsc::UnboundedReceiver<HostEvent>)> {
         let (cmd_tx, cmd_rx) = std_mpsc::channel();
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         let gauges = EngineGauges::new(name);
         std::thread::Builder::new()
             .name(format!("engine-{name}"))
-            .spawn(move || host_loop(engine, frontend, cmd_rx, ev_tx, gauges))?;
+            .spawn(move || {
+                let host = Host {
+                    engine,
+                    frontend,
+                    events: ev_tx,
+                    hook,
+                    panic_armed: false,
+                };
+                host_loop(host, cmd_rx, gauges)
+            })?;
         Ok((EngineHost { commands: cmd_tx }, ev_rx))
     }
 
@@ -71,77 +106,163 @@ impl EngineHost {
     }
 }
 
-fn host_loop(
-    mut engine: LlmEngine,
+/// The engine thread's state.
+struct Host {
+    engine: LlmEngine,
     frontend: ModelFrontend,
-    commands: std_mpsc::Receiver<HostCommand>,
     events: mpsc::UnboundedSender<HostEvent>,
-    gauges: EngineGauges,
-) {
+    hook: PanicHook,
+    /// The test hook fired: the next step panics.
+    panic_armed: bool,
+}
+
+/// Why the engine thread stops.
+enum Stop {
+    /// The worker dropped its end: the model was unloaded.
+    Closed,
+    /// The engine failed or panicked; `Failed` was sent.
+    Failed,
+}
+
+fn host_loop(mut host: Host, commands: std_mpsc::Receiver<HostCommand>, gauges: EngineGauges) {
     loop {
-        gauges.publish(&engine.stats());
+        gauges.publish(&host.engine.stats());
         // Idle: block for the next command. Busy: take whatever arrived, then step.
-        if !engine.has_work() {
+        if !host.engine.has_work() {
             match commands.recv() {
-                Ok(cmd) => apply(&mut engine, &frontend, cmd, &events),
+                Ok(cmd) => {
+                    if host.guarded(|host| host.apply(cmd)).is_err() {
+                        return;
+                    }
+                }
                 Err(_) => return,
             }
         }
         loop {
             match commands.try_recv() {
-                Ok(cmd) => apply(&mut engine, &frontend, cmd, &events),
+                Ok(cmd) => {
+                    if host.guarded(|host| host.apply(cmd)).is_err() {
+                        return;
+                    }
+                }
                 Err(std_mpsc::TryRecvError::Empty) => break,
                 Err(std_mpsc::TryRecvError::Disconnected) => return,
             }
         }
-        if engine.has_work() {
-            match engine.step() {
-                Ok(outputs) if outputs.is_empty() => {}
-                Ok(outputs) => {
-                    if events.send(HostEvent::Step(outputs)).is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    let _ = events.send(HostEvent::Failed {
-                        message: e.to_string(),
-                    });
-                    return;
-                }
+        if host.engine.has_work() {
+            match host.guarded(Host::step) {
+                Ok(Ok(())) => {}
+                Ok(Err(Stop::Closed | Stop::Failed)) | Err(()) => return,
             }
         }
     }
 }
 
-fn apply(
-    engine: &mut LlmEngine,
-    frontend: &ModelFrontend,
-    command: HostCommand,
-    events: &mpsc::UnboundedSender<HostEvent>,
-) {
-    match command {
-        HostCommand::Abort { id } => engine.abort(id),
-        HostCommand::Add { id, request } if request.task != Task::Generate => {
-            // Answered from the tokenizer and template alone: no engine step.
-            let event = match fallow_engine::prompt::tokenization(frontend, &request) {
-                Ok(tokenized) => HostEvent::Answered { id, tokenized },
-                Err((code, message)) => HostEvent::Rejected { id, code, message },
-            };
-            let _ = events.send(event);
+impl Host {
+    /// Runs `work`, turning a panic into `Failed` (and `Err`: the thread must end, since the
+    /// engine may be half way through a change).
+    fn guarded<T>(&mut self, work: impl FnOnce(&mut Host) -> T) -> Result<T, ()> {
+        catch_unwind(AssertUnwindSafe(|| work(self))).map_err(|payload| {
+            let message = format!("the engine panicked: {}", panic_text(&*payload));
+            tracing::error!(%message, "engine thread stopped");
+            let _ = self.events.send(HostEvent::Failed { message });
+        })
+    }
+
+    fn step(&mut self) -> Result<(), Stop> {
+        if std::mem::take(&mut self.panic_armed) {
+            panic!("test hook: a prompt carried the panic marker");
         }
-        HostCommand::Add { id, request } => {
-            let echo_text = echo_text(frontend, &request);
-            let event = match admit(engine, frontend, id, request) {
-                Ok(prompt_tokens) => HostEvent::Admitted {
-                    id,
-                    prompt_tokens,
-                    prompt_text: echo_text,
-                },
-                Err((code, message)) => HostEvent::Rejected { id, code, message },
-            };
-            let _ = events.send(event);
+        match self.engine.step() {
+            Ok(outputs) if outputs.is_empty() => Ok(()),
+            Ok(outputs) => self
+                .events
+                .send(HostEvent::Step(outputs))
+                .map_err(|_| Stop::Closed),
+            Err(e) => {
+                let _ = self.events.send(HostEvent::Failed {
+                    message: e.to_string(),
+                });
+                Err(Stop::Failed)
+            }
         }
     }
+
+    fn apply(&mut self, command: HostCommand) {
+        match command {
+            HostCommand::Abort { id } => self.engine.abort(id),
+            HostCommand::Add { id, request } if request.task != Task::Generate => {
+                // Answered from the tokenizer and template alone: no engine step.
+                let event =
+                    match prepare(|| fallow_engine::prompt::tokenization(&self.frontend, &request))
+                    {
+                        Ok(tokenized) => HostEvent::Answered { id, tokenized },
+                        Err((code, message)) => HostEvent::Rejected { id, code, message },
+                    };
+                let _ = self.events.send(event);
+            }
+            HostCommand::Add { id, request } => {
+                let event = match self.admit(id, request) {
+                    Ok((prompt_tokens, prompt_text)) => HostEvent::Admitted {
+                        id,
+                        prompt_tokens,
+                        prompt_text,
+                    },
+                    Err((code, message)) => HostEvent::Rejected { id, code, message },
+                };
+                let _ = self.events.send(event);
+            }
+        }
+    }
+
+    /// Prepares the prompt (a panic there refuses this request only), then adds it to the
+    /// engine (a panic there is the engine's).
+    fn admit(
+        &mut self,
+        id: u64,
+        request: Box<GenerateRequest>,
+    ) -> Result<(u32, Option<String>), (String, String)> {
+        let frontend = &self.frontend;
+        let (prompt, echo) = prepare(|| {
+            let prompt = fallow_engine::prompt::encode_prompt(frontend, &request)?;
+            Ok((prompt, echo_text(frontend, &request)))
+        })?;
+        let prompt_tokens = prompt.len() as u32;
+        if self.hook.fires_for(&request) {
+            self.panic_armed = true;
+        }
+        self.engine
+            .add_request(EngineRequest {
+                id,
+                prompt,
+                sampling: request.sampling,
+                n: request.n,
+                priority: 0,
+            })
+            .map_err(|e| (e.code().to_string(), e.to_string()))?;
+        Ok((prompt_tokens, echo))
+    }
+}
+
+/// Runs one request's preparation (template, tokenizer), refusing the request if it panics.
+fn prepare<T>(work: impl FnOnce() -> Result<T, (String, String)>) -> Result<T, (String, String)> {
+    catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|payload| {
+        let text = panic_text(&*payload);
+        tracing::error!(panic = %text, "preparing a request panicked");
+        Err((
+            "invalid_request".to_string(),
+            format!("The request could not be prepared for the model: {text}"),
+        ))
+    })
+}
+
+/// The message of a panic's payload (`panic!` with a literal or a formatted string).
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_string())
 }
 
 /// A token-id prompt as text (for `echo`); the api knows the text of other prompts. Ids
@@ -151,24 +272,4 @@ fn echo_text(frontend: &ModelFrontend, request: &GenerateRequest) -> Option<Stri
         Prompt::Tokens { ids } => Some(frontend.tokenizer.decode(ids, false)),
         _ => None,
     }
-}
-
-fn admit(
-    engine: &mut LlmEngine,
-    frontend: &ModelFrontend,
-    id: u64,
-    request: Box<GenerateRequest>,
-) -> Result<u32, (String, String)> {
-    let prompt = fallow_engine::prompt::encode_prompt(frontend, &request)?;
-    let prompt_tokens = prompt.len() as u32;
-    engine
-        .add_request(EngineRequest {
-            id,
-            prompt,
-            sampling: request.sampling,
-            n: request.n,
-            priority: 0,
-        })
-        .map_err(|e| (e.code().to_string(), e.to_string()))?;
-    Ok(prompt_tokens)
 }

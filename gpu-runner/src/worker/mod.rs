@@ -10,6 +10,7 @@
 //! and the runner reports `yielded`).
 
 mod claimer;
+mod completing;
 mod devices;
 mod engine_host;
 mod in_flight;
@@ -23,6 +24,7 @@ mod runner_state;
 mod telemetry;
 mod upkeep;
 
+pub use engine_host::PanicHook;
 pub use lending::{LendingError, LendingWindows};
 pub use offer::{ModelOffer, WarmPolicy};
 pub use owner::OwnerProbe;
@@ -76,6 +78,8 @@ pub struct RunnerConfig {
     pub pool: String,
     /// At most this share (0–1) of the pool's runners is lent at once; `None`: no limit.
     pub pool_max_share: Option<f64>,
+    /// A test hook that makes an engine thread panic (see [`PanicHook`]); off by default.
+    pub panic_hook: PanicHook,
 }
 
 impl Default for RunnerConfig {
@@ -94,6 +98,7 @@ impl Default for RunnerConfig {
             cold_claim_after: Duration::from_secs(2),
             pool: runners::DEFAULT_POOL.to_string(),
             pool_max_share: None,
+            panic_hook: PanicHook::default(),
         }
     }
 }
@@ -118,7 +123,8 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let (events_tx, mut host_rx) = mpsc::unbounded_channel::<(EngineKey, HostEvent)>();
     let (loads_tx, mut loads_rx) = mpsc::unbounded_channel::<LoadDone>();
-    let (mut models, scope) = Models::new(offers, config.memory_budget, events_tx, loads_tx);
+    let (models, scope) = Models::new(offers, config.memory_budget, events_tx, loads_tx);
+    let mut models = models.with_panic_hook(config.panic_hook.clone());
     let mut owner = owner_watch(&config);
     // Closed until the probe's first look.
     let owner_active = owner.as_mut().is_some_and(|rx| *rx.borrow_and_update());
@@ -169,6 +175,7 @@ pub async fn run(
         state,
         lease: config.lease,
         pool_max_share: config.pool_max_share,
+        completing: completing::Completing::default(),
     };
     worker.models_changed().await;
     worker.check_pool_turn().await;
@@ -242,6 +249,8 @@ struct Worker {
     state: RunnerState,
     lease: Duration,
     pool_max_share: Option<f64>,
+    /// Finished jobs whose completion has not committed yet: their leases stay renewed.
+    completing: completing::Completing,
 }
 
 impl Worker {

@@ -9,7 +9,7 @@
 //! recognised and ignored. What the claim loop may claim is published here after every
 //! change: jobs of warm models, and jobs of cold models this runner could make room for.
 
-use super::engine_host::{EngineHost, HostEvent};
+use super::engine_host::{EngineHost, HostEvent, PanicHook};
 use super::offer::ModelOffer;
 use super::residency::Residency;
 use super::telemetry;
@@ -96,6 +96,7 @@ pub struct Models {
     events: mpsc::UnboundedSender<(EngineKey, HostEvent)>,
     loads: mpsc::UnboundedSender<LoadDone>,
     scope: watch::Sender<ClaimModels>,
+    panic_hook: PanicHook,
 }
 
 impl Models {
@@ -130,8 +131,14 @@ impl Models {
             events,
             loads,
             scope,
+            panic_hook: PanicHook::default(),
         };
         (models, scope_rx)
+    }
+
+    /// Arms the test hook in every engine this runner starts.
+    pub fn with_panic_hook(self, panic_hook: PanicHook) -> Self {
+        Models { panic_hook, ..self }
     }
 
     /// Every model this runner may serve, as `/v1/models` lists them.
@@ -291,8 +298,13 @@ impl Models {
         let waiting = self.waiting.remove(&key.model).unwrap_or_default();
         let started = result.and_then(|loaded| {
             let bytes = loaded.resident_bytes;
-            let (host, mut events) = EngineHost::spawn(loaded.engine, loaded.frontend, &key.model)
-                .map_err(|e| format!("starting the engine thread: {e}"))?;
+            let (host, mut events) = EngineHost::spawn(
+                loaded.engine,
+                loaded.frontend,
+                &key.model,
+                self.panic_hook.clone(),
+            )
+            .map_err(|e| format!("starting the engine thread: {e}"))?;
             let tx = self.events.clone();
             let tagged = key.clone();
             tokio::spawn(async move {

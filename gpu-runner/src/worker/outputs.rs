@@ -2,6 +2,7 @@
 //! a step's outputs (appended to Redis in one pipelined round trip, finished jobs completed
 //! in Postgres fenced by `(id, attempt)`), tokenization answers, and an engine's failure.
 
+use super::completing::{self, RetryPolicy};
 use super::engine_host::HostEvent;
 use super::models::EngineKey;
 use super::{telemetry, Worker};
@@ -119,13 +120,19 @@ impl Worker {
         let finished_any = !done.is_empty();
         for (job, completion) in done {
             let queue = self.queue.clone();
+            // Held (and its lease renewed) until the completion commits or is refused.
+            let held = self.completing.hold(job.job_id, job.attempt);
             // Completing off the loop keeps the next step's tokens flowing.
             tokio::spawn(async move {
-                match queue.complete(job.job_id, job.attempt, &completion).await {
+                let commit = || queue.complete(job.job_id, job.attempt, &completion);
+                match completing::until_settled(RetryPolicy::default(), commit).await {
                     Ok(true) => tracing::debug!(job_id = %job.job_id, "job completed"),
                     Ok(false) => tracing::info!(job_id = %job.job_id, "stale completion ignored"),
-                    Err(e) => tracing::warn!(job_id = %job.job_id, error = %e, "completing failed"),
+                    Err(e) => {
+                        tracing::error!(job_id = %job.job_id, error = %e, "completing failed for good")
+                    }
                 }
+                drop(held);
                 drop(job);
             });
         }

@@ -14,7 +14,8 @@ use uuid::Uuid;
 
 impl Worker {
     pub(super) async fn heartbeat(&mut self) {
-        let leases = self.table.leases();
+        let mut leases = self.table.leases();
+        leases.extend(self.completing.leases());
         let pool = self.queue.pool();
         match runners::heartbeat(pool, self.runner_id, leases.len() as i32).await {
             Ok(state) => self.state.set_registry(state),
