@@ -81,9 +81,11 @@ pub struct ServiceArgs {
     /// Address to serve HTTP on.
     #[arg(long, env = "FALLOW_LISTEN")]
     pub listen: Option<String>,
-    #[arg(long, env = "FALLOW_DATABASE_URL")]
+    /// Postgres URL. Its password is never printed (`--help` hides the variable's value).
+    #[arg(long, env = "FALLOW_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
-    #[arg(long, env = "FALLOW_REDIS_URL")]
+    /// Redis URL. Its password is never printed.
+    #[arg(long, env = "FALLOW_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
     /// A model to serve: a GGUF file or an HF directory, optionally `id=PATH`, optionally
     /// followed by `;keep_alive=DURATION`, `;min_warm=N`, `;tool_parser=NAME` and
@@ -93,9 +95,23 @@ pub struct ServiceArgs {
     /// Require API keys.
     #[arg(long, overrides_with = "no_auth")]
     pub auth: bool,
-    /// Accept requests without API keys.
+    /// Accept requests without API keys (on a loopback address only, unless
+    /// --no-auth-on-public-address).
     #[arg(long)]
     pub no_auth: bool,
+    /// Allow serving without API keys on an address other machines can reach (behind a
+    /// firewall or an authenticating proxy).
+    #[arg(long)]
+    pub no_auth_on_public_address: bool,
+    /// A Host name the api answers to besides loopback names and IP addresses (checked on
+    /// a loopback bind, or whenever one is given, against DNS rebinding); `*` for any.
+    /// Repeatable.
+    #[arg(
+        long = "allowed-host",
+        env = "FALLOW_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
     /// Jobs a runner holds at once.
     #[arg(long, env = "FALLOW_SLOTS")]
     pub slots: Option<usize>,
@@ -119,7 +135,8 @@ pub struct ServiceArgs {
     /// of it).
     #[arg(long, env = "FALLOW_LEASE_SECONDS")]
     pub lease_seconds: Option<u64>,
-    /// `fallow runner`: serve Prometheus `/metrics` (engine gauges) on this address.
+    /// Serve Prometheus `/metrics` on this address too, without the Host check (`api`,
+    /// `dev`: the main listener keeps it for the dashboard; `runner`: its engine gauges).
     #[arg(long, env = "FALLOW_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
     /// Seconds the api waits for a completion before giving up.
@@ -142,10 +159,14 @@ pub struct ServiceArgs {
     /// Path-style addressing (http://host/bucket/key), needed by most S3-compatible servers.
     #[arg(long, env = "FALLOW_S3_PATH_STYLE")]
     pub s3_path_style: bool,
-    /// The admin API's bearer token (`/admin/…`). Without one the admin API is open only
-    /// under --no-auth on a loopback address.
+    /// The admin API's bearer token (`/admin/…`), at least 16 characters. Without one the
+    /// admin API is open only under --no-auth on a loopback address.
     #[arg(long, env = "FALLOW_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// A file holding the admin token (surrounding whitespace trimmed), instead of
+    /// --admin-token.
+    #[arg(long, env = "FALLOW_ADMIN_TOKEN_FILE", conflicts_with = "admin_token")]
+    pub admin_token_file: Option<PathBuf>,
     /// Yield the GPU to its owner: `file:/PATH` (owner active while it exists),
     /// `command:CMD` (exit status 0 = owner active) or `nvidia-smi[:PERCENT]`.
     #[arg(long, env = "FALLOW_OWNER_PROBE")]
@@ -317,12 +338,14 @@ pub struct BenchE2eArgs {
     #[arg(
         long,
         env = "FALLOW_DATABASE_URL",
+        hide_env_values = true,
         default_value = "postgres://postgres@127.0.0.1:5432/postgres"
     )]
     pub database_url: String,
     #[arg(
         long,
         env = "FALLOW_REDIS_URL",
+        hide_env_values = true,
         default_value = "redis://127.0.0.1:6379/"
     )]
     pub redis_url: String,

@@ -1,6 +1,7 @@
 //! Layered configuration: defaults → `fallow.toml` → `FALLOW_*` environment variables →
 //! flags. Clap already merges flags over environment variables; this module puts the file
-//! and the defaults beneath them. Secrets (database passwords) are never printed.
+//! and the defaults beneath them. Secrets (database passwords, the admin token) are never
+//! printed; `secrets.rs` checks the admin token and masks URLs.
 
 use crate::cli::{CudaArgs, ServiceArgs};
 use anyhow::Context;
@@ -39,6 +40,9 @@ pub struct FileConfig {
     pub s3_region: Option<String>,
     pub s3_path_style: Option<bool>,
     pub admin_token: Option<String>,
+    pub admin_token_file: Option<PathBuf>,
+    pub allowed_hosts: Option<Vec<String>>,
+    pub metrics_listen: Option<String>,
     pub owner_probe: Option<String>,
     pub owner_grace_seconds: Option<u64>,
     pub lend_windows: Option<String>,
@@ -173,8 +177,15 @@ pub struct Settings {
     pub request_timeout: u64,
     pub lease_seconds: u64,
     pub store: StoreSettings,
-    /// The admin API's token (a secret: never printed).
+    /// The admin API's token (a secret: never printed), checked against placeholders and
+    /// the minimum length.
     pub admin_token: Option<String>,
+    /// Host names the api answers to besides loopback names and IP literals.
+    pub allowed_hosts: Vec<String>,
+    /// `--no-auth-on-public-address`: serving without keys off loopback was asked for.
+    pub no_auth_on_public_address: bool,
+    /// Where `/metrics` is served on its own listener.
+    pub metrics_listen: Option<SocketAddr>,
     /// The runner's owner probe, parsed (a bad spec fails at start-up).
     pub owner_probe: Option<fallow_runner::worker::OwnerProbe>,
     pub owner_grace_seconds: u64,
@@ -273,11 +284,24 @@ impl Settings {
                 .unwrap_or(30)
                 .max(1),
             store,
-            admin_token: args
-                .admin_token
-                .clone()
-                .or(file.admin_token)
-                .filter(|t| !t.is_empty()),
+            admin_token: admin_token(args, file.admin_token, file.admin_token_file)?,
+            allowed_hosts: if args.allowed_hosts.is_empty() {
+                file.allowed_hosts.unwrap_or_default()
+            } else {
+                args.allowed_hosts.clone()
+            }
+            .into_iter()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .collect(),
+            no_auth_on_public_address: args.no_auth_on_public_address,
+            metrics_listen: match args.metrics_listen.clone().or(file.metrics_listen) {
+                Some(addr) => Some(
+                    addr.parse()
+                        .with_context(|| format!("--metrics-listen {addr:?} is not ADDR:PORT"))?,
+                ),
+                None => None,
+            },
             owner_probe: args
                 .owner_probe
                 .clone()
@@ -325,6 +349,24 @@ impl Settings {
         })
     }
 
+    /// Refuses to serve without API keys on an address other machines can reach, unless
+    /// `--no-auth-on-public-address` says that is meant.
+    pub fn check_exposure(&self, auth: bool) -> anyhow::Result<()> {
+        if auth || self.listen.ip().is_loopback() || self.no_auth_on_public_address {
+            return Ok(());
+        }
+        anyhow::bail!(
+            "refusing to serve without API keys on {}, which other machines can reach: anyone              there could use the models and the admin API. Listen on 127.0.0.1, add --auth, or              pass --no-auth-on-public-address if a firewall or an authenticating proxy guards              this address",
+            self.listen
+        )
+    }
+
+    /// Whether the api checks `Host` headers: on a loopback bind (where DNS rebinding is the
+    /// threat), or wherever an allow-list was given.
+    pub fn check_host(&self) -> bool {
+        self.listen.ip().is_loopback() || !self.allowed_hosts.is_empty()
+    }
+
     /// The models to serve, falling back to the default model when none was named.
     pub fn models_or_default(&self) -> Vec<ModelSpec> {
         if self.models.is_empty() {
@@ -340,6 +382,29 @@ impl Settings {
             self.models.clone()
         }
     }
+}
+
+/// The admin token from the flag or variable, else `fallow.toml`'s `admin_token`, else the
+/// token file (flag, variable or file key), checked.
+fn admin_token(
+    args: &ServiceArgs,
+    file_token: Option<String>,
+    file_token_file: Option<PathBuf>,
+) -> anyhow::Result<Option<String>> {
+    let token = match (&args.admin_token, &args.admin_token_file) {
+        (Some(token), _) => Some(token.clone()),
+        (None, Some(path)) => Some(crate::secrets::read_admin_token_file(path)?),
+        (None, None) => match (file_token, file_token_file) {
+            (Some(token), _) => Some(token),
+            (None, Some(path)) => Some(crate::secrets::read_admin_token_file(&path)?),
+            (None, None) => None,
+        },
+    };
+    let token = token.filter(|t| !t.is_empty());
+    if let Some(token) = &token {
+        crate::secrets::check_admin_token(token)?;
+    }
+    Ok(token)
 }
 
 fn store_settings(args: &ServiceArgs, file: &FileConfig) -> StoreSettings {
@@ -511,5 +576,82 @@ mod tests {
         assert_eq!(s.listen.port(), 9000);
         assert_eq!(s.slots, 5);
         assert_eq!(s.kv_cache_mb, 0, "automatic unless given");
+    }
+
+    fn no_auth_on(listen: &str) -> ServiceArgs {
+        ServiceArgs {
+            listen: Some(listen.into()),
+            no_auth: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn no_auth_off_loopback_refuses_to_start_unless_asked_for() {
+        let public = Settings::resolve(&no_auth_on("0.0.0.0:8000")).unwrap();
+        let err = public.check_exposure(false).unwrap_err().to_string();
+        assert!(err.contains("--no-auth-on-public-address"), "{err}");
+        assert!(
+            public.check_exposure(true).is_ok(),
+            "with keys it may serve anywhere"
+        );
+        let local = Settings::resolve(&no_auth_on("127.0.0.1:8000")).unwrap();
+        assert!(local.check_exposure(false).is_ok());
+        let asked = Settings::resolve(&ServiceArgs {
+            no_auth_on_public_address: true,
+            ..no_auth_on("0.0.0.0:8000")
+        })
+        .unwrap();
+        assert!(asked.check_exposure(false).is_ok());
+    }
+
+    #[test]
+    fn hosts_are_checked_on_loopback_or_with_an_allow_list() {
+        let local = Settings::resolve(&no_auth_on("127.0.0.1:8000")).unwrap();
+        assert!(local.check_host());
+        let public = Settings::resolve(&no_auth_on("0.0.0.0:8000")).unwrap();
+        assert!(
+            !public.check_host(),
+            "a public bind with keys works like vLLM's"
+        );
+        let listed = Settings::resolve(&ServiceArgs {
+            allowed_hosts: vec!["fallow.internal".into()],
+            ..no_auth_on("0.0.0.0:8000")
+        })
+        .unwrap();
+        assert!(listed.check_host());
+        assert_eq!(listed.allowed_hosts, ["fallow.internal"]);
+    }
+
+    #[test]
+    fn a_placeholder_admin_token_is_refused_at_start() {
+        let err = Settings::resolve(&ServiceArgs {
+            admin_token: Some("CHANGE-ME".into()),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("placeholder"), "{err}");
+    }
+
+    #[test]
+    fn the_admin_token_can_come_from_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("admin-token");
+        std::fs::write(&path, "9d1e7c3b5a2f4e6d8c0b\n").unwrap();
+        let s = Settings::resolve(&ServiceArgs {
+            admin_token_file: Some(path.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(s.admin_token.as_deref(), Some("9d1e7c3b5a2f4e6d8c0b"));
+        let config = dir.path().join("fallow.toml");
+        std::fs::write(&config, format!("admin_token_file = {:?}\n", path)).unwrap();
+        let from_file = Settings::resolve(&ServiceArgs {
+            config: Some(config),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(from_file.admin_token, s.admin_token);
     }
 }

@@ -3,6 +3,7 @@
 mod cli;
 mod commands;
 mod config;
+mod secrets;
 mod telemetry;
 
 use clap::Parser;

@@ -30,6 +30,15 @@ pub struct ApiConfig {
     /// Without a token, whether `/admin/…` is open to anyone who can connect: only for
     /// `fallow dev --no-auth` on a loopback address.
     pub admin_open: bool,
+    /// Serve only requests whose `Host` and `Origin` are loopback names, IP literals or
+    /// [`Self::allowed_hosts`] (`host_check.rs`, against DNS rebinding). The CLI turns it
+    /// on for a loopback bind or when an allow-list is given.
+    pub check_host: bool,
+    /// Host names accepted besides loopback names and IP literals (`--allowed-host`);
+    /// `*` accepts any.
+    pub allowed_hosts: Vec<String>,
+    /// How long `/metrics` reuses the queue and runner gauges it read from Postgres.
+    pub gauge_ttl: Duration,
 }
 
 impl Default for ApiConfig {
@@ -46,6 +55,9 @@ impl Default for ApiConfig {
             max_file_lines: 50_000,
             admin_token: None,
             admin_open: false,
+            check_host: true,
+            allowed_hosts: Vec::new(),
+            gauge_ttl: Duration::from_secs(1),
         }
     }
 }

@@ -37,6 +37,9 @@ pub enum ApiError {
     NotFinished(String),
     #[error("Request body too large: the limit is {limit} bytes.")]
     PayloadTooLarge { limit: usize },
+    /// A body sent with another `Content-Type` than the endpoint reads.
+    #[error("Unsupported Content-Type {got}: this endpoint expects `{expected}`.")]
+    UnsupportedMediaType { expected: &'static str, got: String },
     #[error("{message}")]
     RateLimited {
         message: String,
@@ -102,6 +105,11 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => {
                 (S::PAYLOAD_TOO_LARGE, INVALID, Some("payload_too_large"))
             }
+            ApiError::UnsupportedMediaType { .. } => (
+                S::UNSUPPORTED_MEDIA_TYPE,
+                INVALID,
+                Some("unsupported_media_type"),
+            ),
             ApiError::RateLimited { .. } => (
                 S::TOO_MANY_REQUESTS,
                 "rate_limit_error",

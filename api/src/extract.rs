@@ -1,22 +1,35 @@
-//! A JSON body extractor that speaks the OpenAI error envelope. axum's own `Json` answers
-//! 415/422 with plain text; clients of an OpenAI-compatible server expect 400 with a JSON
-//! error naming the bad field (and 413 when the body is too large).
+//! Body extractors that speak the OpenAI error envelope. axum's own `Json` answers 415/422
+//! with plain text; clients of an OpenAI-compatible server expect 400 with a JSON error
+//! naming the bad field (and 413 when the body is too large).
+//!
+//! Both extractors insist on their `Content-Type` and answer 415 otherwise.
+//! A web page may send `text/plain`, form or multipart bodies to any address without a
+//! CORS preflight, `127.0.0.1` included; `application/json` needs a preflight, which this
+//! server never grants. So checking the type here is what stops a page from driving a
+//! local `fallow dev` (CSRF). POSTs without a body never reach these extractors.
 
 use crate::error::ApiError;
 use crate::state::AppState;
 use axum::body::Bytes;
+use axum::extract::multipart::Multipart;
 use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 
-/// `Json<T>` with OpenAI-style rejections. The `Content-Type` is not checked: `curl -d`
-/// sends form encoding by default and the body is JSON all the same.
+/// The media type of JSON bodies.
+pub const JSON: &str = "application/json";
+/// The media type of file uploads.
+pub const MULTIPART: &str = "multipart/form-data";
+
+/// `Json<T>` with OpenAI-style rejections, for `Content-Type: application/json` bodies
+/// (any parameters, such as `; charset=utf-8`, are accepted).
 pub struct ApiJson<T>(pub T);
 
 impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        require_media_type(req.headers(), JSON)?;
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::PayloadTooLarge {
@@ -31,6 +44,43 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
             }
         })?;
         parse_json_body(&bytes).map(ApiJson)
+    }
+}
+
+/// axum's `Multipart` for `Content-Type: multipart/form-data` bodies; any other type gets
+/// a 415 in the envelope (axum's own rejection is a plain-text 400).
+pub struct ApiMultipart(pub Multipart);
+
+impl FromRequest<AppState> for ApiMultipart {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        require_media_type(req.headers(), MULTIPART)?;
+        Multipart::from_request(req, state)
+            .await
+            .map(ApiMultipart)
+            .map_err(|e| {
+                ApiError::invalid("file", format!("Expected a multipart/form-data body: {e}"))
+            })
+    }
+}
+
+/// Refuses a request whose `Content-Type` is not `expected` (compared without its
+/// parameters and case-insensitively, as RFC 9110 says media types compare).
+pub fn require_media_type(headers: &HeaderMap, expected: &'static str) -> Result<(), ApiError> {
+    let raw = headers.get(header::CONTENT_TYPE);
+    let essence = raw
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or_default().trim());
+    match essence {
+        Some(media) if media.eq_ignore_ascii_case(expected) => Ok(()),
+        _ => Err(ApiError::UnsupportedMediaType {
+            expected,
+            got: match raw {
+                None => "(none)".to_owned(),
+                Some(v) => format!("`{}`", String::from_utf8_lossy(v.as_bytes())),
+            },
+        }),
     }
 }
 

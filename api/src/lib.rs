@@ -7,8 +7,10 @@
 //! - [`validate`]: wire request → the scheduler's validated `GenerateRequest`.
 //! - [`parsers`]: a model's raw text → reasoning, tool calls and content (pure, incremental).
 //! - [`error`]: the one error type and its one table to status codes and OpenAI envelopes.
-//! - [`extract`]: a JSON body extractor that answers in that envelope (never 422).
+//! - [`extract`]: JSON and multipart body extractors that answer in that envelope (415 for
+//!   another `Content-Type`, never 422).
 //! - [`auth`]: Bearer key → tenant.
+//! - [`host_check`]: the `Host`/`Origin` check against DNS rebinding.
 //! - [`admin`]: the operator's API under `/admin/…` (its own token).
 //! - [`catalog`]: the live models, briefly cached.
 //! - [`follow`]: following a job's Redis stream, with a deadline and a Postgres fallback.
@@ -19,7 +21,8 @@
 //! - [`cancel`]: cancel a job when its client goes away (a drop guard).
 //! - [`metrics`]: Prometheus metrics with vLLM-style names.
 //! - [`routes`]: the HTTP endpoints and the router.
-//! - [`server`]: binding the router to a listener with graceful shutdown.
+//! - [`server`]: binding the router (and `/metrics` alone) to a listener with graceful
+//!   shutdown.
 
 pub mod admin;
 pub mod auth;
@@ -30,6 +33,7 @@ pub mod config;
 pub mod error;
 pub mod extract;
 pub mod follow;
+pub mod host_check;
 pub mod metrics;
 pub mod openai;
 pub mod parsers;

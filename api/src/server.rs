@@ -2,7 +2,7 @@
 //! in (tests bind `127.0.0.1:0`), and so is the shutdown signal: no globals, no ports
 //! chosen here.
 
-use crate::routes::router;
+use crate::routes::{metrics_router, router};
 use crate::state::AppState;
 use std::future::Future;
 use std::time::Duration;
@@ -35,4 +35,19 @@ pub async fn serve(
         task.abort();
     }
     result
+}
+
+/// Serves `GET /metrics` alone on `listener` (`--metrics-listen`) until `shutdown`
+/// resolves. The histogram upkeep runs in [`serve`], which runs beside it.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "metrics listening");
+    }
+    axum::serve(listener, metrics_router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
 }

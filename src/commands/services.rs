@@ -2,6 +2,7 @@
 
 use crate::cli::ServiceArgs;
 use crate::config::{Settings, StoreSettings};
+use crate::secrets::redact_url;
 use anyhow::Context;
 use fallow_api::{ApiConfig, AppState};
 use fallow_engine::runtime::LoadOptions;
@@ -24,11 +25,21 @@ struct Connections {
 async fn connect(settings: &Settings) -> anyhow::Result<Connections> {
     let pool = fallow_scheduler::db::connect(&settings.database_url, None)
         .await
-        .context("connecting to Postgres (--database-url)")?;
+        .with_context(|| {
+            format!(
+                "connecting to Postgres at {} (--database-url)",
+                redact_url(&settings.database_url)
+            )
+        })?;
     fallow_scheduler::db::migrate(&pool).await?;
     let relay = TokenRelay::connect(&settings.redis_url)
         .await
-        .context("connecting to Redis (--redis-url)")?;
+        .with_context(|| {
+            format!(
+                "connecting to Redis at {} (--redis-url)",
+                redact_url(&settings.redis_url)
+            )
+        })?;
     Ok(Connections {
         queue: Queue::new(pool, Clock::system()),
         relay,
@@ -72,6 +83,8 @@ fn api_config(settings: &Settings, auth: bool) -> ApiConfig {
         admin_token: settings.admin_token.clone(),
         // Open admin only where nothing but this machine can reach it and keys are off.
         admin_open: !auth && settings.listen.ip().is_loopback(),
+        check_host: settings.check_host(),
+        allowed_hosts: settings.allowed_hosts.clone(),
         ..ApiConfig::default()
     }
 }
@@ -94,7 +107,11 @@ async fn object_store(settings: &Settings) -> anyhow::Result<ObjectStore> {
                 .with_context(|| format!("creating the store directory {}", dir.display()))?;
             ObjectStore::Local(LocalStore::new(dir.clone()))
         }
-        StoreSettings::S3(config) => ObjectStore::S3(S3Store::connect(config.clone()).await),
+        StoreSettings::S3(config) => ObjectStore::S3(
+            S3Store::connect(config.clone())
+                .await
+                .context("preparing the S3 store's staging directory")?,
+        ),
     })
 }
 
@@ -159,6 +176,7 @@ fn runner_config(settings: &Settings) -> RunnerConfig {
 pub async fn dev(args: ServiceArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&args)?;
     let auth = settings.auth.unwrap_or(false);
+    settings.check_exposure(auth)?;
     if !auth {
         tracing::warn!("authentication is off (dev default); use --auth to require API keys");
     }
@@ -190,9 +208,13 @@ pub async fn dev(args: ServiceArgs) -> anyhow::Result<()> {
         wait(stop.clone()),
     ));
     let state = AppState::new(conns.queue, conns.relay, config).with_store(store);
+    let metrics = metrics_listener(&settings, &state, &stop).await?;
     tracing::info!(listen = %settings.listen, "fallow dev serving");
     println!("Fallow is serving on http://{}", settings.listen);
     fallow_api::serve(listener, state, wait(stop)).await?;
+    if let Some(metrics) = metrics {
+        metrics.await??;
+    }
     runner.await??;
     maint.await?;
     batches.await?;
@@ -202,6 +224,7 @@ pub async fn dev(args: ServiceArgs) -> anyhow::Result<()> {
 pub async fn api(args: ServiceArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&args)?;
     let auth = settings.auth.unwrap_or(true);
+    settings.check_exposure(auth)?;
     let conns = connect(&settings).await?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -209,9 +232,33 @@ pub async fn api(args: ServiceArgs) -> anyhow::Result<()> {
     let store = object_store(&settings).await?;
     let state =
         AppState::new(conns.queue, conns.relay, api_config(&settings, auth)).with_store(store);
+    let stop = shutdown_signal();
+    let metrics = metrics_listener(&settings, &state, &stop).await?;
     tracing::info!(listen = %settings.listen, auth, "fallow api serving");
-    fallow_api::serve(listener, state, wait(shutdown_signal())).await?;
+    fallow_api::serve(listener, state, wait(stop)).await?;
+    if let Some(metrics) = metrics {
+        metrics.await??;
+    }
     Ok(())
+}
+
+/// With `--metrics-listen`, `/metrics` (gauges included) on its own listener.
+async fn metrics_listener(
+    settings: &Settings,
+    state: &AppState,
+    stop: &watch::Receiver<bool>,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<std::io::Result<()>>>> {
+    let Some(addr) = settings.metrics_listen else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding --metrics-listen {addr}"))?;
+    Ok(Some(tokio::spawn(fallow_api::server::serve_metrics(
+        listener,
+        state.clone(),
+        wait(stop.clone()),
+    ))))
 }
 
 pub async fn scheduler(args: ServiceArgs) -> anyhow::Result<()> {
@@ -234,7 +281,7 @@ pub async fn scheduler(args: ServiceArgs) -> anyhow::Result<()> {
 pub async fn runner(args: ServiceArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&args)?;
     let stop = shutdown_signal();
-    if let Some(addr) = &args.metrics_listen {
+    if let Some(addr) = settings.metrics_listen {
         // Bound (and the recorder installed) before the engines create their gauges.
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -260,7 +307,14 @@ pub async fn runner(args: ServiceArgs) -> anyhow::Result<()> {
 
 pub async fn migrate(args: ServiceArgs) -> anyhow::Result<()> {
     let settings = Settings::resolve(&args)?;
-    let pool = fallow_scheduler::db::connect(&settings.database_url, None).await?;
+    let pool = fallow_scheduler::db::connect(&settings.database_url, None)
+        .await
+        .with_context(|| {
+            format!(
+                "connecting to Postgres at {}",
+                redact_url(&settings.database_url)
+            )
+        })?;
     fallow_scheduler::db::migrate(&pool).await?;
     println!("migrations applied");
     Ok(())

@@ -2,11 +2,19 @@
 //! `fallow:num_requests_waiting` / `fallow:num_requests_running` per model (queued and
 //! running jobs across every runner) and `fallow:runners` per state. Reading at scrape time
 //! keeps them right with any number of api processes: each reports the same truth.
+//!
+//! `/metrics` needs no credentials, and its two aggregate queries share the pool with
+//! runner heartbeats in `fallow dev`. So the gauges are read at most once per
+//! [`ApiConfig::gauge_ttl`](crate::ApiConfig::gauge_ttl) (1 s), and concurrent scrapes
+//! wait for one read instead of each running its own.
+//! Like the recorder they feed, the cache is per process.
 
 use crate::state::AppState;
 use fallow_scheduler::runners::{self, RunnerState};
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 pub const NUM_REQUESTS_WAITING: &str = "fallow:num_requests_waiting";
 pub const NUM_REQUESTS_RUNNING: &str = "fallow:num_requests_running";
@@ -16,11 +24,34 @@ pub const RUNNERS: &str = "fallow:runners";
 /// its last value.
 static SEEN_MODELS: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
-/// Sets the gauges from Postgres; on a database error they keep their last values.
+/// When the gauges were last read. An async lock: a scrape that finds a read under way
+/// waits for it rather than starting another.
+static LAST_READ: tokio::sync::Mutex<Option<Instant>> = tokio::sync::Mutex::const_new(None);
+
+/// Sets the gauges from Postgres unless they were read within the TTL; on a database
+/// error they keep their last values.
 pub async fn refresh(state: &AppState) {
-    if let Err(e) = refresh_inner(state).await {
-        tracing::warn!(error = %e, "reading queue and runner gauges failed");
+    at_most_every(&LAST_READ, state.config().gauge_ttl, || async {
+        if let Err(e) = refresh_inner(state).await {
+            tracing::warn!(error = %e, "reading queue and runner gauges failed");
+        }
+    })
+    .await;
+}
+
+/// Runs `read` unless it ran less than `ttl` ago. A failed read counts as a read too, so
+/// a struggling database is not asked again at every scrape.
+async fn at_most_every<F, Fut>(last: &tokio::sync::Mutex<Option<Instant>>, ttl: Duration, read: F)
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut last = last.lock().await;
+    if last.is_some_and(|at| at.elapsed() < ttl) {
+        return;
     }
+    read().await;
+    *last = Some(Instant::now());
 }
 
 async fn refresh_inner(state: &AppState) -> Result<(), fallow_scheduler::SchedulerError> {
@@ -53,4 +84,51 @@ async fn refresh_inner(state: &AppState) -> Result<(), fallow_scheduler::Schedul
         metrics::gauge!(RUNNERS, "state" => runner_state.as_str()).set(n as f64);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn scrapes_within_the_ttl_read_the_database_once() {
+        let last = tokio::sync::Mutex::const_new(None);
+        let reads = AtomicUsize::new(0);
+        let read = || async {
+            reads.fetch_add(1, Ordering::SeqCst);
+        };
+        let ttl = Duration::from_millis(200);
+        at_most_every(&last, ttl, read).await;
+        at_most_every(&last, ttl, read).await;
+        assert_eq!(
+            reads.load(Ordering::SeqCst),
+            1,
+            "the second scrape reused the gauges"
+        );
+        tokio::time::sleep(ttl + Duration::from_millis(50)).await;
+        at_most_every(&last, ttl, read).await;
+        assert_eq!(
+            reads.load(Ordering::SeqCst),
+            2,
+            "gauges are read again after the TTL"
+        );
+    }
+
+    #[tokio::test]
+    async fn concurrent_scrapes_share_one_read() {
+        let last = tokio::sync::Mutex::const_new(None);
+        let reads = AtomicUsize::new(0);
+        let read = || async {
+            reads.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let ttl = Duration::from_secs(1);
+        tokio::join!(
+            at_most_every(&last, ttl, read),
+            at_most_every(&last, ttl, read),
+            at_most_every(&last, ttl, read),
+        );
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
+    }
 }

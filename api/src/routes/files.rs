@@ -5,10 +5,11 @@
 
 use crate::auth::Caller;
 use crate::error::ApiError;
+use crate::extract::ApiMultipart;
 use crate::openai::files::{FileDeleted, FileObject, ListPage};
 use crate::state::AppState;
 use axum::body::Body;
-use axum::extract::multipart::{Field, Multipart, MultipartRejection};
+use axum::extract::multipart::Field;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::header;
@@ -30,12 +31,9 @@ pub fn store(state: &AppState) -> Result<&ObjectStore, ApiError> {
 pub async fn upload_file(
     State(state): State<AppState>,
     caller: Caller,
-    multipart: Result<Multipart, MultipartRejection>,
+    ApiMultipart(mut multipart): ApiMultipart,
 ) -> Result<Json<FileObject>, ApiError> {
     let store = store(&state)?;
-    let mut multipart = multipart.map_err(|e| {
-        ApiError::invalid("file", format!("Expected a multipart/form-data body: {e}"))
-    })?;
     let (mut purpose, mut upload) = (None, None);
     while let Some(field) = multipart
         .next_field()

@@ -1,6 +1,6 @@
 //! The HTTP surface: which path goes to which handler, and the layers every request passes
-//! (request id, tracing span, body size limit). Unknown paths and methods answer in the
-//! OpenAI error envelope too.
+//! (request id, tracing span, the `Host` check, body size limit). Unknown paths and
+//! methods answer in the OpenAI error envelope too.
 
 mod batches;
 mod chat;
@@ -13,6 +13,7 @@ mod tokenize;
 
 use crate::state::AppState;
 use axum::extract::{DefaultBodyLimit, Request};
+use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
 use tower::ServiceBuilder;
@@ -75,7 +76,22 @@ pub fn router(state: AppState) -> Router {
         .fallback(ops::unknown_route)
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
+        // Inside the tracing layers, so refused requests are logged with their id.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::host_check::enforce,
+        ))
         .layer(layers)
+        .with_state(state)
+}
+
+/// `GET /metrics` alone, for its own listener (`--metrics-listen`); the main listener
+/// serves it too, for the dashboard. No `Host` check there: it serves only counters and
+/// gauges, and scrapers address it by whatever name their network gives it.
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(ops::metrics))
+        .fallback(ops::unknown_route)
         .with_state(state)
 }
 

@@ -10,6 +10,7 @@ mod caps;
 mod chat;
 mod completions;
 mod errors;
+mod local_mode;
 mod ops;
 mod streams;
 mod tools;

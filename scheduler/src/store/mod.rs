@@ -67,11 +67,12 @@ impl ObjectStore {
     }
 
     /// A directory for staging files before `put_file`. For the local store it is inside
-    /// the store's root, so that `put_file` is a rename rather than a copy.
+    /// the store's root, so that `put_file` is a rename rather than a copy; for S3 it is the
+    /// store's private directory (mode 0700).
     pub fn staging_dir(&self) -> PathBuf {
         match self {
             ObjectStore::Local(s) => s.staging_dir(),
-            ObjectStore::S3(_) => std::env::temp_dir().join("fallow-staging"),
+            ObjectStore::S3(s) => s.staging_dir(),
         }
     }
 

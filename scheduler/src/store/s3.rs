@@ -3,12 +3,16 @@
 //! (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, profiles, instance roles); endpoint, region
 //! and path-style addressing are configurable for non-AWS servers. Uploads stream from the
 //! staged file (`ByteStream::from_path`), downloads stream the response body.
+//!
+//! Uploads are staged in a directory of this process's own, mode 0700, never in a shared
+//! `/tmp` path: another local user could otherwise read tenants' files or plant a link.
 
 use super::{ObjectReader, StoreError};
 use aws_config::BehaviorVersion;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Where the bucket is and how to address it.
 #[derive(Clone, Debug, Default)]
@@ -30,11 +34,14 @@ pub struct S3Store {
     client: aws_sdk_s3::Client,
     bucket: String,
     prefix: String,
+    staging: Arc<PrivateDir>,
 }
 
 impl S3Store {
-    /// Builds the client from the AWS environment plus `config`. Makes no request.
-    pub async fn connect(config: S3Config) -> Self {
+    /// Builds the client from the AWS environment plus `config`, and creates the private
+    /// staging directory. Makes no request.
+    pub async fn connect(config: S3Config) -> Result<Self, StoreError> {
+        let staging = Arc::new(PrivateDir::create()?);
         // rustls with ring: no C toolchain beyond ring's, and no second TLS stack.
         let http = aws_smithy_http_client::Builder::new()
             .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
@@ -52,11 +59,17 @@ impl S3Store {
         if let Some(endpoint) = &config.endpoint {
             builder = builder.endpoint_url(endpoint);
         }
-        S3Store {
+        Ok(S3Store {
             client: aws_sdk_s3::Client::from_conf(builder.build()),
             bucket: config.bucket,
             prefix: config.prefix,
-        }
+            staging,
+        })
+    }
+
+    /// Where uploads are staged before they are streamed to the bucket.
+    pub(super) fn staging_dir(&self) -> PathBuf {
+        self.staging.0.clone()
     }
 
     /// Creates the bucket unless it exists (local set-ups and tests; deployments usually
@@ -142,4 +155,59 @@ fn describe(err: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
+}
+
+/// A directory only this user may enter, removed when the last clone of the store goes.
+#[derive(Debug)]
+struct PrivateDir(PathBuf);
+
+impl PrivateDir {
+    /// `<tmp>/fallow-staging-<pid>-<random>`, created with mode 0700. Creation fails rather
+    /// than reuse a path that exists, so nobody can plant the directory (or a link) first.
+    fn create() -> Result<Self, StoreError> {
+        let path = std::env::temp_dir().join(format!(
+            "fallow-staging-{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        let mut builder = std::fs::DirBuilder::new();
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(&path)?;
+        Ok(PrivateDir(path))
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        // Best effort: staged files are removed as they are uploaded.
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uploads_are_staged_in_a_private_directory_removed_with_the_store() {
+        let dir = PrivateDir::create().expect("created");
+        let path = dir.0.clone();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path)
+                .expect("exists")
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o700);
+        }
+        assert_ne!(
+            path,
+            PrivateDir::create().expect("another").0,
+            "one per store"
+        );
+        drop(dir);
+        assert!(!path.exists());
+    }
 }

@@ -162,7 +162,8 @@ pub async fn s3_store(moto: &Moto) -> S3Store {
         region: Some("us-east-1".into()),
         force_path_style: true,
     })
-    .await;
+    .await
+    .expect("staging directory");
     store.ensure_bucket().await.expect("bucket created");
     store
 }
