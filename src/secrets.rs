@@ -35,7 +35,7 @@ pub fn check_admin_token(token: &str) -> anyhow::Result<()> {
         .collect();
     let placeholder = PLACEHOLDERS.contains(&folded.as_str())
         || PLACEHOLDER_PHRASES.iter().any(|p| folded.contains(p))
-        || token.chars().all(|c| Some(c) == token.chars().next());
+        || token.chars().all(|c| token.starts_with(c));
     if placeholder {
         anyhow::bail!(
             "the admin token is a placeholder; generate one, e.g. `openssl rand -hex 24`, \
