@@ -142,6 +142,9 @@ pub struct ServiceArgs {
     /// Seconds the api waits for a completion before giving up.
     #[arg(long, env = "FALLOW_REQUEST_TIMEOUT")]
     pub request_timeout: Option<u64>,
+    /// Seconds of the tenants' rate-limit window: 60, as "per minute" says; tests shorten it.
+    #[arg(long, env = "FALLOW_RATE_LIMIT_WINDOW")]
+    pub rate_limit_window: Option<u64>,
     /// Directory of the local object store (batch files), when no S3 bucket is set.
     #[arg(long, env = "FALLOW_STORE_DIR")]
     pub store_dir: Option<PathBuf>,

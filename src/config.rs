@@ -32,6 +32,7 @@ pub struct FileConfig {
     pub max_model_len: Option<usize>,
     pub chat_template: Option<PathBuf>,
     pub request_timeout: Option<u64>,
+    pub rate_limit_window: Option<u64>,
     pub lease_seconds: Option<u64>,
     pub store_dir: Option<PathBuf>,
     pub s3_bucket: Option<String>,
@@ -175,6 +176,8 @@ pub struct Settings {
     pub max_model_len: usize,
     pub chat_template: Option<PathBuf>,
     pub request_timeout: u64,
+    /// Seconds of the tenants' rate-limit window (60).
+    pub rate_limit_window: u64,
     pub lease_seconds: u64,
     pub store: StoreSettings,
     /// The admin API's token (a secret: never printed), checked against placeholders and
@@ -278,6 +281,11 @@ impl Settings {
             max_model_len: args.max_model_len.or(file.max_model_len).unwrap_or(0),
             chat_template: args.chat_template.clone().or(file.chat_template),
             request_timeout: args.request_timeout.or(file.request_timeout).unwrap_or(600),
+            rate_limit_window: args
+                .rate_limit_window
+                .or(file.rate_limit_window)
+                .unwrap_or(60)
+                .max(1),
             lease_seconds: args
                 .lease_seconds
                 .or(file.lease_seconds)

@@ -39,6 +39,9 @@ pub struct ApiConfig {
     pub allowed_hosts: Vec<String>,
     /// How long `/metrics` reuses the queue and runner gauges it read from Postgres.
     pub gauge_ttl: Duration,
+    /// The window of the per-tenant request and token limits: a minute, as their names say;
+    /// tests shorten it.
+    pub rate_window: Duration,
 }
 
 impl Default for ApiConfig {
@@ -58,6 +61,7 @@ impl Default for ApiConfig {
             check_host: true,
             allowed_hosts: Vec::new(),
             gauge_ttl: Duration::from_secs(1),
+            rate_window: Duration::from_secs(60),
         }
     }
 }

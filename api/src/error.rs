@@ -45,6 +45,14 @@ pub enum ApiError {
         message: String,
         retry_after: Duration,
     },
+    /// A tenant's requests or tokens per minute are used up; `limit` (`requests` or
+    /// `tokens`) is the error's `type`, as OpenAI sends it.
+    #[error("{message}")]
+    RateLimitReached {
+        limit: &'static str,
+        message: String,
+        retry_after: Duration,
+    },
     /// Postgres or Redis is unreachable.
     #[error("The service is temporarily unavailable: {0}")]
     Unavailable(String),
@@ -115,6 +123,9 @@ impl ApiError {
                 "rate_limit_error",
                 Some("rate_limit_exceeded"),
             ),
+            ApiError::RateLimitReached { limit, .. } => {
+                (S::TOO_MANY_REQUESTS, *limit, Some("rate_limit_exceeded"))
+            }
             ApiError::Unavailable(_) => (
                 S::SERVICE_UNAVAILABLE,
                 "service_unavailable_error",
@@ -203,10 +214,18 @@ impl IntoResponse for ApiError {
             tracing::debug!(status = status.as_u16(), error = %self, "request rejected");
         }
         let mut response = (status, axum::Json(envelope)).into_response();
-        if let ApiError::RateLimited { retry_after, .. } = &self {
-            let secs = retry_after.as_secs().max(1).to_string();
+        if let ApiError::RateLimited { retry_after, .. }
+        | ApiError::RateLimitReached { retry_after, .. } = &self
+        {
+            // Whole seconds, rounded up so a client never retries before the reset; the
+            // milliseconds too, which OpenAI's SDKs read first.
+            let millis = retry_after.as_millis().max(1);
+            let secs = millis.div_ceil(1000).to_string();
             if let Ok(value) = HeaderValue::from_str(&secs) {
                 response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            if let Ok(value) = HeaderValue::from_str(&millis.to_string()) {
+                response.headers_mut().insert("retry-after-ms", value);
             }
         }
         response

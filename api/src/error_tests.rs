@@ -112,6 +112,20 @@ async fn rate_limits_say_when_to_retry() {
     assert_eq!(retry.as_deref(), Some("5"));
 }
 
+#[tokio::test]
+async fn a_tenant_rate_limit_names_its_limit_as_the_type_and_rounds_the_wait_up() {
+    let err = ApiError::RateLimitReached {
+        limit: "tokens",
+        message: "Rate limit reached for tokens per minute".into(),
+        retry_after: Duration::from_millis(1200),
+    };
+    let (status, body, retry) = rendered(err).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["error"]["type"], "tokens");
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(retry.as_deref(), Some("2"));
+}
+
 #[test]
 fn job_errors_map_by_their_code() {
     let status = |code: &str| {

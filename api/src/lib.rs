@@ -11,6 +11,8 @@
 //!   another `Content-Type`, never 422).
 //! - [`auth`]: Bearer key → tenant.
 //! - [`host_check`]: the `Host`/`Origin` check against DNS rebinding.
+//! - [`rate_limit`]: per-tenant requests and tokens per minute, and OpenAI's headers.
+//! - [`batch_quota`]: the per-tenant quota of queued batch lines.
 //! - [`admin`]: the operator's API under `/admin/…` (its own token).
 //! - [`catalog`]: the live models, briefly cached.
 //! - [`follow`]: following a job's Redis stream, with a deadline and a Postgres fallback.
@@ -26,6 +28,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod batch_quota;
 pub mod cancel;
 pub mod catalog;
 pub mod chunks;
@@ -37,6 +40,7 @@ pub mod host_check;
 pub mod metrics;
 pub mod openai;
 pub mod parsers;
+pub mod rate_limit;
 pub mod routes;
 pub mod server;
 pub mod sse;

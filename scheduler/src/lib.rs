@@ -7,6 +7,7 @@
 //! - [`stream`]: the Redis Streams token relay between runners and the api, plus the
 //!   cancel signal channel.
 //! - [`tenants`]: tenants and API keys (only hashes are stored).
+//! - [`rate`]: per-tenant request and token rate limits in Redis, and the batch quota.
 //! - [`runners`]: the runner registry.
 //! - [`store`]: the object store for file contents (local directory or S3), streaming.
 //! - [`batch`]: OpenAI-style batches — validation, bulk expansion into jobs, finalisation.
@@ -19,6 +20,7 @@ pub mod db;
 pub mod error;
 pub mod maintenance;
 pub mod queue;
+pub mod rate;
 pub mod runners;
 pub mod store;
 pub mod stream;

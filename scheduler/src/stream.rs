@@ -222,7 +222,8 @@ impl TokenRelay {
         Ok(())
     }
 
-    async fn manager(&self) -> Result<ConnectionManager, SchedulerError> {
+    /// The shared connection (appends, pings, publishes, and the rate limiter's scripts).
+    pub(crate) async fn manager(&self) -> Result<ConnectionManager, SchedulerError> {
         let timeout = self.inner.config.response_timeout;
         let manager = self
             .inner

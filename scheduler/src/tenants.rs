@@ -26,6 +26,8 @@ pub struct Tenant {
     pub weight: f64,
     /// Tenants of a higher class are served first within a band (default 0).
     pub class: i32,
+    /// Rate limits and the batch quota (0: unlimited).
+    pub rate: RateLimits,
 }
 
 /// A tenant's fair-share weight lies in (0, `MAX_WEIGHT`].
@@ -33,17 +35,51 @@ pub const MAX_WEIGHT: f64 = 1000.0;
 /// A tenant's class lies in 0..=`MAX_CLASS`.
 pub const MAX_CLASS: i32 = 100;
 
-/// A tenant as its row reads.
-type TenantRow = (Uuid, String, i64, f64, i32);
+/// A tenant's rate limits and batch quota, as stored; 0 means unlimited (the default).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+pub struct RateLimits {
+    /// Generation requests admitted per minute.
+    pub requests_per_minute: i64,
+    /// Tokens (prompt plus the most a request may generate) reserved per minute.
+    pub tokens_per_minute: i64,
+    /// Lines of unfinished batches the tenant may have at once.
+    pub max_batch_queued_lines: i64,
+}
+
+/// The limits an operator changes at once; `None` keeps a limit as it is.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LimitsUpdate {
+    pub max_active_jobs: Option<i64>,
+    pub requests_per_minute: Option<i64>,
+    pub tokens_per_minute: Option<i64>,
+    pub max_batch_queued_lines: Option<i64>,
+    /// Checked by the caller to lie in (0, [`MAX_WEIGHT`]].
+    pub weight: Option<f64>,
+    /// Checked by the caller to lie in 0..=[`MAX_CLASS`].
+    pub class: Option<i32>,
+}
+
+/// A tenant row as the queries return it.
+#[derive(sqlx::FromRow)]
+struct TenantRow {
+    id: Uuid,
+    name: String,
+    max_active_jobs: i64,
+    weight: f64,
+    class: i32,
+    #[sqlx(flatten)]
+    rate: RateLimits,
+}
 
 impl From<TenantRow> for Tenant {
-    fn from((id, name, max_active_jobs, weight, class): TenantRow) -> Self {
+    fn from(row: TenantRow) -> Self {
         Tenant {
-            id,
-            name,
-            max_active_jobs,
-            weight,
-            class,
+            id: row.id,
+            name: row.name,
+            max_active_jobs: row.max_active_jobs,
+            weight: row.weight,
+            class: row.class,
+            rate: row.rate,
         }
     }
 }
@@ -96,22 +132,24 @@ pub async fn set_max_active_jobs(
     Ok(done.rows_affected() == 1)
 }
 
-/// Sets a tenant's fair-share weight and class (`None` keeps the current value); returns
-/// false if the tenant is unknown. Callers validate the ranges ([`MAX_WEIGHT`], [`MAX_CLASS`]);
-/// the table's checks refuse a weight ≤ 0 or a negative class anyway.
-pub async fn set_fair_share(
+/// Changes the limits `update` names (each clamped to 0 or more) and returns the tenant;
+/// `None` if the tenant is unknown.
+pub async fn set_limits(
     pool: &PgPool,
     tenant: &str,
-    weight: Option<f64>,
-    class: Option<i32>,
-) -> Result<bool, SchedulerError> {
-    let done = sqlx::query(include_str!("tenants/queries/set_fair_share.sql"))
+    update: &LimitsUpdate,
+) -> Result<Option<Tenant>, SchedulerError> {
+    let row: Option<TenantRow> = sqlx::query_as(include_str!("tenants/queries/set_limits.sql"))
         .bind(tenant)
-        .bind(weight)
-        .bind(class)
-        .execute(pool)
+        .bind(update.max_active_jobs.map(|v| v.max(0)))
+        .bind(update.requests_per_minute.map(|v| v.max(0)))
+        .bind(update.tokens_per_minute.map(|v| v.max(0)))
+        .bind(update.max_batch_queued_lines.map(|v| v.max(0)))
+        .bind(update.weight)
+        .bind(update.class)
+        .fetch_optional(pool)
         .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(row.map(Tenant::from))
 }
 
 /// All tenants, by name.

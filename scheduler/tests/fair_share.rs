@@ -90,9 +90,7 @@ async fn weights_of_3_to_1_split_claims_3_to_1() {
     let queue = db.queue();
     let a = tenant(&db.pool, "a").await;
     let b = tenant(&db.pool, "b").await;
-    assert!(tenants::set_fair_share(&db.pool, "a", Some(3.0), None)
-        .await
-        .unwrap());
+    assert!(set_fair_share(&db.pool, "a", Some(3.0), None).await);
     let a_jobs = queue.enqueue_many(&jobs_of(a, 100, 0)).await.unwrap();
     queue.enqueue_many(&jobs_of(b, 100, 0)).await.unwrap();
 
@@ -113,9 +111,7 @@ async fn interactive_jobs_come_before_batch_jobs_of_every_tenant() {
     let a = tenant(&db.pool, "a").await;
     let b = tenant(&db.pool, "b").await;
     // a is idle and of a higher class, and its batch jobs are older: b still goes first.
-    tenants::set_fair_share(&db.pool, "a", Some(10.0), Some(5))
-        .await
-        .unwrap();
+    set_fair_share(&db.pool, "a", Some(10.0), Some(5)).await;
     let a_batch: Vec<NewJob> = (0..5).map(|_| job_of(a, JobKind::Batch, 0)).collect();
     queue.enqueue_many(&a_batch).await.unwrap();
     queue.clock().advance(Duration::from_secs(1));
@@ -134,9 +130,7 @@ async fn a_higher_class_is_served_first_within_a_band() {
     let queue = db.queue();
     let a = tenant(&db.pool, "a").await;
     let b = tenant(&db.pool, "b").await;
-    tenants::set_fair_share(&db.pool, "a", None, Some(1))
-        .await
-        .unwrap();
+    set_fair_share(&db.pool, "a", None, Some(1)).await;
     queue.enqueue_many(&jobs_of(a, 10, 0)).await.unwrap();
     claim(&queue, 5).await;
     let b_job = queue
@@ -193,4 +187,22 @@ async fn jobs_without_a_tenant_share_as_one_tenant() {
 
     assert_eq!(claim(&queue, 1).await, vec![b_job]);
     db.drop().await;
+}
+
+/// Sets a tenant's weight and class as the admin API does; false if the tenant is unknown.
+async fn set_fair_share(
+    pool: &sqlx::PgPool,
+    tenant: &str,
+    weight: Option<f64>,
+    class: Option<i32>,
+) -> bool {
+    let update = tenants::LimitsUpdate {
+        weight,
+        class,
+        ..tenants::LimitsUpdate::default()
+    };
+    tenants::set_limits(pool, tenant, &update)
+        .await
+        .unwrap()
+        .is_some()
 }

@@ -93,12 +93,21 @@ pub enum TenantsCommand {
         #[command(flatten)]
         client: AdminClientArgs,
     },
-    /// Sets a tenant's limits; a limit not given keeps its value.
+    /// Sets a tenant's limits; those not given keep their value, 0 means unlimited.
     Limits {
         name: String,
         /// Queued + running jobs the tenant may have at once.
         #[arg(long)]
         max_active_jobs: Option<i64>,
+        /// Generation requests admitted per minute.
+        #[arg(long)]
+        requests_per_minute: Option<i64>,
+        /// Tokens (prompt + max_tokens × n) admitted per minute.
+        #[arg(long)]
+        tokens_per_minute: Option<i64>,
+        /// Lines of unfinished batches the tenant may have at once.
+        #[arg(long)]
+        max_batch_queued_lines: Option<i64>,
         /// Fair-share weight relative to other tenants (default 1; 2 gets twice the share).
         #[arg(long)]
         weight: Option<f64>,
@@ -217,25 +226,37 @@ async fn tenants(command: TenantsCommand) -> anyhow::Result<()> {
         Column::new("MAX ACTIVE JOBS", "/max_active_jobs"),
         Column::new("WEIGHT", "/weight"),
         Column::new("CLASS", "/class"),
+        Column::new("REQUESTS/MIN", "/requests_per_minute"),
+        Column::new("TOKENS/MIN", "/tokens_per_minute"),
+        Column::new("BATCH LINES", "/max_batch_queued_lines"),
     ];
     match command {
         TenantsCommand::List { client } => list(&client, Method::GET, "/tenants", &columns).await,
         TenantsCommand::Limits {
             name,
             max_active_jobs,
+            requests_per_minute,
+            tokens_per_minute,
+            max_batch_queued_lines,
             weight,
             class,
             client,
         } => {
-            // Only the limits given are sent; the server keeps the others.
+            // Only the limits given are sent; the api keeps the others.
             let mut body = serde_json::Map::new();
-            for (key, value) in [
+            for (field, value) in [
                 ("max_active_jobs", max_active_jobs.map(|n| json!(n))),
+                ("requests_per_minute", requests_per_minute.map(|n| json!(n))),
+                ("tokens_per_minute", tokens_per_minute.map(|n| json!(n))),
+                (
+                    "max_batch_queued_lines",
+                    max_batch_queued_lines.map(|n| json!(n)),
+                ),
                 ("weight", weight.map(|w| json!(w))),
                 ("class", class.map(|c| json!(c))),
             ] {
                 if let Some(value) = value {
-                    body.insert(key.to_owned(), value);
+                    body.insert(field.to_owned(), value);
                 }
             }
             let body = serde_json::Value::Object(body);

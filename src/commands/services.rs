@@ -80,6 +80,7 @@ fn api_config(settings: &Settings, auth: bool) -> ApiConfig {
     ApiConfig {
         auth,
         request_timeout: Duration::from_secs(settings.request_timeout),
+        rate_window: Duration::from_secs(settings.rate_limit_window),
         admin_token: settings.admin_token.clone(),
         // Open admin only where nothing but this machine can reach it and keys are off.
         admin_open: !auth && settings.listen.ip().is_loopback(),

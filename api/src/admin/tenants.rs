@@ -9,7 +9,7 @@ use crate::extract::ApiJson;
 use crate::state::AppState;
 use axum::extract::{Path, Query, State};
 use axum::Json;
-use fallow_scheduler::tenants::{self, KeyRecord};
+use fallow_scheduler::tenants::{self, KeyRecord, LimitsUpdate, RateLimits, Tenant};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize)]
@@ -19,16 +19,19 @@ pub struct TenantView {
     max_active_jobs: i64,
     weight: f64,
     class: i32,
+    #[serde(flatten)]
+    rate: RateLimits,
 }
 
-impl From<tenants::Tenant> for TenantView {
-    fn from(t: tenants::Tenant) -> Self {
+impl From<Tenant> for TenantView {
+    fn from(t: Tenant) -> Self {
         TenantView {
             id: t.id,
             name: t.name,
             max_active_jobs: t.max_active_jobs,
             weight: t.weight,
             class: t.class,
+            rate: t.rate,
         }
     }
 }
@@ -43,10 +46,13 @@ pub async fn list(
     )))
 }
 
-/// The limits to change; a field left out keeps its value.
+/// The limits to change; a limit left out keeps its value, 0 means unlimited.
 #[derive(Debug, Deserialize)]
 pub struct Limits {
     max_active_jobs: Option<i64>,
+    requests_per_minute: Option<i64>,
+    tokens_per_minute: Option<i64>,
+    max_batch_queued_lines: Option<i64>,
     /// Fair-share weight, relative to other tenants.
     weight: Option<f64>,
     /// Served-first class within a band; higher first.
@@ -54,12 +60,28 @@ pub struct Limits {
 }
 
 impl Limits {
-    fn validate(&self) -> Result<(), ApiError> {
-        if matches!(self.max_active_jobs, Some(n) if n < 0) {
+    /// The update, once every given limit is within its range.
+    fn validate(self) -> Result<LimitsUpdate, ApiError> {
+        let fields = [
+            ("max_active_jobs", self.max_active_jobs),
+            ("requests_per_minute", self.requests_per_minute),
+            ("tokens_per_minute", self.tokens_per_minute),
+            ("max_batch_queued_lines", self.max_batch_queued_lines),
+        ];
+        if fields.iter().all(|(_, v)| v.is_none()) && self.weight.is_none() && self.class.is_none()
+        {
             return Err(ApiError::invalid(
                 "max_active_jobs",
-                "max_active_jobs must be 0 or more",
+                "give at least one of max_active_jobs, requests_per_minute, tokens_per_minute, max_batch_queued_lines, weight, class",
             ));
+        }
+        for (name, value) in fields {
+            if value.is_some_and(|v| v < 0) {
+                return Err(ApiError::invalid(
+                    name,
+                    format!("{name} must be 0 (unlimited) or more"),
+                ));
+            }
         }
         if let Some(weight) = self.weight {
             if !(weight > 0.0 && weight <= tenants::MAX_WEIGHT) {
@@ -78,7 +100,14 @@ impl Limits {
                 format!("class must be from 0 to {}", tenants::MAX_CLASS),
             ));
         }
-        Ok(())
+        Ok(LimitsUpdate {
+            max_active_jobs: self.max_active_jobs,
+            requests_per_minute: self.requests_per_minute,
+            tokens_per_minute: self.tokens_per_minute,
+            max_batch_queued_lines: self.max_batch_queued_lines,
+            weight: self.weight,
+            class: self.class,
+        })
     }
 }
 
@@ -88,25 +117,12 @@ pub async fn set_limits(
     Path(name): Path<String>,
     ApiJson(limits): ApiJson<Limits>,
 ) -> Result<Json<TenantView>, ApiError> {
-    limits.validate()?;
-    let pool = state.queue().pool();
-    let unknown = || ApiError::NotFound(format!("No tenant named {name:?}."));
-    if let Some(max_active_jobs) = limits.max_active_jobs {
-        if !tenants::set_max_active_jobs(pool, &name, max_active_jobs).await? {
-            return Err(unknown());
-        }
-    }
-    if limits.weight.is_some() || limits.class.is_some() {
-        if !tenants::set_fair_share(pool, &name, limits.weight, limits.class).await? {
-            return Err(unknown());
-        }
-    }
-    tenants::list(pool)
+    let update = limits.validate()?;
+    let tenant = tenants::set_limits(state.queue().pool(), &name, &update)
         .await?
-        .into_iter()
-        .find(|t| t.name == name)
-        .map(|t| Json(TenantView::from(t)))
-        .ok_or_else(unknown)
+        .ok_or_else(|| ApiError::NotFound(format!("No tenant named {name:?}.")))?;
+    tracing::info!(tenant = %name, ?update, "tenant limits set by an operator");
+    Ok(Json(TenantView::from(tenant)))
 }
 
 #[derive(Debug, Serialize)]

@@ -57,6 +57,7 @@ pub async fn create_batch(
             ),
         ));
     }
+    let lines = crate::batch_quota::check(&state, &caller, &file).await?;
     let new = NewBatch {
         tenant_id: caller.tenant_id(),
         endpoint: endpoint.to_owned(),
@@ -66,6 +67,7 @@ pub async fn create_batch(
         metadata,
     };
     let record = records::create(state.queue().pool(), &new, state.queue().clock().now()).await?;
+    crate::batch_quota::record(&state, record.id, lines).await?;
     tracing::info!(batch = %batch::batch_id(record.id), "batch created");
     Ok(Json(BatchObject::from(&record)))
 }

@@ -11,6 +11,7 @@ use crate::follow::JobFollower;
 use crate::openai::request::ChatCompletionRequest;
 use crate::openai::response::{completion_id, finish_reason_str, ChatCompletion};
 use crate::parsers::{OutputCollector, ParsedChoice};
+use crate::rate_limit;
 use crate::sse::{sse_response, JobStream};
 use crate::state::AppState;
 use crate::validate::{requested_model, validate_chat, Limits, ModelParsers, ValidChat};
@@ -49,7 +50,10 @@ pub async fn create_chat_completion(
         let limits = limits(&state, &model).await?;
         let valid = validate_chat(wire, &limits)?;
         admit(&state).await?;
+        let reservation =
+            rate_limit::admit(&state, &caller, std::slice::from_ref(&valid.request)).await?;
         let job = enqueue(&state, &caller, &valid, request_id).await?;
+        reservation.hold(&state, &[job]).await;
         tracing::Span::current().record("job_id", tracing::field::display(job));
         tracing::info!(
             stream = valid.delivery.stream,

@@ -81,6 +81,8 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             crate::host_check::enforce,
         ))
+        // OpenAI's x-ratelimit-* headers, from the window a request's admission saw.
+        .layer(axum::middleware::from_fn(crate::rate_limit::headers))
         .layer(layers)
         .with_state(state)
 }

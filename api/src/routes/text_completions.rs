@@ -47,10 +47,12 @@ pub async fn create_completion(
         let limits = super::chat::limits(&state, &model).await?;
         let valid = validate_completion(wire, &limits)?;
         admit(&state).await?;
+        let requests: Vec<_> = valid.jobs().collect();
+        let reservation = crate::rate_limit::admit(&state, &caller, &requests).await?;
         // All prompts in one admission: each is a job, and all of them count against the
         // tenant's active-job limit, or none is enqueued.
-        let new_jobs: Vec<NewJob> = valid
-            .jobs()
+        let new_jobs: Vec<NewJob> = requests
+            .into_iter()
             .map(|request| NewJob {
                 tenant_id: caller.tenant_id(),
                 kind: JobKind::Interactive,
@@ -68,6 +70,7 @@ pub async fn create_completion(
             .map(|id| CancelOnDrop::new(state.queue().clone(), state.relay().clone(), id))
             .collect();
         let ids: Vec<Uuid> = jobs.iter().map(CancelOnDrop::job).collect();
+        reservation.hold(&state, &ids).await;
         tracing::info!(
             jobs = ids.len(),
             stream = valid.delivery.stream,

@@ -12,5 +12,6 @@ mod completions;
 mod errors;
 mod local_mode;
 mod ops;
+mod rate_limits;
 mod streams;
 mod tools;
