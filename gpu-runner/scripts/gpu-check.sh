@@ -325,16 +325,29 @@ step_generate() {
       "$FALLOW" generate --model "$SMOL" --device "$dev" --chat \
       --prompt "What is the capital of France?" --max-tokens 32 --temperature 0
   done
-  section "c. generate: cuda vs cpu"
+  # The two need not agree: the CPU backend rounds activations to Q8_1 as llama.cpp does (on
+  # this prompt llama.cpp itself answers "L'Étoile, la Marseillaise, …"), while CUDA's bf16
+  # weights compute as f32 math does. So CUDA's text is checked against the f32 reference's
+  # greedy text (transformers-style math on the same weights, in the fixtures), which it
+  # must begin; the CPU's is shown (its logits are checked against llama.cpp's in the suite).
+  section "c. generate: cuda vs the f32 reference"
   for dev in cuda cpu; do
     echo "--- $dev:"
     cat "$WORK/generate-$dev.txt" 2>/dev/null || true
     echo
   done
-  if [ -s "$WORK/generate-cuda.txt" ] && cmp -s "$WORK/generate-cuda.txt" "$WORK/generate-cpu.txt"; then
-    record "c. generate output cuda vs cpu" "IDENTICAL"
+  local reference=gpu-runner/engine/tests/fixtures/smollm2_logits_f32.json
+  if [ -s "$WORK/generate-cuda.txt" ] && "$PY" - "$reference" "$WORK/generate-cuda.txt" <<'PY'
+import json, sys
+expected = json.load(open(sys.argv[1]))["cases"][0]["greedy_text"]
+got = open(sys.argv[2]).read().strip()
+print(f"f32 reference: {expected[:80]!r}")
+sys.exit(0 if got and expected.startswith(got) else 1)
+PY
+  then
+    record "c. generate cuda vs the f32 reference" "MATCHES"
   else
-    record "c. generate output cuda vs cpu" "DIFFERENT (or missing)"
+    record "c. generate cuda vs the f32 reference" "DIFFERENT (or missing)"
   fi
   # The GGUF's matrices as bf16 against its own Q4_1/Q8_0 blocks (dequantizing GEMV):
   # decode tok/s of each, side by side in the log.
@@ -410,7 +423,7 @@ main() {
     # product (their rows added to the residual stream and the 1/rms folded into the next
     # GEMV's sums): no add_rms_norm launch (an 8B's 4096-wide rows take one), no block walking
     # whole rows. Opt-in until this measures it (within bf16 rounding, not the same bits).
-    bench_with "f15. fallow bench engine, split sub-block ends" "fallow-bench-split-norm.log" 1,8 FALLOW_CUDA_SPLIT_NORM=1
+    bench_with "f15. fallow bench engine, split sub-block ends" "fallow-bench-split-norm.log" 1,8 FALLOW_CUDA_SPLIT_NORM=true
     # Batch 1 and 8 with decode attention split only past 256 keys (before session 13: one
     # block per KV head at short contexts) instead of 64 (split-min-keys=256).
     bench_with "f10. fallow bench engine, attention split from 256 keys" "fallow-bench-split256.log" 1,8 FALLOW_CUDA_DEBUG=split-min-keys=256

@@ -1734,7 +1734,10 @@ fn decode_gemvs_splitting_their_sub_block_ends_compute_within_bf16_rounding_of_t
 fn decode_products_given_to_cublas_compute_what_their_gemvs_do() {
     // Timing at load may give any decode-sized product to cuBLAS: the step then runs it
     // unfused (no activation written by the gate/up GEMV, no norm in a GEMV's last block)
-    // beside GEMVs that still fuse. cuBLAS sums in its own order: close, not the bits.
+    // beside GEMVs that still fuse. cuBLAS sums in its own order: close, not the bits. Each
+    // product's output is rounded to bf16, so an order that flips one rounding carries
+    // through the layers: on an H200 (2026-12-04) the default model's `o` product differed
+    // by 1.13 % (its `qkv` by 0.80 %), the tiny models by 0; 2 % bounds that with room.
     for (name, artifacts) in every_model() {
         let vocab = artifacts.config.vocab_size;
         let run = |product: Option<&str>| {
@@ -1749,7 +1752,7 @@ fn decode_products_given_to_cublas_compute_what_their_gemvs_do() {
             let diff = relative_diff(&run(Some(product)), &gemvs, vocab);
             eprintln!("{name}: {product} through cuBLAS vs a GEMV: max relative |Δ| {diff:.6}");
             assert!(
-                diff <= 1e-2,
+                diff <= 2e-2,
                 "{name}: {product} through cuBLAS differs by {diff}"
             );
         }
