@@ -311,3 +311,38 @@ def test_a_forced_legacy_function_call_is_valid(client):
     assert choice.message.function_call.name == "get_weather"
     jsonschema.validate(json.loads(choice.message.function_call.arguments), SCHEMAS["get_weather"])
 
+
+
+# The case: a two-field function whose schema says nothing of other keys or of string
+# lengths. Objects admit only the keys they name and JSON is compact, so the call ends.
+OPEN_WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}}}]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_a_forced_call_of_a_two_field_function_ends_within_60_tokens_for_10_seeds(client, choice):
+    import jsonschema
+    from concurrent.futures import ThreadPoolExecutor
+
+    def sample(seed):
+        return client.chat.completions.create(
+            model=MODEL_ID, messages=[{"role": "user", "content": "What's the weather in Paris?"}],
+            tools=OPEN_WEATHER, tool_choice=choice, temperature=1, seed=seed, max_tokens=60).choices[0]
+
+    with ThreadPoolExecutor(5) as pool:
+        results = list(pool.map(sample, range(10)))
+    for result in results:
+        assert result.finish_reason == "tool_calls", result
+        calls = result.message.tool_calls
+        if choice != "required":
+            assert len(calls) == 1, "a named tool_choice gives exactly one call"
+        for call in calls:
+            assert call.function.name == "get_weather"
+            arguments = json.loads(call.function.arguments)
+            schema = dict(OPEN_WEATHER[0]["function"]["parameters"], additionalProperties=False)
+            jsonschema.validate(arguments, schema)

@@ -15,6 +15,8 @@ pub struct ChatCompletionRequest {
     pub max_tokens: Option<i64>,
     /// OpenAI's newer name for `max_tokens`; wins when both are sent.
     pub max_completion_tokens: Option<i64>,
+    /// Qwen: prompt plus completion tokens at most this.
+    pub max_length: Option<i64>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub top_k: Option<i64>,

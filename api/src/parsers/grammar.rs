@@ -4,6 +4,7 @@
 //! the constrained output; each call's JSON is held to the function's `parameters` schema
 //! with llguidance's `%json { … }`.
 
+use fallow_protocol::grammar::strict_compact;
 use serde_json::{json, Value};
 
 /// A function the grammar may call.
@@ -42,6 +43,7 @@ pub fn forced_call_grammar(
             }
             // `[TOOL_CALLS]` is a special token of Mistral's vocabulary; the constraint
             // matches it by its text.
+            let array = strict_compact(array);
             format!("start: \"[TOOL_CALLS]\" calls\ncalls: %json {array}\n")
         }
         _ => {
@@ -81,9 +83,10 @@ pub fn after_reasoning(grammar: String, reasoning_parser: Option<&str>) -> Strin
     format!("{prefix}think[suffix=\"</think>\"]: /(?s:.*)/\nWS: /[ \\t\\r\\n]*/\n{calls}")
 }
 
-/// One call object's schema as compact JSON text.
+/// One call object's schema as JSON text, enforced as Fallow enforces every schema: objects
+/// closed to the keys they name, compact separators.
 fn call_schema(functions: &[FunctionSpec<'_>], arguments_key: &str) -> String {
-    call_schema_value(functions, arguments_key).to_string()
+    strict_compact(call_schema_value(functions, arguments_key)).to_string()
 }
 
 /// `{"name": <const>, "<arguments_key>": <parameters>}` per function; `anyOf` for several.
@@ -152,7 +155,7 @@ mod tests {
             grammar,
             "start: tool_call\n\
              tool_call: \"<tool_call>\\n\" call \"\\n</tool_call>\"\n\
-             call: %json {\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"get_weather\"},\"arguments\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}},\"required\":[\"name\",\"arguments\"],\"additionalProperties\":false}\n"
+             call: %json {\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"get_weather\"},\"arguments\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"],\"additionalProperties\":false}},\"required\":[\"name\",\"arguments\"],\"additionalProperties\":false,\"x-guidance\":{\"whitespace_flexible\":false,\"item_separator\":\", \",\"key_separator\":\": \"}}\n"
         );
     }
 

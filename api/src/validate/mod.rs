@@ -188,7 +188,7 @@ fn output_format(
                 .unwrap_or_else(|| DEFAULT_TOOL_PARSER.to_owned())
         }),
         legacy_functions: calling.is_some_and(|t| t.legacy),
-        single_tool_call: calling.is_some_and(|t| !t.parallel),
+        single_tool_call: calling.is_some_and(|t| !t.several_calls()),
         reasoning_parser: parsers.reasoning.clone().filter(|_| separate),
         stream_reasoning: wire.stream_reasoning.unwrap_or(true),
         text_completion: None,
@@ -212,7 +212,7 @@ pub fn forced_call_grammar(
 ) -> Option<String> {
     let tools = tools?;
     let parser = output.tool_parser.as_deref()?;
-    let calls = grammar::forced_call_grammar(parser, &tools.forced_functions(), tools.parallel)?;
+    let calls = grammar::forced_call_grammar(parser, &tools.forced_functions(), tools.several_calls())?;
     Some(grammar::after_reasoning(calls, reasoning))
 }
 
@@ -255,6 +255,23 @@ const CONSTRAINT_FIELDS: [&str; 5] = [
     "guided_grammar",
 ];
 
+/// SGLang fields whose effect Fallow does not offer, each with the reason. Every one would
+/// change the answer, so it is refused rather than ignored; `null` or `false` asks for
+/// nothing and passes.
+pub const UNSUPPORTED_FIELDS: [(&str, &str); 4] = [
+    (
+        "custom_logit_processor",
+        "custom logit processors are Python objects that SGLang unpickles and runs; a Rust \
+         server cannot run them",
+    ),
+    ("lora_path", "LoRA adapters are not served yet"),
+    (
+        "return_routed_experts",
+        "no mixture-of-experts model is served, so there are no routed experts to return",
+    ),
+    ("return_hidden_states", "hidden states are not returned yet"),
+];
+
 /// Features the engine does not offer yet are refused loudly rather than ignored, so a
 /// client never silently gets unconstrained text where it asked for JSON.
 fn reject_unsupported(wire: &ChatCompletionRequest) -> Result<(), ApiError> {
@@ -266,8 +283,23 @@ fn reject_unsupported(wire: &ChatCompletionRequest) -> Result<(), ApiError> {
             ));
         }
     }
+    for (field, reason) in UNSUPPORTED_FIELDS {
+        let asked = wire
+            .extra
+            .get(field)
+            .is_some_and(|v| !v.is_null() && *v != Value::Bool(false));
+        if asked {
+            return Err(ApiError::InvalidRequest {
+                message: format!("`{field}` is not supported: {reason}."),
+                param: Some(field.to_owned()),
+                code: Some("unsupported_parameter"),
+            });
+        }
+    }
     Ok(())
 }
 
+#[cfg(test)]
+mod documented_fields_tests;
 #[cfg(test)]
 mod tests;

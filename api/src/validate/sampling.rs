@@ -55,7 +55,21 @@ pub(super) fn validate_sampling(
         constraint: super::constraint::validate_constraint(wire)?,
         stop_regex: super::constraint::validate_stop_regex(wire)?,
         no_stop_trim: wire.no_stop_trim.unwrap_or(false),
+        max_length: validate_max_length(wire.max_length)?,
     })
+}
+
+/// Qwen's `max_length`: a positive token count; whether the prompt leaves room under it is
+/// known only once the runner has tokenized the prompt.
+fn validate_max_length(value: Option<i64>) -> Result<Option<u32>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(v) if v >= 1 => Ok(Some(u32::try_from(v).unwrap_or(u32::MAX))),
+        Some(v) => Err(ApiError::invalid(
+            "max_length",
+            format!("`max_length` (prompt plus completion tokens) must be at least 1, got {v}."),
+        )),
+    }
 }
 
 fn validate_temperature(value: Option<f64>) -> Result<f32, ApiError> {

@@ -38,6 +38,12 @@ pub struct ToolRequest {
 }
 
 impl ToolRequest {
+    /// Whether a turn may hold more than one call: `parallel_tool_calls`, except that a
+    /// named `tool_choice` asks for exactly one call of that function.
+    pub fn several_calls(&self) -> bool {
+        self.parallel && !matches!(self.choice, ToolChoice::Named(_))
+    }
+
     /// The functions a forced call may use: all for `required`, the named one otherwise;
     /// empty when the model is free not to call.
     pub fn forced_functions(&self) -> Vec<FunctionSpec<'_>> {

@@ -6,7 +6,10 @@
 //! disagree about what a constraint means.
 //!
 //! JSON is generated compactly (`", "` and `": "` separators, no other whitespace): small
-//! models given free whitespace tend to spend their token budget on newlines.
+//! models given free whitespace tend to spend their token budget on newlines. An object
+//! schema that names its properties and leaves `additionalProperties` unset admits only
+//! those keys, as xgrammar's default strict mode does: a small model otherwise invents keys
+//! until its budget runs out.
 
 use std::sync::{Arc, OnceLock};
 
@@ -25,10 +28,65 @@ pub fn top_level_grammar(constraint: &Constraint) -> TopLevelGrammar {
         }
         // `strict` is kept for the record: the schema is enforced either way.
         Constraint::JsonSchema { schema, .. } => {
-            TopLevelGrammar::from_json_schema(with_options(schema.clone()))
+            TopLevelGrammar::from_json_schema(strict_compact(schema.clone()))
         }
         Constraint::Regex { pattern } => TopLevelGrammar::from_regex(pattern),
         Constraint::Lark { grammar } => TopLevelGrammar::from_lark(grammar.clone()),
+    }
+}
+
+/// `schema` as Fallow enforces it: objects closed to the keys they name (see the module
+/// doc) and compact separators. For `%json { … }` in a Lark grammar too (forced tool
+/// calls), which reads the same `x-guidance` options.
+pub fn strict_compact(mut schema: Value) -> Value {
+    close_named_objects(&mut schema);
+    with_options(schema)
+}
+
+/// Sets `additionalProperties: false` on every object schema that lists `properties` and
+/// says nothing of other keys, through every keyword that holds subschemas. The members of
+/// an `allOf` are left open: closing each would refuse the keys the others name.
+fn close_named_objects(schema: &mut Value) {
+    let Value::Object(map) = schema else { return };
+    let open_to_others = ["additionalProperties", "patternProperties", "unevaluatedProperties"]
+        .iter()
+        .any(|key| map.contains_key(*key));
+    if map.contains_key("properties") && !open_to_others {
+        map.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (key, value) in map.iter_mut() {
+        match key.as_str() {
+            "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" => {
+                if let Value::Object(children) = value {
+                    children.values_mut().for_each(close_named_objects);
+                }
+            }
+            "anyOf" | "oneOf" | "prefixItems" => {
+                if let Value::Array(children) = value {
+                    children.iter_mut().for_each(close_named_objects);
+                }
+            }
+            "allOf" => {
+                if let Value::Array(children) = value {
+                    children.iter_mut().for_each(close_nested_only);
+                }
+            }
+            "items" | "additionalProperties" | "contains" | "not" | "if" | "then" | "else" => {
+                close_named_objects(value)
+            }
+            _ => {}
+        }
+    }
+}
+
+/// An `allOf` member: its own keys stay open, the schemas inside it are closed.
+fn close_nested_only(schema: &mut Value) {
+    let had_rule = schema
+        .as_object()
+        .is_some_and(|map| map.contains_key("additionalProperties"));
+    close_named_objects(schema);
+    if let (false, Value::Object(map)) = (had_rule, schema) {
+        map.remove("additionalProperties");
     }
 }
 
@@ -61,6 +119,27 @@ pub fn check(constraint: &Constraint) -> Result<(), String> {
         .create_parser(top_level_grammar(constraint))
         .map(drop)
         .map_err(|e| first_line(&e.to_string()))
+}
+
+/// Whether `constraint` admits `text` as a whole output (over bytes, no model needed): for
+/// tests and diagnostics of what a grammar allows.
+pub fn admits(constraint: &Constraint, text: &str) -> Result<bool, String> {
+    let factory = byte_factory()?;
+    let parser = factory
+        .create_parser(top_level_grammar(constraint))
+        .map_err(|e| first_line(&e.to_string()))?;
+    let mut matcher = llguidance::Matcher::new(Ok(parser));
+    let bytes: Vec<TokenId> = text.bytes().map(TokenId::from).collect();
+    let valid = matcher
+        .validate_tokens(&bytes)
+        .map_err(|e| first_line(&e.to_string()))?;
+    if valid < bytes.len() {
+        return Ok(false);
+    }
+    matcher
+        .consume_tokens(&bytes)
+        .map_err(|e| first_line(&e.to_string()))?;
+    matcher.is_accepting().map_err(|e| first_line(&e.to_string()))
 }
 
 /// llguidance's errors may append the whole grammar; the first line says what is wrong.
@@ -165,6 +244,99 @@ mod tests {
         ] {
             assert_eq!(check(&constraint), Ok(()), "{constraint:?}");
         }
+    }
+
+    fn weather_schema() -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}
+            },
+            "required": ["city", "unit"]
+        })
+    }
+
+    fn schema(schema: Value) -> Constraint {
+        Constraint::JsonSchema {
+            schema,
+            strict: false,
+        }
+    }
+
+    #[test]
+    fn an_object_that_names_its_keys_admits_no_other_key() {
+        let weather = schema(weather_schema());
+        let named = r#"{"city": "Paris", "unit": "celsius"}"#;
+        assert_eq!(admits(&weather, named), Ok(true));
+        let extra = r#"{"city": "Paris", "unit": "celsius", "location": "Paris"}"#;
+        assert_eq!(admits(&weather, extra), Ok(false));
+    }
+
+    #[test]
+    fn an_object_that_allows_other_keys_keeps_them() {
+        let mut open = weather_schema();
+        open["additionalProperties"] = json!(true);
+        let extra = r#"{"city": "Paris", "unit": "celsius", "location": "Paris"}"#;
+        assert_eq!(admits(&schema(open), extra), Ok(true));
+        let bare = schema(json!({"type": "object"}));
+        assert_eq!(admits(&bare, r#"{"anything": 1}"#), Ok(true));
+    }
+
+    #[test]
+    fn nested_objects_are_closed_too() {
+        let nested = schema(json!({
+            "type": "object",
+            "properties": {"place": weather_schema()},
+            "required": ["place"]
+        }));
+        let inner_extra = r#"{"place": {"city": "Paris", "unit": "celsius", "x": 1}}"#;
+        assert_eq!(admits(&nested, inner_extra), Ok(false));
+        let list = schema(json!({"type": "array", "items": weather_schema()}));
+        assert_eq!(
+            admits(&list, r#"[{"city": "Paris", "unit": "celsius"}]"#),
+            Ok(true)
+        );
+        assert_eq!(
+            admits(&list, r#"[{"city": "Paris", "unit": "celsius", "x": 1}]"#),
+            Ok(false)
+        );
+    }
+
+    #[test]
+    fn the_members_of_all_of_are_not_closed_against_each_other() {
+        let both = schema(json!({
+            "allOf": [
+                {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}
+            ]
+        }));
+        assert_eq!(admits(&both, r#"{"a": 1, "b": 2}"#), Ok(true));
+    }
+
+    #[test]
+    fn json_is_compact_in_schemas_and_in_lark_json_blocks() {
+        let weather = schema(weather_schema());
+        assert_eq!(
+            admits(&weather, "{\n  \"city\": \"Paris\", \"unit\": \"celsius\"}"),
+            Ok(false)
+        );
+        let call = strict_compact(weather_schema());
+        let lark = Constraint::Lark {
+            grammar: format!("start: \"<tool_call>\" call\ncall: %json {call}\n"),
+        };
+        assert_eq!(
+            admits(&lark, r#"<tool_call>{"city": "Paris", "unit": "celsius"}"#),
+            Ok(true)
+        );
+        assert_eq!(
+            admits(&lark, "<tool_call>{\n        \"city\": \"Paris\", \"unit\": \"celsius\"}"),
+            Ok(false)
+        );
+        assert_eq!(
+            admits(&lark, r#"<tool_call>{"city": "Paris", "unit": "celsius", "x": 1}"#),
+            Ok(false)
+        );
     }
 
     #[test]

@@ -142,6 +142,10 @@ pub struct Sampling {
     /// SGLang `no_stop_trim`: a matched stop string (or regex match) stays in the output.
     #[serde(default)]
     pub no_stop_trim: bool,
+    /// Qwen `max_length`: prompt plus completion tokens at most this; the engine lowers
+    /// `max_tokens` to what is left after the prompt, and refuses a prompt that fills it.
+    #[serde(default)]
+    pub max_length: Option<u32>,
 }
 
 /// A grammar the generated text must follow (constrained decoding).
@@ -184,6 +188,7 @@ impl Default for Sampling {
             constraint: None,
             stop_regex: Vec::new(),
             no_stop_trim: false,
+            max_length: None,
         }
     }
 }

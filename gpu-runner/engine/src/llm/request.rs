@@ -80,7 +80,25 @@ pub(super) fn validate(request: &EngineRequest, limits: Limits) -> Result<usize,
     }
     // The last sampled token is never run, so a choice occupies prompt + max_tokens − 1.
     let pool_room = (limits.pool_tokens + 1).saturating_sub(prompt_len);
-    match request.sampling.max_tokens {
+    let max_tokens = match request.sampling.max_length {
+        None => request.sampling.max_tokens,
+        Some(total) => {
+            let left = (total as usize).saturating_sub(prompt_len);
+            if left == 0 {
+                return invalid(format!(
+                    "max_length: the prompt has {prompt_len} tokens, which leaves no room under \
+                     max_length ({total})"
+                ));
+            }
+            // Unset, max_tokens is what max_length leaves within the context and the pool;
+            // a client's own max_tokens is still checked against them below.
+            let left = request.sampling.max_tokens.map_or(left.min(room).min(pool_room), |m| {
+                left.min(m as usize)
+            });
+            Some(u32::try_from(left).unwrap_or(u32::MAX))
+        }
+    };
+    match max_tokens {
         Some(0) => invalid("max_tokens must be at least 1".into()),
         Some(max) if max as usize > room => Err(EngineError::ContextLengthExceeded(format!(
             "prompt ({prompt_len} tokens) + max_tokens ({max}) exceeds the model's context \

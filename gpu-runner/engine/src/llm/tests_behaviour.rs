@@ -140,6 +140,41 @@ fn a_request_without_max_tokens_is_capped_by_the_kv_pool() {
 }
 
 #[test]
+fn max_length_bounds_the_prompt_and_the_completion_together() {
+    let mut e = engine(Rule::HistorySum);
+    let capped = |max_tokens: Option<u32>| Sampling {
+        temperature: 0.0,
+        ignore_eos: true,
+        max_tokens,
+        max_length: Some(30),
+        ..Sampling::default()
+    };
+    e.add_request(request(1, vec![1; 22], capped(None))).unwrap();
+    e.add_request(request(2, vec![1; 22], capped(Some(50)))).unwrap();
+    e.add_request(request(3, vec![1; 22], capped(Some(3)))).unwrap();
+    let outputs = run_all(&mut e);
+    for (id, expected) in [(1, 8), (2, 8), (3, 3)] {
+        let (_, tokens, finish, _) = choice(&outputs, id, 0);
+        assert_eq!(tokens.len(), expected, "request {id}");
+        assert_eq!(finish, Some(FinishReason::Length), "request {id}");
+    }
+}
+
+#[test]
+fn a_prompt_that_fills_max_length_is_refused_for_its_input() {
+    let mut e = engine(Rule::HistorySum);
+    let sampling = Sampling {
+        max_length: Some(30),
+        ..Sampling::default()
+    };
+    let err = e
+        .add_request(request(1, vec![1; 30], sampling))
+        .unwrap_err();
+    assert_eq!(err.code(), "invalid_request");
+    assert!(err.to_string().contains("max_length"), "{err}");
+}
+
+#[test]
 fn aborting_frees_blocks_at_once() {
     let mut e = engine(Rule::HistorySum);
     e.add_request(request(1, vec![1; 20], greedy(50))).unwrap();
