@@ -37,11 +37,34 @@ fn install() -> Option<PrometheusHandle> {
         }
     };
     match builder.install_recorder() {
-        Ok(handle) => Some(handle),
+        Ok(handle) => {
+            register_at_zero();
+            Some(handle)
+        }
         Err(err) => {
             tracing::warn!(error = %err, "a metrics recorder is already installed; /metrics will be empty");
             None
         }
+    }
+}
+
+/// Finish reasons counted from the start, as vLLM registers them.
+const FINISH_REASONS: [&str; 3] = ["stop", "length", "tool_calls"];
+
+/// Creates every api counter and histogram at 0, so `/metrics` lists them before the first
+/// request and dashboards show 0 rather than "no data". Labelled families start with the
+/// labels a request can give them first.
+fn register_at_zero() {
+    for name in [REQUESTS, REQUEST_CANCELLED, PROMPT_TOKENS, GENERATION_TOKENS] {
+        metrics::counter!(name).increment(0);
+    }
+    for reason in FINISH_REASONS {
+        metrics::counter!(REQUEST_SUCCESS, "finished_reason" => reason).increment(0);
+    }
+    metrics::counter!(REQUEST_ERRORS, "type" => "invalid_request_error").increment(0);
+    for name in [E2E_LATENCY, TTFT] {
+        // A histogram handle registers the series; nothing is recorded.
+        drop(metrics::histogram!(name));
     }
 }
 

@@ -190,13 +190,25 @@ pub async fn dev(args: ServiceArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding {}", settings.listen))?;
-    let runner = tokio::spawn(worker::run(
+    // "Serving" means a request gets its model: the runner lists its models before it
+    // loads them, and requests sent meanwhile wait in the queue.
+    let registered = Arc::new(tokio::sync::Notify::new());
+    let mut runner_settings = runner_config(&settings);
+    runner_settings.registered = Some(registered.clone());
+    let mut runner = tokio::spawn(worker::run(
         conns.queue.clone(),
         conns.relay.clone(),
         models,
-        runner_config(&settings),
+        runner_settings,
         wait(stop.clone()),
     ));
+    tokio::select! {
+        _ = registered.notified() => {}
+        ended = &mut runner => {
+            ended??;
+            anyhow::bail!("the runner stopped before it registered");
+        }
+    }
     let maint = tokio::spawn(maintenance::run(
         conns.queue.clone(),
         maintenance_config(&settings),

@@ -80,6 +80,9 @@ pub struct RunnerConfig {
     pub pool_max_share: Option<f64>,
     /// A test hook that makes an engine thread panic (see [`PanicHook`]); off by default.
     pub panic_hook: PanicHook,
+    /// Notified once the runner is registered, its models listed, before any loads: `fallow
+    /// dev` waits for it before it says it is serving.
+    pub registered: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Default for RunnerConfig {
@@ -99,6 +102,7 @@ impl Default for RunnerConfig {
             pool: runners::DEFAULT_POOL.to_string(),
             pool_max_share: None,
             panic_hook: PanicHook::default(),
+            registered: None,
         }
     }
 }
@@ -113,6 +117,30 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "localhost".to_string())
 }
 
+/// Loads the models that fit at start, heartbeating meanwhile so that a long load does not
+/// make the registered runner look dead.
+async fn preload_alive(
+    models: &mut Models,
+    queue: &Queue,
+    runner_id: Uuid,
+    config: &RunnerConfig,
+) -> anyhow::Result<()> {
+    let preload = models.preload_now();
+    tokio::pin!(preload);
+    let mut beat = tokio::time::interval(config.heartbeat_every.min(MAX_HEARTBEAT_EVERY));
+    beat.tick().await; // the first tick is immediate; registering just counted as one
+    loop {
+        tokio::select! {
+            done = &mut preload => return done,
+            _ = beat.tick() => {
+                if let Err(e) = runners::heartbeat(queue.pool(), runner_id, 0).await {
+                    tracing::warn!(error = %e, "runner heartbeat during a load failed");
+                }
+            }
+        }
+    }
+}
+
 /// Runs the worker until `shutdown` resolves, then hands held jobs back to the queue.
 pub async fn run(
     queue: Queue,
@@ -123,16 +151,14 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let (events_tx, mut host_rx) = mpsc::unbounded_channel::<(EngineKey, HostEvent)>();
     let (loads_tx, mut loads_rx) = mpsc::unbounded_channel::<LoadDone>();
+    for offer in &offers {
+        telemetry::register_model(&offer.id);
+    }
     let (models, scope) = Models::new(offers, config.memory_budget, events_tx, loads_tx);
     let mut models = models.with_panic_hook(config.panic_hook.clone());
     let mut owner = owner_watch(&config);
     // Closed until the probe's first look.
     let owner_active = owner.as_mut().is_some_and(|rx| *rx.borrow_and_update());
-    if owner_active {
-        models.preload_later(); // the owner has the machine: load when it is lent
-    } else {
-        models.preload_now().await?;
-    }
     let info = RunnerInfo {
         host: config.host.clone(),
         devices: devices::describe(),
@@ -141,8 +167,21 @@ pub async fn run(
         warm: models.warm(),
         pool: config.pool.clone(),
     };
+    // Registered before any model loads: the api lists the runner's models at once, so a
+    // request sent during a load waits in the queue instead of getting a 404.
     let runner_id = runners::register(queue.pool(), &info).await?;
-    tracing::info!(%runner_id, warm = ?info.warm, slots = config.slots, "runner registered");
+    tracing::info!(%runner_id, slots = config.slots, "runner registered");
+    if let Some(registered) = &config.registered {
+        registered.notify_one();
+    }
+    if owner_active {
+        models.preload_later(); // the owner has the machine: load when it is lent
+    } else if let Err(e) = preload_alive(&mut models, &queue, runner_id, &config).await {
+        if let Err(e) = runners::deregister(queue.pool(), runner_id).await {
+            tracing::warn!(error = %e, "deregistering after a failed load failed");
+        }
+        return Err(e);
+    }
     let (mut state, gate) = RunnerState::new();
     state.set_owner_active(owner_active);
     let mut hints = runners::state_hints(queue.pool().clone(), runner_id);

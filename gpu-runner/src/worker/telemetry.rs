@@ -59,6 +59,18 @@ impl EngineGauges {
     }
 }
 
+/// Creates `model`'s counters and histograms at 0 when the runner offers it, so `/metrics`
+/// lists them before its first job.
+pub fn register_model(model: &str) {
+    let name = model.to_string();
+    drop(inter_token_latency(model));
+    drop(metrics::histogram!(QUEUE_TIME, "model_name" => name.clone()));
+    drop(metrics::histogram!(MODEL_LOAD_SECONDS, "model_name" => name.clone()));
+    for counter in [PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS] {
+        metrics::counter!(counter, "model_name" => name.clone()).increment(0);
+    }
+}
+
 /// The inter-token latency histogram of `model`'s jobs.
 pub fn inter_token_latency(model: &str) -> metrics::Histogram {
     metrics::histogram!(INTER_TOKEN_LATENCY, "model_name" => model.to_string())
