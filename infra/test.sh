@@ -33,6 +33,13 @@ if ! command -v chromium >/dev/null 2>&1; then
   as_root apt-get update -qq
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq chromium >/dev/null
 fi
+# The Node SDK test drives npm's `openai` with Debian's Node.js.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq nodejs npm >/dev/null
+fi
+npm install --prefix tests/e2e/node --no-audit --no-fund --silent
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 .venv/bin/pip install -q --disable-pip-version-check -r tests/e2e/requirements.txt
 # NVRTC (CUDA 13's runtime compiler, from NVIDIA's PyPI wheel) lets a Rust test compile the
