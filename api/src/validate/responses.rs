@@ -171,6 +171,9 @@ pub fn validate_response(
         logprobs: Some(logprobs),
         top_logprobs: wire.top_logprobs.filter(|_| logprobs),
         stream: Some(stream),
+        // `none` asks for no reasoning: templates that think are told not to.
+        chat_template_kwargs: (effort.as_deref() == Some("none"))
+            .then(|| Map::from_iter([("enable_thinking".to_owned(), Value::Bool(false))])),
         reasoning_effort: effort,
         tools: (!chat_tools.is_empty()).then_some(chat_tools),
         tool_choice: chat_choice,
@@ -358,12 +361,14 @@ fn text_format(text: Option<&Value>) -> Result<(Value, Option<Value>), ApiError>
             schema.remove("type");
             Some(json!({"type": "json_schema", "json_schema": schema}))
         }
-        Some(other) => return Err(ApiError::invalid(
-            "text.format.type",
-            format!(
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "text.format.type",
+                format!(
                 "`text.format.type` is `{other}`; expected `text`, `json_object` or `json_schema`."
             ),
-        )),
+            ))
+        }
         None => {
             return Err(ApiError::invalid(
                 "text.format.type",
@@ -385,21 +390,22 @@ fn reasoning(reasoning: Option<&Value>) -> Result<(Value, Option<String>), ApiEr
             "`reasoning` must be an object.",
         ));
     };
-    let effort =
-        match obj.get("effort") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(e))
-                if ["none", "minimal", "low", "medium", "high", "xhigh"].contains(&e.as_str()) =>
-            {
-                Some(e.clone())
-            }
-            Some(other) => return Err(ApiError::invalid(
+    let effort = match obj.get("effort") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(e))
+            if ["none", "minimal", "low", "medium", "high", "xhigh"].contains(&e.as_str()) =>
+        {
+            Some(e.clone())
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
                 "reasoning.effort",
                 format!(
                     "`reasoning.effort` must be `minimal`, `low`, `medium` or `high`, got {other}."
                 ),
-            )),
-        };
+            ))
+        }
+    };
     let summary = obj.get("summary").cloned().unwrap_or(Value::Null);
     Ok((json!({"effort": effort, "summary": summary}), effort))
 }

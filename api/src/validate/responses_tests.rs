@@ -77,3 +77,17 @@ fn consecutive_calls_join_the_assistant_turn_before_them() {
     assert_eq!(messages[1].tool_calls.as_ref().map(Vec::len), Some(2));
     assert_eq!(messages[2].name.as_deref(), Some("g"));
 }
+
+#[test]
+fn no_reasoning_effort_turns_thinking_off() {
+    let valid = validate_response(
+        wire(json!({"model": "m", "input": "hi", "reasoning": {"effort": "none"}})),
+        Vec::new(),
+        &limits(),
+        0,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let kwargs = &valid.chat.request.chat_template_kwargs;
+    assert_eq!(kwargs.get("enable_thinking"), Some(&Value::Bool(false)));
+    assert_eq!(valid.settings.reasoning["effort"], "none");
+}
