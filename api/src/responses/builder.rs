@@ -39,6 +39,8 @@ pub struct ResponseBuilder {
     done: bool,
     /// The job ended the response (`Final` or its `Error`), as opposed to the api giving up.
     job_ended: bool,
+    /// The finish reason of the job's `Final`.
+    finish: Option<FinishReason>,
     /// The job's usage so far (from the deltas).
     usage: Usage,
     /// Bytes of choice 0's text seen in deltas, so a `Final` adds only the rest.
@@ -71,6 +73,7 @@ impl ResponseBuilder {
             started: false,
             done: false,
             job_ended: false,
+            finish: None,
             usage: Usage::default(),
             seen_len: 0,
             attempt: None,
@@ -116,6 +119,11 @@ impl ResponseBuilder {
     /// Whether the job itself ended the response (so no cancellation is due).
     pub fn ended_by_job(&self) -> bool {
         self.job_ended
+    }
+
+    /// The job's finish reason and usage, once its `Final` has been read.
+    pub fn final_outcome(&self) -> Option<(FinishReason, Usage)> {
+        self.finish.map(|reason| (reason, self.usage))
     }
 
     /// Whether any output text has been seen (for time-to-first-token).
@@ -234,6 +242,7 @@ impl ResponseBuilder {
             self.open_message(out);
         }
         let reason = choice.map_or(FinishReason::Stop, |c| c.finish_reason);
+        self.finish = Some(reason);
         let (status, kind) = match reason {
             FinishReason::Stop => ("completed", "response.completed"),
             FinishReason::Length => ("incomplete", "response.incomplete"),

@@ -42,14 +42,25 @@ impl ResponseStream {
         events
     }
 
+    /// Time to first token, when this batch of entries brought the first text.
+    fn observe(&self, had_text: bool) {
+        if let Some(started) = self.started {
+            if !had_text && self.builder.text_seen() {
+                metrics::histogram!(crate::metrics::TTFT).record(started.elapsed().as_secs_f64());
+            }
+        }
+    }
+
     /// Bookkeeping once the builder has ended: disarm the guard, record the answer.
     fn on_done(&mut self) {
         if let Some(guard) = self.guard.as_mut() {
             guard.disarm();
         }
-        if let Some(started) = self.started.take() {
-            metrics::histogram!(crate::metrics::E2E_LATENCY)
-                .record(started.elapsed().as_secs_f64());
+        if let (Some(started), Some((reason, usage))) =
+            (self.started.take(), self.builder.final_outcome())
+        {
+            let reason = crate::openai::response::finish_reason_str(reason);
+            crate::metrics::record_success(reason, started.elapsed().as_secs_f64(), &usage);
         }
         let response = self.builder.response();
         if response.status == "in_progress" || response.status == "queued" {
@@ -75,6 +86,7 @@ pub fn response_sse(mut job: ResponseStream, first: Vec<StreamEntry>) -> Respons
     for entry in &first {
         events.extend(job.builder.on_entry(entry));
     }
+    job.observe(false);
     pending.extend(job.unseen(events));
     if job.builder.ended_by_job() {
         job.on_done();
@@ -89,6 +101,7 @@ pub fn response_sse(mut job: ResponseStream, first: Vec<StreamEntry>) -> Respons
                 if job.builder.is_done() {
                     return None;
                 }
+                let had_text = job.builder.text_seen();
                 let events = match job.follower.next_batch().await {
                     Ok(entries) => entries
                         .iter()
@@ -98,6 +111,7 @@ pub fn response_sse(mut job: ResponseStream, first: Vec<StreamEntry>) -> Respons
                     Err(err) => job.builder.on_error(&err),
                 };
                 pending.extend(job.unseen(events));
+                job.observe(had_text);
                 if job.builder.ended_by_job() {
                     job.on_done();
                 }

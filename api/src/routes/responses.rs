@@ -9,6 +9,7 @@ use crate::auth::Caller;
 use crate::cancel::CancelOnDrop;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
+use crate::openai::response::finish_reason_str;
 use crate::openai::responses::{
     parse_response_id, response_id, CreateResponseRequest, ResponseObject,
 };
@@ -22,7 +23,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use fallow_protocol::job::{Completion, JobEvent};
+use fallow_protocol::job::{Completion, FinishReason, JobEvent};
 use serde_json::Value;
 use std::time::Instant;
 use tracing::Instrument;
@@ -102,7 +103,15 @@ pub async fn create_response(
         if valid.settings.store {
             store::finish(state.queue().pool(), job, &value).await?;
         }
-        metrics::histogram!(crate::metrics::E2E_LATENCY).record(started.elapsed().as_secs_f64());
+        let reason = done
+            .choices
+            .first()
+            .map_or(FinishReason::Stop, |c| c.finish_reason);
+        crate::metrics::record_success(
+            finish_reason_str(reason),
+            started.elapsed().as_secs_f64(),
+            &done.usage,
+        );
         Ok(Json(value).into_response())
     }
     .instrument(span)
