@@ -19,6 +19,8 @@
 //! - [`chunks`]: stream entries → `chat.completion.chunk`s, in OpenAI's order.
 //! - [`stream_choice`]: one streamed choice through the parsers, as OpenAI's deltas.
 //! - [`sse`]: chunks → server-sent events; the job's body stream.
+//! - [`responses`]: the Responses API: a job → a `response` and its typed events, and the
+//!   stored responses that `previous_response_id` continues.
 //! - [`text_chunks`]: the jobs of a legacy completion → `text_completion` chunks.
 //! - [`cancel`]: cancel a job when its client goes away (a drop guard).
 //! - [`metrics`]: Prometheus metrics with vLLM-style names.
@@ -41,6 +43,7 @@ pub mod metrics;
 pub mod openai;
 pub mod parsers;
 pub mod rate_limit;
+pub mod responses;
 pub mod routes;
 pub mod server;
 pub mod sse;

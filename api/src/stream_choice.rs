@@ -137,6 +137,7 @@ mod tests {
             stream_reasoning,
             text_completion: None,
             cached_tokens_details: false,
+            responses: None,
         }
     }
 

@@ -6,6 +6,8 @@ use crate::error::ApiError;
 use crate::openai::completions::{text_completion_id, CompletionRequest, TextCompletion};
 use crate::openai::request::ChatCompletionRequest;
 use crate::openai::response::ChatCompletion;
+use crate::openai::responses::CreateResponseRequest;
+use crate::validate::responses::validate_response;
 use crate::validate::{
     validate_chat, validate_completion, Limits, ModelParsers, BATCH_PRIORITY_BASE,
 };
@@ -18,7 +20,8 @@ use uuid::Uuid;
 /// The endpoints batches may target.
 pub const CHAT_ENDPOINT: &str = "/v1/chat/completions";
 pub const COMPLETIONS_ENDPOINT: &str = "/v1/completions";
-pub const BATCH_ENDPOINTS: [&str; 2] = [CHAT_ENDPOINT, COMPLETIONS_ENDPOINT];
+pub const RESPONSES_ENDPOINT: &str = "/v1/responses";
+pub const BATCH_ENDPOINTS: [&str; 3] = [CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, RESPONSES_ENDPOINT];
 
 #[derive(Debug, Deserialize)]
 pub struct CreateBatchRequest {
@@ -153,6 +156,39 @@ impl ChatBatchCodec {
     }
 }
 
+impl ChatBatchCodec {
+    /// A `/v1/responses` line: one response, through the synchronous endpoint's validation.
+    /// Nothing of a batch is stored, so a line can neither continue a stored response nor
+    /// run in the background.
+    fn parse_response(
+        &self,
+        body: serde_json::Value,
+        limits: &Limits,
+    ) -> Result<LineRequest, (Option<String>, String)> {
+        let mut wire: CreateResponseRequest = deserialize_line(body)?;
+        for (field, set) in [
+            ("previous_response_id", wire.previous_response_id.is_some()),
+            ("background", wire.background == Some(true)),
+        ] {
+            if set {
+                return Err((
+                    Some(field.to_owned()),
+                    format!("`{field}` is not supported in batch lines."),
+                ));
+            }
+        }
+        wire.store = Some(false);
+        let created = chrono::Utc::now().timestamp();
+        let valid = validate_response(wire, Vec::new(), limits, created).map_err(envelope)?;
+        let mut request = valid.chat.request;
+        request.stream = false;
+        Ok(LineRequest {
+            request,
+            priority: BATCH_PRIORITY_BASE + valid.chat.priority,
+        })
+    }
+}
+
 fn deserialize_line<T: serde::de::DeserializeOwned>(
     body: serde_json::Value,
 ) -> Result<T, (Option<String>, String)> {
@@ -181,13 +217,15 @@ impl BatchCodec for ChatBatchCodec {
         if endpoint == COMPLETIONS_ENDPOINT {
             return self.parse_completion(body);
         }
-        if endpoint != CHAT_ENDPOINT {
+        if endpoint != CHAT_ENDPOINT && endpoint != RESPONSES_ENDPOINT {
             return Err((None, format!("The endpoint `{endpoint}` is not supported.")));
         }
-        let wire: ChatCompletionRequest = deserialize_line(body)?;
         // The line's model, as its runner published it: tool calls and reasoning are read in
         // its syntax, exactly as for a synchronous request.
-        let model = wire.model.as_deref().map(str::trim);
+        let model = body
+            .get("model")
+            .and_then(serde_json::Value::as_str)
+            .map(str::trim);
         let limits = match models.iter().find(|m| Some(m.id.as_str()) == model) {
             Some(entry) => Limits {
                 parsers: ModelParsers {
@@ -198,6 +236,10 @@ impl BatchCodec for ChatBatchCodec {
             },
             None => self.limits.clone(),
         };
+        if endpoint == RESPONSES_ENDPOINT {
+            return self.parse_response(body, &limits);
+        }
+        let wire: ChatCompletionRequest = deserialize_line(body)?;
         let valid = validate_chat(wire, &limits).map_err(envelope)?;
         let mut request = valid.request;
         // Results are collected, never streamed, so every batch job stays retryable.
@@ -226,6 +268,10 @@ impl BatchCodec for ChatBatchCodec {
                 &[],
                 std::slice::from_ref(completion),
             );
+            return serde_json::to_value(body).unwrap_or(serde_json::Value::Null);
+        }
+        if output.responses.is_some() {
+            let body = crate::responses::answer::from_completion(job, model, output, completion);
             return serde_json::to_value(body).unwrap_or(serde_json::Value::Null);
         }
         let body =
@@ -348,6 +394,54 @@ mod tests {
         assert_eq!(body["object"], "text_completion");
         assert_eq!(body["choices"][0]["text"], "there");
         assert_eq!(body["choices"][0]["finish_reason"], "length");
+    }
+
+    #[test]
+    fn a_responses_line_is_answered_as_a_response_object() {
+        let codec = ChatBatchCodec::new(&crate::ApiConfig::default());
+        let body = json!({"model": "thinker", "input": "hi", "max_output_tokens": 5});
+        let line = codec
+            .parse_body(RESPONSES_ENDPOINT, body, &[thinker()])
+            .unwrap_or_else(|(_, e)| panic!("{e}"));
+        assert!(!line.request.stream);
+        assert_eq!(line.request.sampling.max_tokens, Some(5));
+        let done = Completion {
+            choices: vec![ChoiceResult {
+                index: 0,
+                text: "<think>hm</think>there".into(),
+                finish_reason: FinishReason::Stop,
+                matched_stop: None,
+                logprobs: None,
+            }],
+            usage: Usage::default(),
+            ..Default::default()
+        };
+        let job = Uuid::from_u128(3);
+        let body = codec.response_body(job, 0, "thinker", &line.request.output, &done);
+        assert_eq!(body["object"], "response");
+        assert_eq!(body["id"], crate::openai::responses::response_id(job));
+        assert_eq!(body["store"], false);
+        assert_eq!(body["output"][0]["type"], "reasoning");
+        assert_eq!(body["output"][1]["content"][0]["text"], "there");
+        for (body, param) in [
+            (
+                json!({"model": "m", "input": "a", "background": true}),
+                "background",
+            ),
+            (
+                json!({"model": "m", "input": "a", "previous_response_id": "resp_x"}),
+                "previous_response_id",
+            ),
+            (
+                json!({"model": "m", "input": "a", "tools": [{"type": "mcp"}]}),
+                "tools[0].type",
+            ),
+        ] {
+            match codec.parse_body(RESPONSES_ENDPOINT, body, &[]) {
+                Err((Some(p), _)) => assert_eq!(p, param),
+                other => panic!("not refused: {:?}", other.map(|_| ())),
+            }
+        }
     }
 
     #[test]

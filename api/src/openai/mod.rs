@@ -9,4 +9,5 @@ pub mod files;
 pub mod models;
 pub mod request;
 pub mod response;
+pub mod responses;
 pub mod tokenize;

@@ -117,7 +117,7 @@ pub(super) async fn admit(state: &AppState) -> Result<(), ApiError> {
 }
 
 /// Enqueues the job within the tenant's active-job limit (429 when over it).
-async fn enqueue(
+pub(super) async fn enqueue(
     state: &AppState,
     caller: &Caller,
     valid: &ValidChat,

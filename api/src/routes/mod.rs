@@ -8,6 +8,8 @@ mod completions;
 mod files;
 mod models;
 mod ops;
+mod response_reads;
+mod responses;
 mod text_completions;
 mod tokenize;
 
@@ -44,6 +46,19 @@ pub fn router(state: AppState) -> Router {
             get(completions::resume_chat_stream),
         )
         .route("/v1/completions", post(text_completions::create_completion))
+        .route("/v1/responses", post(responses::create_response))
+        .route(
+            "/v1/responses/{id}",
+            get(response_reads::get_response).delete(response_reads::delete_response),
+        )
+        .route(
+            "/v1/responses/{id}/cancel",
+            post(response_reads::cancel_response),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(response_reads::list_input_items),
+        )
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/v1/tokenize", post(tokenize::tokenize))

@@ -7,6 +7,7 @@ mod completion;
 mod constraint;
 mod gbnf;
 mod messages;
+pub mod responses;
 mod sampling;
 mod tokenize;
 mod tools;
@@ -193,6 +194,7 @@ fn output_format(
         stream_reasoning: wire.stream_reasoning.unwrap_or(true),
         text_completion: None,
         cached_tokens_details: wire.return_cached_tokens_details.unwrap_or(false),
+        responses: None,
     }
 }
 

@@ -13,5 +13,6 @@ mod errors;
 mod local_mode;
 mod ops;
 mod rate_limits;
+mod responses;
 mod streams;
 mod tools;

@@ -81,6 +81,12 @@ pub struct OutputFormat {
     /// `sglext.cached_tokens_details`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub cached_tokens_details: bool,
+    /// Answer as a Responses API `response` (`/v1/responses`). The value holds the request's
+    /// settings that every answer echoes; it is the api's, opaque to everyone else, and
+    /// stored with the job so that any api process (a poll, a resumed stream, a batch line)
+    /// answers for the job alike.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub responses: Option<serde_json::Value>,
 }
 
 /// How a legacy completion presents its choices.
@@ -103,6 +109,7 @@ impl Default for OutputFormat {
             stream_reasoning: true,
             text_completion: None,
             cached_tokens_details: false,
+            responses: None,
         }
     }
 }
