@@ -76,3 +76,25 @@ async fn queued_interactive_jobs_past_the_request_timeout_are_cancelled_and_batc
     );
     db.drop().await;
 }
+
+#[tokio::test]
+async fn a_queued_background_response_is_not_taken_for_abandoned() {
+    let db = TestDb::new().await;
+    let queue = db.queue();
+    let mut polled_later = interactive_job("m");
+    polled_later.request.output.responses = Some(serde_json::json!({"background": true}));
+    let background = queue.enqueue(polled_later).await.unwrap();
+    queue.clock().advance(Duration::from_secs(7200));
+
+    let cancelled = queue
+        .cancel_abandoned(Duration::from_secs(660))
+        .await
+        .unwrap();
+
+    assert_eq!(cancelled, 0);
+    assert_eq!(
+        queue.get(background).await.unwrap().unwrap().state,
+        JobState::Queued
+    );
+    db.drop().await;
+}

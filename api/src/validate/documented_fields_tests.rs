@@ -26,15 +26,17 @@ struct Row {
     status: String,
 }
 
-/// The rows of the tables between "Request fields of `POST /v1/chat/completions`" and
-/// "Response fields". A row's status is its first cell after the field that is a status.
+/// The rows of the tables in the section "Request fields of `POST /v1/chat/completions`",
+/// up to the next section. A row's status is its first cell after the field that is a
+/// status.
 fn documented_rows() -> Vec<Row> {
+    let heading = "## Request fields of `POST /v1/chat/completions`";
     let start = API_PAGE
-        .find("## Request fields of `POST /v1/chat/completions`")
+        .find(heading)
         .expect("docs/api.md has the request fields section");
-    let end = API_PAGE[start..]
-        .find("\n## Response fields")
-        .map_or(API_PAGE.len(), |i| start + i);
+    let end = API_PAGE[start + heading.len()..]
+        .find("\n## ")
+        .map_or(API_PAGE.len(), |i| start + heading.len() + i);
     API_PAGE[start..end]
         .lines()
         .filter(|line| line.starts_with("| `"))

@@ -86,3 +86,42 @@ test('a batch file uploaded and run gives one output line per input line', async
   const ids = output.trim().split('\n').map((line) => JSON.parse(line).custom_id).sort();
   assert.deepEqual(ids, ['a', 'b', 'c']);
 });
+
+test('a response is created from a string and its text equals the stream at temperature 0', async () => {
+  const params = { model, input: 'Name a fruit.', max_output_tokens: 12, temperature: 0 };
+  const whole = await client.responses.create(params);
+  assert.equal(whole.object, 'response');
+  assert.equal(whole.status === 'completed' || whole.status === 'incomplete', true, whole.status);
+  assert.ok(whole.output_text.length > 0);
+  const stream = client.responses.stream(params);
+  const sequence = [];
+  let text = '';
+  for await (const event of stream) {
+    sequence.push(event.sequence_number);
+    if (event.type === 'response.output_text.delta') text += event.delta;
+  }
+  const final = await stream.finalResponse();
+  assert.equal(text, whole.output_text);
+  assert.equal(final.output_text, whole.output_text);
+  assert.ok(sequence.every((n, i) => i === 0 || n > sequence[i - 1]), `${sequence}`);
+});
+
+test('a background response is queued at once and retrieved when done', async () => {
+  const queued = await client.responses.create({
+    model,
+    input: 'Count to three.',
+    max_output_tokens: 12,
+    temperature: 0,
+    background: true,
+  });
+  assert.ok(['queued', 'in_progress'].includes(queued.status), queued.status);
+  let response = queued;
+  const deadline = Date.now() + 120_000;
+  while (['queued', 'in_progress'].includes(response.status)) {
+    assert.ok(Date.now() < deadline, `response still ${response.status}`);
+    await sleep(200);
+    response = await client.responses.retrieve(queued.id);
+  }
+  assert.ok(['completed', 'incomplete'].includes(response.status), response.status);
+  assert.ok(response.output_text.length > 0);
+});
