@@ -55,7 +55,12 @@ const FINISH_REASONS: [&str; 3] = ["stop", "length", "tool_calls"];
 /// request and dashboards show 0 rather than "no data". Labelled families start with the
 /// labels a request can give them first.
 fn register_at_zero() {
-    for name in [REQUESTS, REQUEST_CANCELLED, PROMPT_TOKENS, GENERATION_TOKENS] {
+    for name in [
+        REQUESTS,
+        REQUEST_CANCELLED,
+        PROMPT_TOKENS,
+        GENERATION_TOKENS,
+    ] {
         metrics::counter!(name).increment(0);
     }
     for reason in FINISH_REASONS {

@@ -83,8 +83,11 @@ fn samples(field: &str) -> Option<Vec<(Value, &'static str)>> {
         "`model`" | "`messages`" | "`messages[].content` as a string" => one(json!({})),
         "`messages[].role`" => one(json!({"messages": [
             {"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}]})),
-        "`messages[].content` `text` parts" => one(user_parts(json!({"type": "text", "text": "hi"}))),
-        "`messages[].content` `image_url` parts" | "`image_url`, `video_url`, `audio_url` content parts" => {
+        "`messages[].content` `text` parts" => {
+            one(user_parts(json!({"type": "text", "text": "hi"})))
+        }
+        "`messages[].content` `image_url` parts"
+        | "`image_url`, `video_url`, `audio_url` content parts" => {
             refused(user_parts(image), "messages[0].content[0]")
         }
         "`messages[].content` `video_url` parts" => refused(
@@ -96,10 +99,14 @@ fn samples(field: &str) -> Option<Vec<(Value, &'static str)>> {
             "messages[0].content[0]",
         ),
         "`image_url.detail`" => refused(
-            user_parts(json!({"type": "image_url", "image_url": {"url": "http://x", "detail": "low"}})),
+            user_parts(
+                json!({"type": "image_url", "image_url": {"url": "http://x", "detail": "low"}}),
+            ),
             "messages[0].content[0]",
         ),
-        "`messages[].name`" => one(json!({"messages": [{"role": "user", "content": "hi", "name": "ann"}]})),
+        "`messages[].name`" => {
+            one(json!({"messages": [{"role": "user", "content": "hi", "name": "ann"}]}))
+        }
         "`messages[].tool_calls`" | "`messages[].tool_call_id`" => one(history),
         "`messages[].function_call`" => one(json!({"messages": [
             {"role": "user", "content": "weather?"},
@@ -122,7 +129,9 @@ fn samples(field: &str) -> Option<Vec<(Value, &'static str)>> {
         "`no_stop_trim`" => one(json!({"stop": ["x"], "no_stop_trim": true})),
         "`min_tokens`" => one(json!({"max_tokens": 8, "min_tokens": 2})),
         "`ignore_eos`" => one(json!({"ignore_eos": true})),
-        "`response_format: {\"type\": \"text\"}`" => one(json!({"response_format": {"type": "text"}})),
+        "`response_format: {\"type\": \"text\"}`" => {
+            one(json!({"response_format": {"type": "text"}}))
+        }
         "`response_format: {\"type\": \"json_object\"}`" => {
             one(json!({"response_format": {"type": "json_object"}}))
         }
@@ -132,7 +141,10 @@ fn samples(field: &str) -> Option<Vec<(Value, &'static str)>> {
             "type": "json_schema", "json_schema": {"name": "a", "strict": true, "schema": schema}}})),
         "`regex`" => one(json!({"regex": "[a-z]+"})),
         "`ebnf`" => one(json!({"ebnf": "root ::= \"yes\" | \"no\""})),
-        "`tools`" | "`tools[].type`" | "`tools[].function.name`" | "`tools[].function.description`"
+        "`tools`"
+        | "`tools[].type`"
+        | "`tools[].function.name`"
+        | "`tools[].function.description`"
         | "`tools[].function.parameters`" => one(json!({"tools": [tool()]})),
         "`tools[].function.strict`" => {
             let mut strict = tool();
@@ -157,7 +169,9 @@ fn samples(field: &str) -> Option<Vec<(Value, &'static str)>> {
         "`separate_reasoning`" => one(json!({"separate_reasoning": false})),
         "`stream_reasoning`" => one(json!({"stream": true, "stream_reasoning": false})),
         "`chat_template_kwargs`" => one(json!({"chat_template_kwargs": {"custom": 1}})),
-        "`chat_template_kwargs.thinking`" => one(json!({"chat_template_kwargs": {"thinking": false}})),
+        "`chat_template_kwargs.thinking`" => {
+            one(json!({"chat_template_kwargs": {"thinking": false}}))
+        }
         "`chat_template_kwargs.enable_thinking`" => {
             one(json!({"chat_template_kwargs": {"enable_thinking": false}}))
         }
@@ -177,8 +191,14 @@ fn samples(field: &str) -> Option<Vec<(Value, &'static str)>> {
             json!({"custom_logit_processor": "{\"callable\": \"gASV\"}"}),
             "custom_logit_processor",
         ),
-        "`return_hidden_states`" => refused(json!({"return_hidden_states": true}), "return_hidden_states"),
-        "`return_routed_experts`" => refused(json!({"return_routed_experts": true}), "return_routed_experts"),
+        "`return_hidden_states`" => refused(
+            json!({"return_hidden_states": true}),
+            "return_hidden_states",
+        ),
+        "`return_routed_experts`" => refused(
+            json!({"return_routed_experts": true}),
+            "return_routed_experts",
+        ),
         "`max_dynamic_patch`" => one(json!({"max_dynamic_patch": 12})),
         "`min_dynamic_patch`" => one(json!({"min_dynamic_patch": 1})),
         "`max_length`" => one(json!({"max_length": 30})),
@@ -189,8 +209,14 @@ fn samples(field: &str) -> Option<Vec<(Value, &'static str)>> {
                 (json!({"guided_json": {"type": "object"}}), "guided_json"),
                 (json!({"guided_regex": "a+"}), "guided_regex"),
                 (json!({"guided_choice": ["a", "b"]}), "guided_choice"),
-                (json!({"guided_grammar": "root ::= \"a\""}), "guided_grammar"),
-                (json!({"structural_tag": {"structures": []}}), "structural_tag"),
+                (
+                    json!({"guided_grammar": "root ::= \"a\""}),
+                    "guided_grammar",
+                ),
+                (
+                    json!({"structural_tag": {"structures": []}}),
+                    "structural_tag",
+                ),
             ])
         }
         _ => None,
@@ -214,7 +240,10 @@ fn every_documented_request_field_has_a_sample_here() {
         .filter(|row| row.status != "404" && samples(&row.field).is_none())
         .map(|row| row.field)
         .collect();
-    assert!(missing.is_empty(), "rows of docs/api.md without a sample: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "rows of docs/api.md without a sample: {missing:?}"
+    );
 }
 
 #[test]
@@ -225,7 +254,10 @@ fn a_field_documented_as_a_400_is_refused_naming_it() {
                 Err(ApiError::InvalidRequest { param: Some(p), .. }) => {
                     assert_eq!(p, param, "{}: {body}", row.field)
                 }
-                other => panic!("{} is documented as a 400, got {other:?} for {body}", row.field),
+                other => panic!(
+                    "{} is documented as a 400, got {other:?} for {body}",
+                    row.field
+                ),
             }
         }
     }
@@ -239,7 +271,10 @@ fn a_field_documented_as_served_or_ignored_is_accepted() {
     {
         for (body, _) in samples(&row.field).unwrap_or_default() {
             if let Err(err) = validate(&body) {
-                panic!("{} is documented as {}, but {body} got {err:?}", row.field, row.status);
+                panic!(
+                    "{} is documented as {}, but {body} got {err:?}",
+                    row.field, row.status
+                );
             }
         }
     }
@@ -261,7 +296,10 @@ fn max_length_reaches_the_engine_and_a_bad_one_is_refused() {
 fn an_unsupported_field_sent_as_null_or_false_asks_for_nothing() {
     for (field, _) in UNSUPPORTED_FIELDS {
         for value in [Value::Null, Value::Bool(false)] {
-            assert!(validate(&json!({ field: value })).is_ok(), "{field}: {value}");
+            assert!(
+                validate(&json!({ field: value })).is_ok(),
+                "{field}: {value}"
+            );
         }
         match validate(&json!({ field: true })) {
             Err(ApiError::InvalidRequest { code, .. }) => {
@@ -282,7 +320,11 @@ fn a_named_tool_choice_allows_one_call_and_required_follows_parallel_tool_calls(
             .unwrap_or_else(|err| panic!("{body}: {err:?}"))
     };
     assert!(single(&named));
-    assert!(!single(&json!({"tools": [tool()], "tool_choice": "required"})));
-    assert!(single(&json!({"tools": [tool()], "tool_choice": "required",
-        "parallel_tool_calls": false})));
+    assert!(!single(
+        &json!({"tools": [tool()], "tool_choice": "required"})
+    ));
+    assert!(single(
+        &json!({"tools": [tool()], "tool_choice": "required",
+        "parallel_tool_calls": false})
+    ));
 }

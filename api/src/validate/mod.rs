@@ -214,7 +214,8 @@ pub fn forced_call_grammar(
 ) -> Option<String> {
     let tools = tools?;
     let parser = output.tool_parser.as_deref()?;
-    let calls = grammar::forced_call_grammar(parser, &tools.forced_functions(), tools.several_calls())?;
+    let calls =
+        grammar::forced_call_grammar(parser, &tools.forced_functions(), tools.several_calls())?;
     Some(grammar::after_reasoning(calls, reasoning))
 }
 

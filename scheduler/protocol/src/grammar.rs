@@ -48,9 +48,13 @@ pub fn strict_compact(mut schema: Value) -> Value {
 /// an `allOf` are left open: closing each would refuse the keys the others name.
 fn close_named_objects(schema: &mut Value) {
     let Value::Object(map) = schema else { return };
-    let open_to_others = ["additionalProperties", "patternProperties", "unevaluatedProperties"]
-        .iter()
-        .any(|key| map.contains_key(*key));
+    let open_to_others = [
+        "additionalProperties",
+        "patternProperties",
+        "unevaluatedProperties",
+    ]
+    .iter()
+    .any(|key| map.contains_key(*key));
     if map.contains_key("properties") && !open_to_others {
         map.insert("additionalProperties".into(), Value::Bool(false));
     }
@@ -139,7 +143,9 @@ pub fn admits(constraint: &Constraint, text: &str) -> Result<bool, String> {
     matcher
         .consume_tokens(&bytes)
         .map_err(|e| first_line(&e.to_string()))?;
-    matcher.is_accepting().map_err(|e| first_line(&e.to_string()))
+    matcher
+        .is_accepting()
+        .map_err(|e| first_line(&e.to_string()))
 }
 
 /// llguidance's errors may append the whole grammar; the first line says what is wrong.
@@ -330,11 +336,17 @@ mod tests {
             Ok(true)
         );
         assert_eq!(
-            admits(&lark, "<tool_call>{\n        \"city\": \"Paris\", \"unit\": \"celsius\"}"),
+            admits(
+                &lark,
+                "<tool_call>{\n        \"city\": \"Paris\", \"unit\": \"celsius\"}"
+            ),
             Ok(false)
         );
         assert_eq!(
-            admits(&lark, r#"<tool_call>{"city": "Paris", "unit": "celsius", "x": 1}"#),
+            admits(
+                &lark,
+                r#"<tool_call>{"city": "Paris", "unit": "celsius", "x": 1}"#
+            ),
             Ok(false)
         );
     }

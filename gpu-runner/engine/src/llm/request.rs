@@ -92,9 +92,10 @@ pub(super) fn validate(request: &EngineRequest, limits: Limits) -> Result<usize,
             }
             // Unset, max_tokens is what max_length leaves within the context and the pool;
             // a client's own max_tokens is still checked against them below.
-            let left = request.sampling.max_tokens.map_or(left.min(room).min(pool_room), |m| {
-                left.min(m as usize)
-            });
+            let left = request
+                .sampling
+                .max_tokens
+                .map_or(left.min(room).min(pool_room), |m| left.min(m as usize));
             Some(u32::try_from(left).unwrap_or(u32::MAX))
         }
     };

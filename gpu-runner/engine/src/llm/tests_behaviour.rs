@@ -149,9 +149,12 @@ fn max_length_bounds_the_prompt_and_the_completion_together() {
         max_length: Some(30),
         ..Sampling::default()
     };
-    e.add_request(request(1, vec![1; 22], capped(None))).unwrap();
-    e.add_request(request(2, vec![1; 22], capped(Some(50)))).unwrap();
-    e.add_request(request(3, vec![1; 22], capped(Some(3)))).unwrap();
+    e.add_request(request(1, vec![1; 22], capped(None)))
+        .unwrap();
+    e.add_request(request(2, vec![1; 22], capped(Some(50))))
+        .unwrap();
+    e.add_request(request(3, vec![1; 22], capped(Some(3))))
+        .unwrap();
     let outputs = run_all(&mut e);
     for (id, expected) in [(1, 8), (2, 8), (3, 3)] {
         let (_, tokens, finish, _) = choice(&outputs, id, 0);
