@@ -245,7 +245,8 @@ def test_a_runner_the_registry_forgot_registers_again_under_its_own_id(pair):
     pair.reset()
     subprocess.run(["psql", pair.stack.database_url, "-q", "-c", f"DELETE FROM runners WHERE id = '{pair.b}'"],
                    check=True, capture_output=True)
-    assert pair.b not in pair.runner_ids()
+    # No check that the row is gone first: a heartbeat may register it again within
+    # milliseconds of the DELETE, which is what this test wants to see.
     wait_for(lambda: pair.b in pair.runner_ids(), timeout=15)
     assert pair.state(pair.b) == "active"
 
