@@ -240,6 +240,30 @@ async fn await_completion(
     }
 }
 
+/// Waits for a job's `Final`; a job error is the request's error. If this future is
+/// dropped first (the client hung up) or the deadline passes, the guard cancels the job.
+pub(super) async fn await_final(
+    state: &AppState,
+    mut guard: CancelOnDrop,
+) -> Result<Completion, ApiError> {
+    let mut follower = follower(state, guard.job());
+    loop {
+        for entry in follower.next_batch().await? {
+            match entry.event {
+                JobEvent::Final { completion } => {
+                    guard.disarm();
+                    return Ok(completion);
+                }
+                JobEvent::Error { code, message } => {
+                    guard.disarm();
+                    return Err(ApiError::JobFailed { code, message });
+                }
+                JobEvent::Delta { .. } | JobEvent::Started { .. } => {}
+            }
+        }
+    }
+}
+
 pub(super) fn follower(state: &AppState, job: Uuid) -> JobFollower {
     JobFollower::new(
         state.queue().clone(),

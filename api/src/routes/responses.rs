@@ -3,7 +3,7 @@
 //! answer: the finished `response`, its typed events as SSE, or at once with `queued` for a
 //! background response, which polls and streams later from any api process.
 
-use super::chat::{admit, enqueue, follower, limits, refusal};
+use super::chat::{admit, await_final, enqueue, follower, limits, refusal};
 use super::REQUEST_ID_HEADER;
 use crate::auth::Caller;
 use crate::cancel::CancelOnDrop;
@@ -23,7 +23,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use fallow_protocol::job::{Completion, FinishReason, JobEvent};
+use fallow_protocol::job::FinishReason;
 use serde_json::Value;
 use std::time::Instant;
 use tracing::Instrument;
@@ -95,7 +95,8 @@ pub async fn create_response(
             let queued = ResponseObject::new(response_id(job), model, &valid.settings, "queued");
             return Ok(Json(queued).into_response());
         }
-        let done = await_final(&state, job).await?;
+        let guard = CancelOnDrop::new(state.queue().clone(), state.relay().clone(), job);
+        let done = await_final(&state, guard).await?;
         let response = answer::from_completion(job, &model, &valid.chat.request.output, &done)
             .ok_or_else(|| ApiError::Internal("a response job without settings".into()))?;
         let value =
@@ -204,26 +205,4 @@ async fn stream_response(
         span: tracing::Span::current(),
     };
     Ok(response_sse(stream, first))
-}
-
-/// Waits for the job's `Final`; a job error is the request's error. If this future is
-/// dropped first (the client hung up) or the deadline passes, the guard cancels the job.
-async fn await_final(state: &AppState, job: Uuid) -> Result<Completion, ApiError> {
-    let mut guard = CancelOnDrop::new(state.queue().clone(), state.relay().clone(), job);
-    let mut follower = follower(state, job);
-    loop {
-        for entry in follower.next_batch().await? {
-            match entry.event {
-                JobEvent::Final { completion } => {
-                    guard.disarm();
-                    return Ok(completion);
-                }
-                JobEvent::Error { code, message } => {
-                    guard.disarm();
-                    return Err(ApiError::JobFailed { code, message });
-                }
-                JobEvent::Delta { .. } | JobEvent::Started { .. } => {}
-            }
-        }
-    }
 }

@@ -2,7 +2,7 @@
 //! interactive job per prompt (each with the request's `n`), then gather their results into
 //! one `text_completion`, or merge their streams into one SSE stream of chunks.
 
-use super::chat::{admit, follower, refusal};
+use super::chat::{admit, await_final, follower, refusal};
 use super::REQUEST_ID_HEADER;
 use crate::auth::Caller;
 use crate::cancel::CancelOnDrop;
@@ -113,24 +113,7 @@ async fn await_jobs(
     state: &AppState,
     guards: Vec<CancelOnDrop>,
 ) -> Result<Vec<Completion>, ApiError> {
-    let waits = guards.into_iter().map(|mut guard| async move {
-        let mut follower = follower(state, guard.job());
-        loop {
-            for entry in follower.next_batch().await? {
-                match entry.event {
-                    JobEvent::Final { completion } => {
-                        guard.disarm();
-                        return Ok(completion);
-                    }
-                    JobEvent::Error { code, message } => {
-                        guard.disarm();
-                        return Err(ApiError::JobFailed { code, message });
-                    }
-                    JobEvent::Started { .. } | JobEvent::Delta { .. } => {}
-                }
-            }
-        }
-    });
+    let waits = guards.into_iter().map(|guard| await_final(state, guard));
     futures::future::try_join_all(waits).await
 }
 
