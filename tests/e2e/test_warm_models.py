@@ -39,6 +39,12 @@ def warm(stack, runner_id):
     return admin(stack, "GET", f"/runners/{runner_id}").json()["warm"]
 
 
+def preloaded(stack, runner_id, expected):
+    """The runner's warm models once its start-up preload ends: a runner registers first and
+    loads after, so a request sent meanwhile waits in the queue rather than failing."""
+    return wait_for(lambda: (lambda w: w if w == expected else None)(warm(stack, runner_id)), timeout=120)
+
+
 def client_for(stack):
     return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="x", max_retries=0, timeout=180)
 
@@ -75,7 +81,7 @@ def test_two_models_under_a_budget_for_one_alternate_and_every_request_succeeds(
     client = client_for(budget_stack)
     runner = runners(budget_stack)[0]
     assert {m["id"] for m in runner["models"]} == {MODEL_ID, GEMMA_ID}, "both are offered"
-    assert runner["warm"] == [MODEL_ID], "the first model preloads; the second does not fit"
+    assert preloaded(budget_stack, runner["id"], [MODEL_ID]), "the first model preloads; the second does not fit"
     listed = {m.id for m in client.models.list().data}
     assert {MODEL_ID, GEMMA_ID} <= listed, "a cold model is listed: a request loads it"
     loads_before = metric_total(budget_stack, "fallow:model_load_seconds_count")
@@ -114,6 +120,7 @@ def two_runners():
         ids = wait_for(lambda: (lambda ids: ids if len(ids) == 2 else None)([r["id"] for r in runners(stack)]),
                        timeout=120)
         b = next(i for i in ids if i != a)
+        preloaded(stack, a, [MODEL_ID])
         yield stack, a, b
     finally:
         stop_process(runner_b)
@@ -123,7 +130,7 @@ def two_runners():
 def test_with_two_runners_jobs_go_to_the_one_with_their_model_warm(two_runners):
     stack, a, b = two_runners
     client = client_for(stack)
-    assert warm(stack, b) == [GEMMA_ID]
+    assert preloaded(stack, b, [GEMMA_ID]), "runner B preloads Gemma"
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(6) as pool:
         replies = list(pool.map(lambda _: ask(client, MODEL_ID), range(6)))
