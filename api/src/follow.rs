@@ -64,14 +64,7 @@ impl JobFollower {
 
     /// The next entries of the stream; waits until there are some, the job turns out to be
     /// finished in Postgres (a synthesised last entry), or the deadline passes (`Timeout`).
-    /// The job's `Final` settles its token reservation, whichever route follows it.
     pub async fn next_batch(&mut self) -> Result<Vec<StreamEntry>, ApiError> {
-        let entries = self.next_entries().await?;
-        crate::rate_limit::settle(&self.relay, self.job, &entries).await;
-        Ok(entries)
-    }
-
-    async fn next_entries(&mut self) -> Result<Vec<StreamEntry>, ApiError> {
         loop {
             let now = Instant::now();
             if now >= self.deadline {

@@ -6,8 +6,10 @@
 //! The api has no tokenizer, so a prompt is estimated at one token per 4 bytes (rounded up),
 //! and a request reserves that plus `max_tokens × n` (nothing for an unset `max_tokens`:
 //! such a request is charged what it really used once it is settled).
-//! Once the jobs exist, [`Reservation::hold`] remembers each job's share, and the job's
-//! follower [`settle`]s it when it sees the job's `Final`, giving back what was not used.
+//! Once the jobs exist, [`Reservation::hold`] remembers each job's share, and the relay
+//! settles it when the runner writes the job's `Final`
+//! ([`fallow_scheduler::stream::TokenRelay::append`]), giving back
+//! what was not used, whether or not anyone reads the stream (a background response).
 //!
 //! Headers: the [`headers`] middleware gives each request a slot that admission fills; once
 //! the handler has answered, the slot's window becomes the six headers, on a 200 and a 429
@@ -21,9 +23,8 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
-use fallow_protocol::job::{GenerateRequest, JobEvent, Prompt};
+use fallow_protocol::job::{GenerateRequest, Prompt};
 use fallow_scheduler::rate::{self, Admission, Limit, WindowLimits};
-use fallow_scheduler::stream::{StreamEntry, TokenRelay};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use uuid::Uuid;
@@ -84,20 +85,6 @@ impl Reservation {
         let shares: Vec<(Uuid, u64)> = jobs.iter().copied().zip(self.per_job).collect();
         if let Err(err) = rate::hold(state.relay(), admission, &shares).await {
             tracing::warn!(error = %err, "could not hold a token reservation; it ends with its window");
-        }
-    }
-}
-
-/// Settles `job`'s token reservation if `entries` hold its `Final`. Every follower calls it;
-/// a job without a reservation costs one small script, and settling twice does nothing.
-pub async fn settle(relay: &TokenRelay, job: Uuid, entries: &[StreamEntry]) {
-    for entry in entries {
-        if let JobEvent::Final { completion } = &entry.event {
-            let used = u64::from(completion.usage.total_tokens());
-            if let Err(err) = rate::settle(relay, job, used).await {
-                tracing::warn!(%job, error = %err, "could not settle a token reservation");
-            }
-            return;
         }
     }
 }

@@ -138,7 +138,22 @@ impl TokenRelay {
         }
         let mut conn = self.manager().await?;
         pipe.query_async::<()>(&mut conn).await?;
+        self.settle_finished(events).await;
         Ok(())
+    }
+
+    /// Settles the token reservation of each job whose `Final` was just written: here, where
+    /// every job's end passes once, rather than in a reader, since a background response or
+    /// a batch line may have none.
+    async fn settle_finished(&self, events: &[(Uuid, JobEvent)]) {
+        for (job, event) in events {
+            if let JobEvent::Final { completion } = event {
+                let used = u64::from(completion.usage.total_tokens());
+                if let Err(err) = crate::rate::settle(self, *job, used).await {
+                    tracing::warn!(%job, error = %err, "could not settle a token reservation");
+                }
+            }
+        }
     }
 
     /// Entries after `after` (`"0"` = from the start), waiting up to `block` for at least one.
@@ -213,6 +228,12 @@ impl TokenRelay {
         let mut conn = self.manager().await?;
         let _pong: String = redis::cmd("PING").query_async(&mut conn).await?;
         Ok(())
+    }
+
+    /// Whether `job`'s stream still exists (it expires `ttl` after its last entry).
+    pub async fn exists(&self, job: Uuid) -> Result<bool, SchedulerError> {
+        let mut conn = self.manager().await?;
+        Ok(conn.exists(stream_key(job)).await?)
     }
 
     /// Deletes a job's stream (e.g. before a retried attempt starts streaming afresh).

@@ -149,6 +149,35 @@ async fn tokens_are_reserved_at_admission_and_settled_with_the_real_usage() {
 }
 
 #[tokio::test]
+async fn a_background_response_is_settled_though_nobody_reads_its_stream() {
+    let app = spawn_app_with(config()).await;
+    let key = tenant(&app, "acme", limits(0, 100)).await;
+    // "hi" is 1 estimated token; with max_output_tokens 50 the response holds 51.
+    let queued = app
+        .client
+        .post(app.url("/v1/responses"))
+        .bearer_auth(&key)
+        .json(&json!({"model": MODEL, "input": "hi", "background": true,
+                      "max_output_tokens": 50}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(queued.status(), 200);
+    assert_eq!(number(&queued, "x-ratelimit-remaining-tokens"), 49);
+
+    // The runner answers (10 tokens used) while no client polls or streams the response.
+    let job = app.claim_one().await;
+    app.answer(&job, &["hi"]).await;
+
+    // 41 of its 51 came back: 90 remain, less the next request's 53.
+    let body = json!({"model": MODEL, "max_tokens": 50,
+                      "messages": [{"role": "user", "content": "Say hello"}]});
+    let next = answered(&app, &app.base, &key, &body).await;
+    assert_eq!(next.status(), 200);
+    assert_eq!(number(&next, "x-ratelimit-remaining-tokens"), 37);
+}
+
+#[tokio::test]
 async fn a_request_larger_than_the_whole_token_limit_is_told_so() {
     let app = spawn_app_with(config()).await;
     let key = tenant(&app, "acme", limits(0, 100)).await;
