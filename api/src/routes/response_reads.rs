@@ -52,6 +52,20 @@ async fn resume(
             ),
         ));
     };
+    // A finished job's stream expires; rebuilt from its final record, its events would be
+    // numbered differently from those the client saw, so it may only start over.
+    if starting_after.is_some()
+        && record.state.is_finished()
+        && !state.relay().exists(record.id).await?
+    {
+        return Err(ApiError::invalid(
+            "starting_after",
+            format!(
+                "The event stream of `{}` has expired, so its events cannot be resumed where you left off; stream it again without `starting_after`, or retrieve it without `stream`.",
+                response_id(stored.id)
+            ),
+        ));
+    }
     let settings = answer::settings(&record.request.output)
         .ok_or_else(|| ApiError::Internal("a stored response's job is not a response".into()))?;
     let follower = JobFollower::new(

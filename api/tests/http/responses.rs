@@ -584,3 +584,42 @@ async fn a_foreground_response_cannot_be_cancelled() {
         .expect("cancel");
     assert_eq!(response.status(), 400);
 }
+
+#[tokio::test]
+async fn resuming_after_the_stream_expired_is_refused_rather_than_renumbered() {
+    let app = spawn_app().await;
+    let queued: Value = app
+        .post_response(json!({"model": MODEL, "input": "hi", "background": true}))
+        .await
+        .json()
+        .await
+        .expect("json");
+    let id = queued["id"].as_str().unwrap_or_default().to_owned();
+    let job = app.claim_one().await;
+    app.answer(&job, &["a", "b", "c"]).await;
+    app.relay.delete(job.id).await.expect("expire the stream");
+
+    let resumed = app
+        .client
+        .get(app.url(&format!("/v1/responses/{id}?stream=true&starting_after=4")))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(resumed.status(), 400);
+    let error: Value = resumed.json().await.expect("json");
+    assert_eq!(error["error"]["param"], "starting_after");
+
+    // From the start, the events are rebuilt from the job's record, numbered from 0.
+    let whole = app
+        .client
+        .get(app.url(&format!("/v1/responses/{id}?stream=true")))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(whole.status(), 200);
+    let events = parse_sse(&whole.text().await.expect("body"));
+    assert_eq!(events[0].json()["sequence_number"], 0);
+    let last = events.last().map(SseEvent::json).unwrap_or_default();
+    assert_eq!(last["type"], "response.completed");
+    assert_eq!(last["response"]["output"][0]["content"][0]["text"], "abc");
+}
