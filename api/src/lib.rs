@@ -53,6 +53,8 @@ pub mod text_chunks;
 pub mod validate;
 
 #[cfg(test)]
+mod hostile_input;
+#[cfg(test)]
 mod test_support;
 
 pub use config::ApiConfig;

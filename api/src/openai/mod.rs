@@ -3,6 +3,8 @@
 //! understood; response types serialise exactly the shapes OpenAI's SDKs parse.
 //! Conversion into the scheduler's validated types happens in [`crate::validate`].
 
+#[cfg(test)]
+mod batch_hostile_tests;
 pub mod batches;
 pub mod completions;
 pub mod files;

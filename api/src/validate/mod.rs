@@ -305,4 +305,6 @@ fn reject_unsupported(wire: &ChatCompletionRequest) -> Result<(), ApiError> {
 #[cfg(test)]
 mod documented_fields_tests;
 #[cfg(test)]
+mod hostile_tests;
+#[cfg(test)]
 mod tests;

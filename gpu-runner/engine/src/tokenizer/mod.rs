@@ -37,6 +37,8 @@ mod gemma_tests;
 #[cfg(test)]
 mod hf_files_tests;
 #[cfg(test)]
+mod template_hostile_tests;
+#[cfg(test)]
 mod template_tests;
 #[cfg(test)]
 pub(crate) mod test_gguf;

@@ -1,4 +1,5 @@
 //! Tests of the GGUF reader.
 
 mod hand_built;
+mod hostile;
 mod real_models;
