@@ -26,6 +26,19 @@ ci=0
 case "${CI:-}" in true | 1) ci=1 ;; esac
 
 infra/services.sh
+# The dependency policy in deny.toml: licenses, banned crates and sources are checked from
+# Cargo.lock alone; advisories need RustSec's database from GitHub, so where GitHub cannot be
+# reached they are reported as not checked (never as passed).
+if ! command -v cargo-deny >/dev/null 2>&1; then
+  cargo install --locked cargo-deny@0.20.2
+fi
+cargo deny --log-level error check bans licenses sources
+if timeout 120 cargo deny --log-level error fetch db >/dev/null 2>&1; then
+  cargo deny --log-level error check --disable-fetch advisories
+  echo "cargo-deny: advisories checked"
+else
+  echo "cargo-deny: advisories NOT CHECKED: RustSec's database (github.com) is unreachable here" >&2
+fi
 scripts/fetch-models.sh --gemma
 # The dashboard test drives Debian's headless Chromium.
 if ! command -v chromium >/dev/null 2>&1; then
