@@ -310,6 +310,15 @@ impl ChunkBuilder {
             }
             self.finish_choice(out, id, choice.index, choice.finish_reason);
         }
+        for choice in &completion.choices {
+            if let Some(hidden) = &choice.hidden_states {
+                let delta = Delta {
+                    hidden_states: Some(hidden.clone()),
+                    ..Delta::default()
+                };
+                out.push(self.frame(id.clone(), choice.index, delta, None, None));
+            }
+        }
         if self.delivery.include_usage {
             out.push(Frame {
                 id: id.clone(),

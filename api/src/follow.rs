@@ -146,6 +146,7 @@ pub(crate) fn aborted(n: u32) -> Completion {
                 finish_reason: FinishReason::Abort,
                 matched_stop: None,
                 logprobs: None,
+                hidden_states: None,
             })
             .collect(),
         usage: Default::default(),

@@ -14,6 +14,7 @@ pub fn completion(texts: &[&str], usage: Usage) -> Completion {
                 finish_reason: FinishReason::Stop,
                 matched_stop: None,
                 logprobs: None,
+                hidden_states: None,
             })
             .collect(),
         usage,

@@ -109,6 +109,7 @@ impl TextChunkBuilder {
                     logprobs: legacy,
                     finish_reason: finish_reason.map(finish_reason_str),
                     matched_stop: None,
+                    hidden_states: None,
                 }));
             }
             JobEvent::Final { completion } => {
@@ -136,7 +137,21 @@ impl TextChunkBuilder {
                         logprobs: None,
                         finish_reason: Some(finish_reason_str(choice.finish_reason)),
                         matched_stop: choice.matched_stop.clone(),
+                        hidden_states: None,
                     }));
+                }
+                for choice in &completion.choices {
+                    if let Some(hidden) = &choice.hidden_states {
+                        let global = prompt * self.n as usize + choice.index as usize;
+                        frames.push(self.chunk(TextChoice {
+                            index: global as u32,
+                            text: String::new(),
+                            logprobs: None,
+                            finish_reason: None,
+                            matched_stop: None,
+                            hidden_states: Some(hidden.clone()),
+                        }));
+                    }
                 }
                 self.usage[prompt] = Some(completion.usage);
                 if self.is_done() && self.include_usage {
@@ -189,6 +204,7 @@ impl TextChunkBuilder {
             logprobs: None,
             finish_reason: None,
             matched_stop: None,
+            hidden_states: None,
         }));
     }
 

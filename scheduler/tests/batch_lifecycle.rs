@@ -95,6 +95,7 @@ fn completion(text: &str) -> Completion {
             finish_reason: FinishReason::Stop,
             matched_stop: None,
             logprobs: None,
+            hidden_states: None,
         }],
         usage: Usage::default(),
         ..Default::default()

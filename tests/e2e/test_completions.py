@@ -244,3 +244,28 @@ def test_streamed_logprobs_cover_the_streamed_text(client):
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert "".join(tokens) == text and len(tokens) == 6
     assert offsets == sorted(offsets) and offsets[0] == 0
+
+
+def test_return_hidden_states_gives_each_choice_its_last_state_streamed_or_not(client):
+    messages = [{"role": "user", "content": "Say hi."}]
+    asked = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=4, temperature=0,
+                                           n=2, extra_body={"return_hidden_states": True})
+    states = [choice.model_extra["hidden_states"] for choice in asked.choices]
+    assert all(len(state) == 576 for state in states), "SmolLM2-135M's hidden size"
+    assert states[0] == states[1], "two greedy choices end in the same state"
+    plain = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=4, temperature=0)
+    assert "hidden_states" not in plain.choices[0].model_extra
+
+    stream = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=4, temperature=0,
+                                            stream=True, extra_body={"return_hidden_states": True})
+    chunks = list(stream)
+    carried = [c for c in chunks if c.choices and (c.choices[0].delta.model_extra or {}).get("hidden_states")]
+    assert len(carried) == 1, "one chunk carries the choice's state"
+    finished = next(i for i, c in enumerate(chunks) if c.choices and c.choices[0].finish_reason)
+    assert chunks.index(carried[0]) > finished, "after the choice finished"
+    streamed = carried[0].choices[0].delta.model_extra["hidden_states"]
+    assert max(abs(a - b) for a, b in zip(streamed, states[0])) < 1e-3
+
+    text = client.completions.create(model=MODEL_ID, prompt=PROMPT, max_tokens=3, temperature=0,
+                                     extra_body={"return_hidden_states": True})
+    assert len(text.choices[0].model_extra["hidden_states"]) == 576

@@ -329,6 +329,7 @@ mod tests {
                 finish_reason: FinishReason::Stop,
                 matched_stop: None,
                 logprobs: None,
+                hidden_states: None,
             }],
             usage: Usage {
                 prompt_tokens: 3,
@@ -386,6 +387,7 @@ mod tests {
                 finish_reason: FinishReason::Length,
                 matched_stop: None,
                 logprobs: Some(Vec::new()),
+                hidden_states: None,
             }],
             usage: Usage::default(),
             ..Default::default()
@@ -412,6 +414,7 @@ mod tests {
                 finish_reason: FinishReason::Stop,
                 matched_stop: None,
                 logprobs: None,
+                hidden_states: None,
             }],
             usage: Usage::default(),
             ..Default::default()

@@ -75,6 +75,10 @@ pub struct TextChoice {
     pub finish_reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub matched_stop: Option<Value>,
+    /// SGLang's `return_hidden_states`: the last layer's hidden state at the last token
+    /// (streamed in a chunk of its own after the choice finished).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden_states: Option<Vec<f32>>,
 }
 
 impl TextCompletion {
@@ -120,6 +124,7 @@ impl TextCompletion {
                     logprobs,
                     finish_reason: Some(finish_reason_str(choice.finish_reason)),
                     matched_stop: choice.matched_stop.clone(),
+                    hidden_states: choice.hidden_states.clone(),
                 });
             }
         }

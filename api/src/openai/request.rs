@@ -17,6 +17,8 @@ pub struct ChatCompletionRequest {
     pub max_completion_tokens: Option<i64>,
     /// Qwen: prompt plus completion tokens at most this.
     pub max_length: Option<i64>,
+    /// SGLang: return the last layer's hidden state of each choice's last token.
+    pub return_hidden_states: Option<bool>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub top_k: Option<i64>,

@@ -133,6 +133,9 @@ pub struct Choice {
     pub finish_reason: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub matched_stop: Option<serde_json::Value>,
+    /// SGLang's `return_hidden_states`: the last layer's hidden state at the last token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden_states: Option<Vec<f32>>,
 }
 
 /// The answer's message. `reasoning_content` (vLLM, SGLang) and `reasoning` (OpenRouter,
@@ -255,6 +258,7 @@ impl ChatCompletion {
                         format.legacy_functions,
                     ),
                     matched_stop: choice.matched_stop.clone(),
+                    hidden_states: choice.hidden_states.clone(),
                 }
             })
             .collect();
@@ -309,6 +313,9 @@ pub struct Delta {
     pub tool_calls: Option<Vec<ToolCallDelta>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub function_call: Option<FunctionDelta>,
+    /// SGLang's `return_hidden_states`, in a chunk of its own after the choice finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden_states: Option<Vec<f32>>,
 }
 
 /// A call in a stream: the first delta of a call has its `id`, `type` and `function.name`

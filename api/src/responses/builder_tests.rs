@@ -65,6 +65,7 @@ fn completion() -> Completion {
             finish_reason: FinishReason::Stop,
             matched_stop: None,
             logprobs: None,
+            hidden_states: None,
         }],
         usage: Usage {
             prompt_tokens: 5,

@@ -191,10 +191,7 @@ fn samples(field: &str) -> Option<Vec<(Value, &'static str)>> {
             json!({"custom_logit_processor": "{\"callable\": \"gASV\"}"}),
             "custom_logit_processor",
         ),
-        "`return_hidden_states`" => refused(
-            json!({"return_hidden_states": true}),
-            "return_hidden_states",
-        ),
+        "`return_hidden_states`" => one(json!({"return_hidden_states": true})),
         "`return_routed_experts`" => refused(
             json!({"return_routed_experts": true}),
             "return_routed_experts",
@@ -327,4 +324,13 @@ fn a_named_tool_choice_allows_one_call_and_required_follows_parallel_tool_calls(
         &json!({"tools": [tool()], "tool_choice": "required",
         "parallel_tool_calls": false})
     ));
+}
+
+#[test]
+fn return_hidden_states_reaches_the_engine() {
+    let asked = validate(&json!({"return_hidden_states": true}))
+        .map(|v| v.request.sampling.return_hidden_states);
+    assert_eq!(asked.ok(), Some(true));
+    let default = validate(&json!({})).map(|v| v.request.sampling.return_hidden_states);
+    assert_eq!(default.ok(), Some(false));
 }

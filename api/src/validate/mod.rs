@@ -261,7 +261,7 @@ const CONSTRAINT_FIELDS: [&str; 5] = [
 /// SGLang fields whose effect Fallow does not offer, each with the reason. Every one would
 /// change the answer, so it is refused rather than ignored; `null` or `false` asks for
 /// nothing and passes.
-pub const UNSUPPORTED_FIELDS: [(&str, &str); 4] = [
+pub const UNSUPPORTED_FIELDS: [(&str, &str); 3] = [
     (
         "custom_logit_processor",
         "custom logit processors are Python objects that SGLang unpickles and runs; a Rust \
@@ -272,7 +272,6 @@ pub const UNSUPPORTED_FIELDS: [(&str, &str); 4] = [
         "return_routed_experts",
         "no mixture-of-experts model is served, so there are no routed experts to return",
     ),
-    ("return_hidden_states", "hidden states are not returned yet"),
 ];
 
 /// Features the engine does not offer yet are refused loudly rather than ignored, so a

@@ -56,6 +56,7 @@ pub(super) fn validate_sampling(
         stop_regex: super::constraint::validate_stop_regex(wire)?,
         no_stop_trim: wire.no_stop_trim.unwrap_or(false),
         max_length: validate_max_length(wire.max_length)?,
+        return_hidden_states: wire.return_hidden_states.unwrap_or(false),
     })
 }
 

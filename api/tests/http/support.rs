@@ -190,6 +190,7 @@ impl TestApp {
                 finish_reason: FinishReason::Stop,
                 matched_stop: None,
                 logprobs: None,
+                hidden_states: None,
             }],
             usage: usage(pieces.len() as u32),
             ..Default::default()

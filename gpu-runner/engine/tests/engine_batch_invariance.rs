@@ -5,6 +5,8 @@
 //! Needs `models/SmolLM2-135M-Instruct.Q4_1.gguf` (git-ignored); skips with a message when
 //! it is absent. `FALLOW_TEST_MODEL` points elsewhere.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use fallow_engine::llm::{EngineRequest, LlmEngine, SeqOutput};
@@ -12,20 +14,9 @@ use fallow_engine::runtime::{load, LoadOptions};
 use fallow_protocol::job::Sampling;
 
 fn model_path() -> Option<PathBuf> {
-    let path = std::env::var_os("FALLOW_TEST_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    if path.exists() {
-        Some(path)
-    } else {
-        fallow_protocol::testing::skip_for_want_of(&format!(
-            "{} (scripts/fetch-models.sh)",
-            path.display()
-        ));
-        None
+    match std::env::var_os("FALLOW_TEST_MODEL") {
+        Some(path) => Some(PathBuf::from(path)),
+        None => common::model_file("SmolLM2-135M-Instruct.Q4_1.gguf"),
     }
 }
 

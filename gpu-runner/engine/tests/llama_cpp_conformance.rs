@@ -8,6 +8,8 @@
 //!
 //! Skips with a message when a model file is absent (`scripts/fetch-models.sh [--gemma]`).
 
+mod common;
+
 use fallow_engine::backend::cpu::CpuBackend;
 use fallow_engine::backend::{Backend, LogitsMode, SeqSlice};
 use fallow_engine::llm::EngineRequest;
@@ -33,12 +35,6 @@ struct Case {
     top_first: Vec<(u32, f64)>,
     greedy_ids: Vec<u32>,
     gaps: Vec<f64>,
-}
-
-fn repo(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(path)
 }
 
 fn fixture(name: &str) -> Vec<Case> {
@@ -101,19 +97,6 @@ fn message(v: &Value) -> ChatMessage {
     }
 }
 
-fn model_file(name: &str) -> Option<PathBuf> {
-    let path = repo(&format!("models/{name}"));
-    if path.exists() {
-        Some(path)
-    } else {
-        fallow_protocol::testing::skip_for_want_of(&format!(
-            "{} (scripts/fetch-models.sh --gemma)",
-            path.display()
-        ));
-        None
-    }
-}
-
 fn chat_request(messages: Vec<ChatMessage>) -> GenerateRequest {
     GenerateRequest {
         model: String::new(),
@@ -132,7 +115,7 @@ fn chat_request(messages: Vec<ChatMessage>) -> GenerateRequest {
 }
 
 fn templated_prompts_tokenize_like_llama_cpp(model: &str, fixture_name: &str) {
-    let Some(path) = model_file(model) else {
+    let Some(path) = common::model_file(model) else {
         return;
     };
     let loaded = load(&path, &LoadOptions::default()).expect("model loads");
@@ -152,7 +135,7 @@ fn log_softmax(row: &[f32]) -> Vec<f64> {
 }
 
 fn first_position_distributions_agree(model: &str, fixture_name: &str) {
-    let Some(path) = model_file(model) else {
+    let Some(path) = common::model_file(model) else {
         return;
     };
     let artifacts = model::open(&path).expect("model opens");
@@ -194,7 +177,7 @@ fn first_position_distributions_agree(model: &str, fixture_name: &str) {
 }
 
 fn greedy_decoding_follows_llama_cpp(model: &str, fixture_name: &str) {
-    let Some(path) = model_file(model) else {
+    let Some(path) = common::model_file(model) else {
         return;
     };
     let mut loaded = load(&path, &LoadOptions::default()).expect("model loads");

@@ -33,6 +33,8 @@ struct ChoiceState {
     logprobs: Option<Vec<TokenLogprob>>,
     finish: Option<FinishReason>,
     matched_stop: Option<serde_json::Value>,
+    /// The hidden state at the choice's last token, when the request asked for it.
+    hidden_states: Option<Vec<f32>>,
     /// When this choice's previous token arrived.
     last_token_at: Option<std::time::Instant>,
 }
@@ -82,6 +84,7 @@ impl InFlight {
         if out.finish.is_some() {
             choice.finish = out.finish;
             choice.matched_stop = out.matched_stop.clone();
+            choice.hidden_states = out.hidden_states;
         }
         if !out.text.is_empty() {
             self.streamed = true;
@@ -110,6 +113,7 @@ impl InFlight {
                 finish_reason: c.finish.unwrap_or(FinishReason::Abort),
                 matched_stop: c.matched_stop.clone(),
                 logprobs: c.logprobs.clone(),
+                hidden_states: c.hidden_states.clone(),
             })
             .collect();
         Completion {

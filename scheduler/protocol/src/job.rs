@@ -153,6 +153,10 @@ pub struct Sampling {
     /// `max_tokens` to what is left after the prompt, and refuses a prompt that fills it.
     #[serde(default)]
     pub max_length: Option<u32>,
+    /// SGLang `return_hidden_states`: each choice also returns the last layer's hidden state
+    /// (after the final norm) at the position that produced its last token.
+    #[serde(default)]
+    pub return_hidden_states: bool,
 }
 
 /// A grammar the generated text must follow (constrained decoding).
@@ -196,6 +200,7 @@ impl Default for Sampling {
             stop_regex: Vec::new(),
             no_stop_trim: false,
             max_length: None,
+            return_hidden_states: false,
         }
     }
 }
@@ -321,6 +326,10 @@ pub struct ChoiceResult {
     pub matched_stop: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<Vec<TokenLogprob>>,
+    /// With `Sampling::return_hidden_states`: the hidden state (hidden-size floats) at the
+    /// position that produced the choice's last token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_states: Option<Vec<f32>>,
 }
 
 /// The stored result of a finished job.

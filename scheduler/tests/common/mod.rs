@@ -87,6 +87,7 @@ pub fn completion(text: &str) -> Completion {
             finish_reason: fallow_protocol::job::FinishReason::Stop,
             matched_stop: None,
             logprobs: None,
+            hidden_states: None,
         }],
         usage: Usage {
             prompt_tokens: 5,

@@ -109,6 +109,14 @@ pub trait Backend: Send {
     ) -> Result<StepOutput, BackendError> {
         forward_step_on_host(self, batch, masks)
     }
+
+    /// The last step's final hidden states (after the final norm), `hidden` floats per
+    /// output row: one row per `Last`, `Argmax` or `Draw*` sequence and `tokens.len()` per
+    /// `All` one, in batch order. `None` when the backend does not keep them on the host;
+    /// the engine then refuses requests that ask for them.
+    fn hidden_rows(&self) -> Option<&[f32]> {
+        None
+    }
 }
 
 /// [`Backend::forward_step`] by way of [`Backend::forward`]: picked rows come back as

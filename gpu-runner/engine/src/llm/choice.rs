@@ -25,6 +25,9 @@ pub(super) struct Choice {
     pub want_logprobs: bool,
     /// `no_stop_trim`: a matched stop string stays in the text.
     pub keep_stop: bool,
+    /// `return_hidden_states`: the hidden state of the last position run, kept each step.
+    pub want_hidden: bool,
+    pub hidden: Vec<f32>,
 }
 
 /// What one token adds to a choice's output.

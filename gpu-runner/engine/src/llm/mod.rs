@@ -137,6 +137,13 @@ impl LlmEngine {
             return Err(EngineError::DuplicateRequest(request.id));
         }
         let max_tokens = request::validate(&request, self.limits())?;
+        if request.sampling.return_hidden_states && self.backend.hidden_rows().is_none() {
+            return Err(EngineError::InvalidRequest(
+                "`return_hidden_states` is served by the CPU backend only; this model runs on \
+                 CUDA"
+                    .into(),
+            ));
+        }
         self.grammars.start(&self.tokenizer, &self.eos_ids);
         let stop_regexes = StopRegexes::compile(&request.sampling.stop_regex)
             .map_err(EngineError::InvalidRequest)?;
@@ -215,6 +222,8 @@ impl LlmEngine {
                 grammar: state.grammar.clone(),
                 want_logprobs: params.logprobs,
                 keep_stop: params.no_stop_trim,
+                want_hidden: params.return_hidden_states,
+                hidden: Vec::new(),
             },
         );
         state.live.push(seq);
@@ -271,6 +280,7 @@ impl LlmEngine {
         }
         let (modes, result) = self.run(&step)?;
         self.batcher.complete_step(&step);
+        self.keep_hidden_states(&step, &modes)?;
         let vocab = self.backend.config().vocab_size;
         let mut logits_rows = result.logits.chunks_exact(vocab);
         let mut picked = result.picked.iter();
@@ -297,6 +307,42 @@ impl LlmEngine {
         }
         self.release_held_back_choices()?;
         Ok(outputs)
+    }
+
+    /// Copies the hidden state of each sequence's last output row into its choice, for the
+    /// choices that asked for it (`return_hidden_states`).
+    fn keep_hidden_states(
+        &mut self,
+        step: &ScheduledStep,
+        modes: &[LogitsMode],
+    ) -> Result<(), EngineError> {
+        if !self.choices.values().any(|c| c.want_hidden) {
+            return Ok(());
+        }
+        let hidden = self.backend.config().hidden;
+        let rows = self.backend.hidden_rows().unwrap_or_default();
+        let mut next_row = 0;
+        for (entry, mode) in step.seqs.iter().zip(modes) {
+            next_row += match mode {
+                LogitsMode::None => continue,
+                LogitsMode::All => entry.end - entry.start,
+                _ => 1,
+            };
+            let Some(choice) = self.choices.get_mut(&entry.seq_id) else {
+                continue;
+            };
+            if !choice.want_hidden {
+                continue;
+            }
+            let row = rows
+                .get((next_row - 1) * hidden..next_row * hidden)
+                .ok_or_else(|| {
+                    EngineError::Internal("the backend kept too few hidden rows".into())
+                })?;
+            choice.hidden.clear();
+            choice.hidden.extend_from_slice(row);
+        }
+        Ok(())
     }
 
     /// Runs the backend over the scheduled slices and checks the output's shape. Sequences

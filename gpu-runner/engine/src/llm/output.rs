@@ -25,6 +25,9 @@ pub struct SeqOutput {
     pub matched_stop: Option<serde_json::Value>,
     /// The whole request so far: completion tokens of all choices, cached prompt tokens.
     pub usage: Usage,
+    /// On the choice's last output, when the request asked for it: the last layer's hidden
+    /// state (after the final norm) at the position that produced the last token.
+    pub hidden_states: Option<Vec<f32>>,
 }
 
 /// The engine's load, for metrics and placement.

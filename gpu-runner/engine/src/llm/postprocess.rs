@@ -34,6 +34,8 @@ impl LlmEngine {
             }
         };
         let delta = choice.absorb(&self.tokenizer, &sampled);
+        let hidden_states = (delta.finish.is_some() && choice.want_hidden)
+            .then(|| std::mem::take(&mut choice.hidden));
         let (request_id, index) = (choice.request_id, choice.index);
         let state = self.requests.get_mut(&request_id).ok_or_else(|| {
             EngineError::Internal(format!("sequence {seq} outlived request {request_id}"))
@@ -66,6 +68,7 @@ impl LlmEngine {
             finish: delta.finish,
             matched_stop: delta.matched_stop,
             usage,
+            hidden_states,
         }))
     }
 }

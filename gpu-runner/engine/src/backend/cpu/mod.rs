@@ -45,6 +45,8 @@ struct Scratch {
     up: Vec<f32>,
     /// Final hidden states of the rows that produce logits.
     head_in: Vec<f32>,
+    /// How many rows of `xn` hold the last step's normed final hidden states.
+    head_rows: usize,
     /// A logits buffer handed back by [`Backend::recycle_logits`], reused by the next step.
     spare_logits: Vec<f32>,
     rope_global: RopeTable,
@@ -133,6 +135,7 @@ impl CpuBackend {
     fn logits(&mut self) -> Vec<f32> {
         let (h, vocab) = (self.config.hidden, self.config.vocab_size);
         let rows = &self.layout.logit_rows;
+        self.scratch.head_rows = rows.len();
         if rows.is_empty() {
             return Vec::new();
         }
@@ -168,6 +171,11 @@ impl Backend for CpuBackend {
         self.kv.block_size()
     }
 
+    fn hidden_rows(&self) -> Option<&[f32]> {
+        let n = self.scratch.head_rows * self.config.hidden;
+        Some(self.scratch.xn.get(..n).unwrap_or_default())
+    }
+
     fn recycle_logits(&mut self, logits: Vec<f32>) {
         self.scratch.spare_logits = logits;
     }
@@ -184,6 +192,7 @@ impl Backend for CpuBackend {
             self.kv.num_blocks(),
         )?;
         if self.layout.n_tokens() == 0 {
+            self.scratch.head_rows = 0;
             return Ok(Vec::new());
         }
         self.embed();
