@@ -8,6 +8,7 @@
 //! - [`quant`]: block formats (Q4_0 … Q6_K, F16, BF16), dequantisation and dot products.
 //! - [`model`]: model config, weights (GGUF / safetensors) and architectures.
 //! - [`backend`]: the `Backend` trait a model runs behind, and the CPU backend.
+//! - [`embed`]: embedding models (BERT encoders, decoder embedders): text → pooled vectors.
 //! - [`tokenizer`]: tokenizers from `tokenizer.json` or GGUF vocabularies, the incremental
 //!   detokenizer, chat templates.
 //! - [`kv`]: the paged KV block manager with prefix caching (pure bookkeeping).
@@ -27,6 +28,7 @@
 pub mod backend;
 pub mod batcher;
 pub mod cpu_settings;
+pub mod embed;
 pub mod fast_exp;
 pub mod footprint;
 pub mod gguf;

@@ -12,7 +12,7 @@ pub fn model_file(name: &str) -> Option<PathBuf> {
         Some(path)
     } else {
         fallow_protocol::testing::skip_for_want_of(&format!(
-            "{} (scripts/fetch-models.sh, with --gemma for Gemma)",
+            "{} (scripts/fetch-models.sh, with --gemma for Gemma, --minilm for all-MiniLM-L6-v2)",
             path.display()
         ));
         None

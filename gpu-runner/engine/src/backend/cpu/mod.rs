@@ -11,7 +11,7 @@ mod attention;
 mod format_tests;
 mod kv_pool;
 mod layer;
-mod ops;
+pub(crate) mod ops;
 #[cfg(test)]
 mod reference_tests;
 pub(crate) mod rope;
