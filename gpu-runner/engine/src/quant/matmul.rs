@@ -183,6 +183,14 @@ pub(crate) fn matmul_float(m: &QMatrix, x: &[f32], n_tokens: usize, out: &mut [f
         let bytes = &m.bytes()[chunk_rows.start * row_bytes..chunk_rows.end * row_bytes];
         let mut w = vec![0f32; chunk_rows.len() * cols];
         super::dequantize(m.dtype, bytes, &mut w);
+        #[cfg(target_arch = "x86_64")]
+        if super::formats::has_avx2() {
+            let r0 = chunk_rows.start;
+            super::float_gemm::dot_block(&w, chunk_rows.len(), x, n_tokens, cols, |t, i, v| {
+                shared.write(t * rows + r0 + i, v)
+            });
+            return;
+        }
         for t in 0..n_tokens {
             let xt = &x[t * cols..(t + 1) * cols];
             for (i, r) in chunk_rows.clone().enumerate() {

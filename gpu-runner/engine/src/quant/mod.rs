@@ -6,7 +6,8 @@
 //! - `act`: quantisation of activations into the dot-product block types (Q8_0, Q8_1, Q8_K).
 //! - `quantize` (+ `kquants_quantize`): weight matrices quantized into block formats
 //!   ([`QMatrix::quantized`]).
-//! - `formats` + `matmul`: the row kernels and the parallel, tiled driver;
+//! - `formats` + `matmul`: the row kernels and the parallel, tiled driver; `float_gemm`:
+//!   the float path's blocked x86_64 kernel;
 //!   `x86_rows`: x86_64 SIMD row kernels for every format, compiled for AVX2 (`avx2`) and
 //!   for AVX-512 VNNI (`vnni`), picked at runtime (portable code elsewhere).
 //! - `interleave` + `x86_tiles`: the layout that stores 8 rows together
@@ -21,6 +22,8 @@ mod act;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod float;
+#[cfg(target_arch = "x86_64")]
+mod float_gemm;
 mod formats;
 pub mod ggml_type;
 mod interleave;
