@@ -4,6 +4,8 @@
 //!
 //! Each call builds a backend over a scratch KV pool sized for its inputs and drops it on
 //! return: embeddings keep no cache between calls, so memory is held only while they run.
+//! The backend also computes the LM head's logits for the pooled rows (one row per input
+//! for last-token pooling: a few percent of the prefill's work), which are dropped.
 
 use std::path::Path;
 
