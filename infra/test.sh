@@ -39,7 +39,7 @@ if timeout 120 cargo deny --log-level error fetch db >/dev/null 2>&1; then
 else
   echo "cargo-deny: advisories NOT CHECKED: RustSec's database (github.com) is unreachable here" >&2
 fi
-scripts/fetch-models.sh --gemma
+scripts/fetch-models.sh --gemma --minilm
 # The dashboard test drives Debian's headless Chromium.
 if ! command -v chromium >/dev/null 2>&1; then
   as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }

@@ -23,7 +23,7 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
-use fallow_protocol::job::{GenerateRequest, Prompt};
+use fallow_protocol::job::{EmbedInput, GenerateRequest, Prompt};
 use fallow_scheduler::rate::{self, Admission, Limit, WindowLimits};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -111,6 +111,17 @@ pub fn estimate_tokens(request: &GenerateRequest) -> u64 {
             messages + tools
         }
     };
+    let embed_bytes: usize = request.embed.as_ref().map_or(0, |embed| {
+        embed
+            .inputs
+            .iter()
+            .map(|input| match input {
+                EmbedInput::Text { text } => text.len(),
+                EmbedInput::Tokens { ids } => ids.len().saturating_mul(4),
+            })
+            .sum()
+    });
+    let prompt_bytes = prompt_bytes.saturating_add(embed_bytes);
     let prompt = (prompt_bytes as u64).div_ceil(4);
     let per_choice = u64::from(request.sampling.max_tokens.unwrap_or(0));
     prompt.saturating_add(per_choice.saturating_mul(u64::from(request.n.max(1))))
@@ -251,6 +262,7 @@ mod tests {
                 text: "x".repeat(9),
             },
             task: Default::default(),
+            embed: None,
         };
         assert_eq!(estimate_tokens(&request), 3 + 20);
     }

@@ -138,6 +138,7 @@ mod tests {
             text_completion: None,
             cached_tokens_details: false,
             responses: None,
+            embeddings: None,
         }
     }
 

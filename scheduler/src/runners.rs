@@ -77,6 +77,25 @@ pub struct ModelEntry {
     /// `deepseek_r1`: the template opened `<think>`); `None` = the model does not reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_parser: Option<String>,
+    /// What the model answers; entries written before embeddings read as chat.
+    #[serde(default)]
+    pub kind: ModelKind,
+    /// An embedding model's vector length.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<u32>,
+    /// The shorter lengths an embedding model's vectors may be cut to (Matryoshka), the
+    /// only values `dimensions` may ask for; empty for a model that declares none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matryoshka_dimensions: Vec<u32>,
+}
+
+/// What a model answers: chat and (legacy) completions, or embeddings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelKind {
+    #[default]
+    Chat,
+    Embedding,
 }
 
 /// A registered runner, as operators see it.

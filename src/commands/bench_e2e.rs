@@ -159,6 +159,7 @@ fn run_in_process(
             output: Default::default(),
             input: Default::default(),
             task: Default::default(),
+            embed: None,
         };
         let prompt = encode_chat(&model.frontend, &request).map_err(|(_, m)| anyhow::anyhow!(m))?;
         model

@@ -50,6 +50,7 @@ fn chat_request(messages: Vec<ChatMessage>, sampling: Sampling) -> GenerateReque
         output: Default::default(),
         input: Default::default(),
         task: Default::default(),
+        embed: None,
     }
 }
 

@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 FALLOW = os.environ.get("FALLOW_BIN", str(ROOT / "target" / "debug" / "fallow"))
 MODEL_PATH = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_ID = "SmolLM2-135M-Instruct.Q4_1"
+# The embedding model (scripts/fetch-models.sh --minilm): a sentence-transformers directory.
+MINILM_PATH = ROOT / "models" / "all-MiniLM-L6-v2"
+MINILM_ID = "all-MiniLM-L6-v2"
 PG_ADMIN_URL = os.environ.get("FALLOW_TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("FALLOW_TEST_REDIS_URL", "redis://127.0.0.1:6379/")
 
@@ -147,6 +150,16 @@ def stack():
     if not shutil.which("psql"):
         pytest.fail("psql is needed to create test databases")
     s = Stack().start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def embedding_stack():
+    """A stack that serves the default model and MiniLM, for embeddings."""
+    if not MINILM_PATH.is_dir():
+        skip_for_want_of(f"{MINILM_PATH} (scripts/fetch-models.sh --minilm)")
+    s = Stack("--model", str(MINILM_PATH)).start()
     yield s
     s.stop()
 

@@ -173,7 +173,7 @@ def test_a_malformed_file_fails_the_batch_with_line_numbers(client, name, conten
 def test_a_batch_with_a_bad_endpoint_or_window_is_refused(client):
     f = upload(client, jsonl(1))
     with pytest.raises(openai.BadRequestError):
-        client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")
+        client.batches.create(input_file_id=f.id, endpoint="/v1/moderations", completion_window="24h")
     with pytest.raises(openai.BadRequestError):
         client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="forever")
     with pytest.raises(openai.BadRequestError):

@@ -4,16 +4,18 @@
 
 use crate::error::ApiError;
 use crate::openai::completions::{text_completion_id, CompletionRequest, TextCompletion};
+use crate::openai::embeddings::{EmbeddingList, EmbeddingRequest};
 use crate::openai::request::ChatCompletionRequest;
 use crate::openai::response::ChatCompletion;
 use crate::openai::responses::CreateResponseRequest;
 use crate::validate::responses::validate_response;
 use crate::validate::{
-    validate_chat, validate_completion, Limits, ModelParsers, BATCH_PRIORITY_BASE,
+    embedding_model, validate_chat, validate_completion, validate_embeddings, Limits, ModelParsers,
+    BATCH_PRIORITY_BASE,
 };
 use fallow_protocol::job::{Completion, GenerateRequest, OutputFormat};
 use fallow_scheduler::batch::{batch_id, file_id, BatchCodec, BatchRecord, LineError, LineRequest};
-use fallow_scheduler::runners::ModelEntry;
+use fallow_scheduler::runners::{ModelEntry, ModelKind};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -21,7 +23,13 @@ use uuid::Uuid;
 pub const CHAT_ENDPOINT: &str = "/v1/chat/completions";
 pub const COMPLETIONS_ENDPOINT: &str = "/v1/completions";
 pub const RESPONSES_ENDPOINT: &str = "/v1/responses";
-pub const BATCH_ENDPOINTS: [&str; 3] = [CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, RESPONSES_ENDPOINT];
+pub const EMBEDDINGS_ENDPOINT: &str = "/v1/embeddings";
+pub const BATCH_ENDPOINTS: [&str; 4] = [
+    CHAT_ENDPOINT,
+    COMPLETIONS_ENDPOINT,
+    RESPONSES_ENDPOINT,
+    EMBEDDINGS_ENDPOINT,
+];
 
 #[derive(Debug, Deserialize)]
 pub struct CreateBatchRequest {
@@ -156,6 +164,36 @@ impl ChatBatchCodec {
     }
 }
 
+/// A `/v1/embeddings` line, checked against its model's entry. A model no runner serves
+/// now is taken for an embedding model of unknown length, so only `dimensions` must wait.
+fn parse_embedding(
+    body: serde_json::Value,
+    models: &[ModelEntry],
+) -> Result<LineRequest, (Option<String>, String)> {
+    let wire: EmbeddingRequest = deserialize_line(body)?;
+    let model = embedding_model(&wire).map_err(envelope)?;
+    let entry = models
+        .iter()
+        .find(|m| m.id == model)
+        .cloned()
+        .unwrap_or_else(|| ModelEntry {
+            id: model,
+            context_length: 0,
+            owned_by: String::new(),
+            created: 0,
+            tool_parser: None,
+            reasoning_parser: None,
+            kind: ModelKind::Embedding,
+            dimensions: None,
+            matryoshka_dimensions: Vec::new(),
+        });
+    let request = validate_embeddings(wire, &entry).map_err(envelope)?;
+    Ok(LineRequest {
+        request,
+        priority: BATCH_PRIORITY_BASE,
+    })
+}
+
 impl ChatBatchCodec {
     /// A `/v1/responses` line: one response, through the synchronous endpoint's validation.
     /// Nothing of a batch is stored, so a line can neither continue a stored response nor
@@ -217,6 +255,9 @@ impl BatchCodec for ChatBatchCodec {
         if endpoint == COMPLETIONS_ENDPOINT {
             return self.parse_completion(body);
         }
+        if endpoint == EMBEDDINGS_ENDPOINT {
+            return parse_embedding(body, models);
+        }
         if endpoint != CHAT_ENDPOINT && endpoint != RESPONSES_ENDPOINT {
             return Err((None, format!("The endpoint `{endpoint}` is not supported.")));
         }
@@ -270,6 +311,12 @@ impl BatchCodec for ChatBatchCodec {
             );
             return serde_json::to_value(body).unwrap_or(serde_json::Value::Null);
         }
+        if let Some(format) = output.embeddings {
+            return EmbeddingList::from_completion(model.to_owned(), format, completion)
+                .ok()
+                .and_then(|body| serde_json::to_value(body).ok())
+                .unwrap_or(serde_json::Value::Null);
+        }
         if output.responses.is_some() {
             let body = crate::responses::answer::from_completion(job, model, output, completion);
             return serde_json::to_value(body).unwrap_or(serde_json::Value::Null);
@@ -306,6 +353,9 @@ mod tests {
             created: 0,
             tool_parser: Some("hermes".into()),
             reasoning_parser: Some("qwen3".into()),
+            kind: Default::default(),
+            dimensions: None,
+            matryoshka_dimensions: Vec::new(),
         }
     }
 

@@ -7,6 +7,7 @@
 mod batch_hostile_tests;
 pub mod batches;
 pub mod completions;
+pub mod embeddings;
 pub mod files;
 pub mod models;
 pub mod request;

@@ -15,6 +15,11 @@ pub struct ModelCard {
     pub created: i64,
     pub owned_by: String,
     pub max_model_len: u32,
+    /// `chat` (chat, completions, responses) or `embedding` (`/v1/embeddings`).
+    pub kind: fallow_scheduler::runners::ModelKind,
+    /// An embedding model's vector length.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<u32>,
 }
 
 impl From<&fallow_scheduler::runners::ModelEntry> for ModelCard {
@@ -25,6 +30,8 @@ impl From<&fallow_scheduler::runners::ModelEntry> for ModelCard {
             created: entry.created,
             owned_by: entry.owned_by.clone(),
             max_model_len: entry.context_length,
+            kind: entry.kind,
+            dimensions: entry.dimensions,
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::openai::batches::{
     BatchObject, CreateBatchRequest, BATCH_ENDPOINTS, CHAT_ENDPOINT, COMPLETIONS_ENDPOINT,
-    RESPONSES_ENDPOINT,
+    EMBEDDINGS_ENDPOINT, RESPONSES_ENDPOINT,
 };
 use crate::openai::files::ListPage;
 use crate::state::AppState;
@@ -39,7 +39,7 @@ pub async fn create_batch(
         return Err(ApiError::invalid(
             "endpoint",
             format!(
-                "`endpoint` must be `{CHAT_ENDPOINT}`, `{COMPLETIONS_ENDPOINT}` or `{RESPONSES_ENDPOINT}`, got `{endpoint}`."
+                "`endpoint` must be `{CHAT_ENDPOINT}`, `{COMPLETIONS_ENDPOINT}`, `{RESPONSES_ENDPOINT}` or `{EMBEDDINGS_ENDPOINT}`, got `{endpoint}`."
             ),
         ));
     }

@@ -21,6 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use fallow_protocol::job::{Completion, FinishReason, JobEvent};
 use fallow_scheduler::queue::{JobKind, NewJob};
+use fallow_scheduler::runners::ModelKind;
 use fallow_scheduler::stream::StreamEntry;
 use std::time::{Duration, Instant};
 use tracing::Instrument;
@@ -81,9 +82,15 @@ pub async fn create_chat_completion(
     .await
 }
 
-/// The limits of a request for `model` (which must be served).
+/// The limits of a request for `model` (which must be served, and generate text).
 pub(super) async fn limits(state: &AppState, model: &str) -> Result<Limits, ApiError> {
     let entry = state.catalog().find(model).await?;
+    if entry.kind == ModelKind::Embedding {
+        return Err(ApiError::invalid(
+            "model",
+            format!("`{model}` is an embedding model: it answers `/v1/embeddings` only."),
+        ));
+    }
     let config = state.config();
     Ok(Limits {
         max_messages: config.max_messages,

@@ -5,6 +5,7 @@
 mod batches;
 mod chat;
 mod completions;
+mod embeddings;
 mod files;
 mod models;
 mod ops;
@@ -46,6 +47,7 @@ pub fn router(state: AppState) -> Router {
             get(completions::resume_chat_stream),
         )
         .route("/v1/completions", post(text_completions::create_completion))
+        .route("/v1/embeddings", post(embeddings::create_embeddings))
         .route("/v1/responses", post(responses::create_response))
         .route(
             "/v1/responses/{id}",

@@ -114,6 +114,7 @@ pub fn validate_completion(
         },
         input: Prompt::Messages,
         task: Task::Generate,
+        embed: None,
     };
     Ok(ValidCompletion {
         shared,

@@ -5,6 +5,7 @@
 pub mod caps;
 mod completion;
 mod constraint;
+mod embeddings;
 mod gbnf;
 mod messages;
 pub mod responses;
@@ -13,6 +14,7 @@ mod tokenize;
 mod tools;
 
 pub use completion::{validate_completion, validate_prompt, ValidCompletion};
+pub use embeddings::{embedding_model, validate_embeddings, MAX_EMBEDDING_INPUTS};
 pub use tokenize::{detokenize_model, tokenize_model, validate_detokenize, validate_tokenize};
 pub use tools::{ToolChoice, ToolRequest, DEFAULT_TOOL_PARSER};
 
@@ -161,6 +163,7 @@ pub fn validate_chat(wire: ChatCompletionRequest, limits: &Limits) -> Result<Val
         output,
         input: fallow_protocol::job::Prompt::Messages,
         task: fallow_protocol::job::Task::Generate,
+        embed: None,
     };
     Ok(ValidChat {
         request,
@@ -195,6 +198,7 @@ fn output_format(
         text_completion: None,
         cached_tokens_details: wire.return_cached_tokens_details.unwrap_or(false),
         responses: None,
+        embeddings: None,
     }
 }
 

@@ -37,6 +37,7 @@ fn job(model: String, input: Prompt, task: Task) -> GenerateRequest {
         output: OutputFormat::default(),
         input,
         task,
+        embed: None,
     }
 }
 

@@ -9,6 +9,7 @@ mod auth;
 mod caps;
 mod chat;
 mod completions;
+mod embeddings;
 mod errors;
 mod local_mode;
 mod ops;

@@ -37,8 +37,8 @@ async fn models_are_listed_and_fetched_by_id_with_slashes() {
         .iter()
         .filter_map(|m| m["id"].as_str())
         .collect();
-    assert_eq!(ids.len(), 2, "{list}");
-    assert!(ids.contains(&THINKER));
+    assert_eq!(ids.len(), 3, "{list}");
+    assert!(ids.contains(&THINKER) && ids.contains(&EMBEDDER));
     let model = list["data"]
         .as_array()
         .and_then(|d| d.iter().find(|m| m["id"] == MODEL))
@@ -47,7 +47,7 @@ async fn models_are_listed_and_fetched_by_id_with_slashes() {
         model,
         Some(
             json!({"id": MODEL, "object": "model", "created": 1_700_000_000,
-                    "owned_by": "fallow", "max_model_len": CONTEXT})
+                    "owned_by": "fallow", "max_model_len": CONTEXT, "kind": "chat"})
         )
     );
     let one = app

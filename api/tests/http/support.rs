@@ -7,7 +7,7 @@ use fallow_protocol::job::{ChoiceResult, Completion, FinishReason, JobEvent, Usa
 use fallow_scheduler::clock::Clock;
 use fallow_scheduler::db;
 use fallow_scheduler::queue::{ClaimedJob, JobRecord, Queue};
-use fallow_scheduler::runners::{self, ModelEntry, RunnerInfo};
+use fallow_scheduler::runners::{self, ModelEntry, ModelKind, RunnerInfo};
 use fallow_scheduler::stream::TokenRelay;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -17,6 +17,8 @@ pub const MODEL: &str = "test-org/test-model";
 /// A model whose runner published Hermes tool calls and Qwen3-style reasoning.
 pub const THINKER: &str = "test-org/thinker";
 pub const CONTEXT: u32 = 2048;
+/// An embedding model of 4 dimensions that may be cut to 2.
+pub const EMBEDDER: &str = "test-org/embedder";
 
 pub struct TestApp {
     pub base: String,
@@ -86,6 +88,9 @@ pub async fn spawn_app_on(config: ApiConfig, redis: &str) -> TestApp {
                 created: 1_700_000_000,
                 tool_parser: None,
                 reasoning_parser: None,
+                kind: Default::default(),
+                dimensions: None,
+                matryoshka_dimensions: Vec::new(),
             },
             ModelEntry {
                 id: THINKER.into(),
@@ -94,9 +99,23 @@ pub async fn spawn_app_on(config: ApiConfig, redis: &str) -> TestApp {
                 created: 1_700_000_000,
                 tool_parser: Some("hermes".into()),
                 reasoning_parser: Some("qwen3".into()),
+                kind: Default::default(),
+                dimensions: None,
+                matryoshka_dimensions: Vec::new(),
+            },
+            ModelEntry {
+                id: EMBEDDER.into(),
+                context_length: 512,
+                owned_by: "fallow".into(),
+                created: 1_700_000_000,
+                tool_parser: None,
+                reasoning_parser: None,
+                kind: ModelKind::Embedding,
+                dimensions: Some(4),
+                matryoshka_dimensions: vec![2],
             },
         ],
-        warm: vec![MODEL.into(), THINKER.into()],
+        warm: vec![MODEL.into(), THINKER.into(), EMBEDDER.into()],
         pool: runners::DEFAULT_POOL.into(),
     };
     let runner_id = runners::register(&pool, &info)

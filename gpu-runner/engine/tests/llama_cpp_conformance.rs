@@ -111,6 +111,7 @@ fn chat_request(messages: Vec<ChatMessage>) -> GenerateRequest {
         output: Default::default(),
         input: Default::default(),
         task: Default::default(),
+        embed: None,
     }
 }
 

@@ -11,7 +11,7 @@
 use super::telemetry::EngineGauges;
 use fallow_engine::llm::{EngineRequest, LlmEngine, SeqOutput};
 use fallow_engine::runtime::ModelFrontend;
-use fallow_protocol::job::{GenerateRequest, Prompt, Task, Tokenized};
+use fallow_protocol::job::{Completion, GenerateRequest, Prompt, Task, Tokenized, Usage};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
@@ -38,8 +38,12 @@ pub enum HostEvent {
         prompt_tokens: u32,
         prompt_text: Option<String>,
     },
-    /// A tokenize / detokenize request was answered without the engine.
-    Answered { id: u64, tokenized: Tokenized },
+    /// A request was answered without engine steps (tokenize, detokenize, embed): its
+    /// whole result.
+    Answered {
+        id: u64,
+        completion: Box<Completion>,
+    },
     /// A request could not be admitted (bad template input, prompt too long, …).
     Rejected {
         id: u64,
@@ -98,6 +102,11 @@ impl EngineHost {
                 host_loop(host, cmd_rx, gauges)
             })?;
         Ok((EngineHost { commands: cmd_tx }, ev_rx))
+    }
+
+    /// The host of a thread that reads `commands` (an embedding model's, say).
+    pub(super) fn from_sender(commands: std_mpsc::Sender<HostCommand>) -> Self {
+        EngineHost { commands }
     }
 
     /// Sends a command; false if the engine thread is gone.
@@ -191,12 +200,25 @@ impl Host {
     fn apply(&mut self, command: HostCommand) {
         match command {
             HostCommand::Abort { id } => self.engine.abort(id),
+            HostCommand::Add { id, request } if request.task == Task::Embed => {
+                let _ = self.events.send(HostEvent::Rejected {
+                    id,
+                    code: "invalid_request".into(),
+                    message: format!(
+                        "`{}` is not an embedding model: it answers chat and completions.",
+                        request.model
+                    ),
+                });
+            }
             HostCommand::Add { id, request } if request.task != Task::Generate => {
                 // Answered from the tokenizer and template alone: no engine step.
                 let event =
                     match prepare(|| fallow_engine::prompt::tokenization(&self.frontend, &request))
                     {
-                        Ok(tokenized) => HostEvent::Answered { id, tokenized },
+                        Ok(tokenized) => HostEvent::Answered {
+                            id,
+                            completion: Box::new(tokenized_completion(tokenized)),
+                        },
                         Err((code, message)) => HostEvent::Rejected { id, code, message },
                     };
                 let _ = self.events.send(event);
@@ -244,6 +266,18 @@ impl Host {
     }
 }
 
+/// The result of a tokenize / detokenize job; its usage counts the tokens.
+fn tokenized_completion(tokenized: Tokenized) -> Completion {
+    Completion {
+        usage: Usage {
+            prompt_tokens: u32::try_from(tokenized.tokens.len()).unwrap_or(u32::MAX),
+            ..Usage::default()
+        },
+        tokenized: Some(tokenized),
+        ..Completion::default()
+    }
+}
+
 /// Runs one request's preparation (template, tokenizer), refusing the request if it panics.
 fn prepare<T>(work: impl FnOnce() -> Result<T, (String, String)>) -> Result<T, (String, String)> {
     catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|payload| {
@@ -257,7 +291,7 @@ fn prepare<T>(work: impl FnOnce() -> Result<T, (String, String)>) -> Result<T, (
 }
 
 /// The message of a panic's payload (`panic!` with a literal or a formatted string).
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+pub(super) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())

@@ -121,6 +121,7 @@ impl InFlight {
             usage: self.usage,
             prompt_text: self.prompt_text.clone(),
             tokenized: None,
+            embeddings: None,
         }
     }
 }

@@ -12,6 +12,7 @@
 mod claimer;
 mod completing;
 mod devices;
+mod embed_host;
 mod engine_host;
 mod in_flight;
 mod lending;

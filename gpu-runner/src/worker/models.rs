@@ -10,10 +10,9 @@
 //! change: jobs of warm models, and jobs of cold models this runner could make room for.
 
 use super::engine_host::{EngineHost, HostEvent, PanicHook};
-use super::offer::ModelOffer;
+use super::offer::{LoadedOffer, ModelOffer};
 use super::residency::Residency;
 use super::telemetry;
-use fallow_engine::runtime::{self, LoadedModel};
 use fallow_protocol::job::GenerateRequest;
 use fallow_scheduler::runners::ModelEntry;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
@@ -42,7 +41,7 @@ pub struct ClaimModels {
 /// A finished load, as the blocking pool reports it.
 pub struct LoadDone {
     key: EngineKey,
-    result: Result<LoadedModel, String>,
+    result: Result<LoadedOffer, String>,
     seconds: f64,
 }
 
@@ -193,8 +192,8 @@ impl Models {
                 continue;
             }
             let started = Instant::now();
-            let (path, options) = (offer.path.clone(), offer.options.clone());
-            let loaded = tokio::task::spawn_blocking(move || runtime::load(&path, &options))
+            let to_load = offer.clone();
+            let loaded = tokio::task::spawn_blocking(move || to_load.load())
                 .await?
                 .map_err(|e| anyhow::anyhow!("loading model {}: {e}", offer.path.display()))?;
             let generation = self.begin(&offer.id, offer.resident_bytes);
@@ -266,7 +265,7 @@ impl Models {
         tracing::info!(model, "loading model");
         tokio::task::spawn_blocking(move || {
             let started = Instant::now();
-            let result = runtime::load(&offer.path, &offer.options).map_err(|e| e.to_string());
+            let result = offer.load();
             let seconds = started.elapsed().as_secs_f64();
             let _ = loads.send(LoadDone {
                 key,
@@ -297,14 +296,20 @@ impl Models {
         self.loading.remove(&key.model);
         let waiting = self.waiting.remove(&key.model).unwrap_or_default();
         let started = result.and_then(|loaded| {
-            let bytes = loaded.resident_bytes;
-            let (host, mut events) = EngineHost::spawn(
-                loaded.engine,
-                loaded.frontend,
-                &key.model,
-                self.panic_hook.clone(),
-            )
-            .map_err(|e| format!("starting the engine thread: {e}"))?;
+            let bytes = loaded.resident_bytes();
+            let spawned = match loaded {
+                LoadedOffer::Generative(loaded) => EngineHost::spawn(
+                    loaded.engine,
+                    loaded.frontend,
+                    &key.model,
+                    self.panic_hook.clone(),
+                ),
+                LoadedOffer::Embedding { model, .. } => {
+                    super::embed_host::spawn(*model, &key.model)
+                }
+            };
+            let (host, mut events) =
+                spawned.map_err(|e| format!("starting the engine thread: {e}"))?;
             let tx = self.events.clone();
             let tagged = key.clone();
             tokio::spawn(async move {

@@ -2,10 +2,11 @@
 //! wants it kept warm. Inspected once at start (a bad path fails there, not at the first
 //! request), so the runner can list it, and budget its memory, before ever loading it.
 
-use fallow_engine::runtime::{self, LoadError, LoadOptions};
+use fallow_engine::embed::EmbeddingModel;
+use fallow_engine::runtime::{self, LoadOptions, LoadedModel};
 use fallow_engine::tokenizer::OutputSyntax;
-use fallow_scheduler::runners::ModelEntry;
-use std::path::PathBuf;
+use fallow_scheduler::runners::{ModelEntry, ModelKind};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -24,6 +25,33 @@ pub struct ModelOffer {
     pub output_syntax: OutputSyntax,
     /// Memory it takes once loaded (refined after each load).
     pub resident_bytes: u64,
+    /// What an embedding model's vectors are like; `None` for a generative model.
+    pub embedding: Option<EmbeddingFacts>,
+}
+
+/// An embedding model's vector length, and the shorter lengths it may be cut to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmbeddingFacts {
+    pub dimensions: u32,
+    pub matryoshka_dimensions: Vec<u32>,
+}
+
+/// A loaded model, ready for its host thread.
+pub enum LoadedOffer {
+    Generative(Box<LoadedModel>),
+    Embedding {
+        model: Box<EmbeddingModel>,
+        resident_bytes: u64,
+    },
+}
+
+impl LoadedOffer {
+    pub fn resident_bytes(&self) -> u64 {
+        match self {
+            LoadedOffer::Generative(loaded) => loaded.resident_bytes,
+            LoadedOffer::Embedding { resident_bytes, .. } => *resident_bytes,
+        }
+    }
 }
 
 /// How an operator wants a model kept warm.
@@ -34,24 +62,58 @@ pub struct WarmPolicy {
 }
 
 impl ModelOffer {
-    /// Opens the model's files (not its engine) to learn its context length and size.
+    /// Opens the model's files (not its engine) to learn its context length and size; an
+    /// embedding model is opened whole (it is small, and has no engine to start).
     pub fn inspect(
         id: &str,
         path: PathBuf,
         options: LoadOptions,
         policy: WarmPolicy,
-    ) -> Result<ModelOffer, LoadError> {
-        let facts = runtime::inspect(&path, &options)?;
-        Ok(ModelOffer {
+    ) -> anyhow::Result<ModelOffer> {
+        let mut offer = ModelOffer {
             id: id.to_string(),
             path,
             options,
             keep_alive: policy.keep_alive,
             min_warm: policy.min_warm,
-            context_length: facts.context_length as u32,
-            output_syntax: facts.output_syntax,
-            resident_bytes: facts.resident_bytes,
-        })
+            context_length: 0,
+            output_syntax: OutputSyntax::default(),
+            resident_bytes: 0,
+            embedding: None,
+        };
+        if EmbeddingModel::detect(&offer.path) {
+            let model = EmbeddingModel::open(&offer.path)?;
+            offer.context_length = model.max_input_tokens() as u32;
+            offer.resident_bytes = weights_bytes(&offer.path);
+            offer.embedding = Some(EmbeddingFacts {
+                dimensions: model.dimensions() as u32,
+                matryoshka_dimensions: model
+                    .matryoshka_dimensions()
+                    .iter()
+                    .map(|&d| d as u32)
+                    .collect(),
+            });
+        } else {
+            let facts = runtime::inspect(&offer.path, &offer.options)?;
+            offer.context_length = facts.context_length as u32;
+            offer.output_syntax = facts.output_syntax;
+            offer.resident_bytes = facts.resident_bytes;
+        }
+        Ok(offer)
+    }
+
+    /// Loads the model (on a blocking thread: this reads the weights).
+    pub fn load(&self) -> Result<LoadedOffer, String> {
+        if self.embedding.is_some() {
+            let model = EmbeddingModel::open(&self.path).map_err(|e| e.to_string())?;
+            return Ok(LoadedOffer::Embedding {
+                model: Box::new(model),
+                resident_bytes: self.resident_bytes,
+            });
+        }
+        runtime::load(&self.path, &self.options)
+            .map(|loaded| LoadedOffer::Generative(Box::new(loaded)))
+            .map_err(|e| e.to_string())
     }
 
     /// How `/v1/models` lists it.
@@ -63,6 +125,30 @@ impl ModelOffer {
             created,
             tool_parser: self.output_syntax.tool_parser.clone(),
             reasoning_parser: self.output_syntax.reasoning_parser.clone(),
+            kind: match self.embedding {
+                Some(_) => ModelKind::Embedding,
+                None => ModelKind::Chat,
+            },
+            dimensions: self.embedding.as_ref().map(|e| e.dimensions),
+            matryoshka_dimensions: self
+                .embedding
+                .as_ref()
+                .map(|e| e.matryoshka_dimensions.clone())
+                .unwrap_or_default(),
         }
     }
+}
+
+/// The size of a model directory's weight files: what an embedding model takes in memory.
+fn weights_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
 }

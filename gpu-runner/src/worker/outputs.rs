@@ -6,7 +6,7 @@ use super::completing::{self, RetryPolicy};
 use super::engine_host::HostEvent;
 use super::models::EngineKey;
 use super::{telemetry, Worker};
-use fallow_protocol::job::{Completion, JobEvent, Usage};
+use fallow_protocol::job::{Completion, JobEvent};
 use fallow_scheduler::queue::JobKind;
 use fallow_scheduler::runners::RunnerState;
 
@@ -46,7 +46,7 @@ impl Worker {
                         .await;
                 }
             }
-            HostEvent::Answered { id, tokenized } => self.on_answered(id, tokenized).await,
+            HostEvent::Answered { id, completion } => self.on_answered(id, *completion).await,
             HostEvent::Step(outputs) => self.on_step(outputs).await,
             HostEvent::Failed { message } => {
                 tracing::error!(%message, model = %engine.model, "engine failed");
@@ -144,23 +144,11 @@ impl Worker {
         }
     }
 
-    /// A tokenize / detokenize job was answered: it ends at once, with one `Final`.
-    pub(super) async fn on_answered(
-        &mut self,
-        id: u64,
-        tokenized: fallow_protocol::job::Tokenized,
-    ) {
+    /// A job answered without engine steps (tokenize, detokenize, embed): it ends at once,
+    /// with one `Final`.
+    pub(super) async fn on_answered(&mut self, id: u64, completion: Completion) {
         let Some(job) = self.table.remove(id) else {
             return;
-        };
-        let completion = Completion {
-            choices: Vec::new(),
-            usage: Usage {
-                prompt_tokens: u32::try_from(tokenized.tokens.len()).unwrap_or(u32::MAX),
-                ..Usage::default()
-            },
-            prompt_text: None,
-            tokenized: Some(tokenized),
         };
         self.append(&[(
             job.job_id,
@@ -174,7 +162,7 @@ impl Worker {
             .complete(job.job_id, job.attempt, &completion)
             .await
         {
-            Ok(_) => tracing::debug!(job_id = %job.job_id, "tokenization answered"),
+            Ok(_) => tracing::debug!(job_id = %job.job_id, "answered without engine steps"),
             Err(e) => tracing::warn!(job_id = %job.job_id, error = %e, "completing failed"),
         }
         self.models_changed().await;

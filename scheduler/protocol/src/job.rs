@@ -87,6 +87,19 @@ pub struct OutputFormat {
     /// answers for the job alike.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub responses: Option<serde_json::Value>,
+    /// Answer as an embedding list (`/v1/embeddings`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub embeddings: Option<EmbeddingFormat>,
+}
+
+/// How an embedding answer presents its vectors.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EmbeddingFormat {
+    /// `encoding_format: "base64"`: each vector as base64 of its little-endian f32 bytes.
+    pub base64: bool,
+    /// Each vector cut to this many dimensions and normalised again (Matryoshka models).
+    pub dimensions: Option<u32>,
 }
 
 /// How a legacy completion presents its choices.
@@ -110,6 +123,7 @@ impl Default for OutputFormat {
             text_completion: None,
             cached_tokens_details: false,
             responses: None,
+            embeddings: None,
         }
     }
 }
@@ -237,6 +251,25 @@ pub struct GenerateRequest {
     /// What the runner is asked to do with the prompt; rows without it generate.
     #[serde(default)]
     pub task: Task,
+    /// The inputs of a `Task::Embed` job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embed: Option<EmbedRequest>,
+}
+
+/// What an embedding job (`Task::Embed`) embeds: one vector per input, in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmbedRequest {
+    pub inputs: Vec<EmbedInput>,
+}
+
+/// One input of an embedding job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EmbedInput {
+    /// Tokenized by the model's tokenizer, special tokens included.
+    Text { text: String },
+    /// Token ids, run as they are.
+    Tokens { ids: Vec<u32> },
 }
 
 /// A job's prompt.
@@ -263,6 +296,9 @@ pub enum Task {
     Tokenize,
     /// Only decode `Prompt::Tokens` (`POST /detokenize`): the result's `tokenized.text`.
     Detokenize,
+    /// Embed `GenerateRequest::embed`'s inputs (`POST /v1/embeddings`): the result's
+    /// `embeddings`.
+    Embed,
 }
 
 /// The answer to a `Tokenize` or `Detokenize` job; no engine step is involved.
@@ -343,6 +379,10 @@ pub struct Completion {
     /// The answer of a tokenize / detokenize job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenized: Option<Tokenized>,
+    /// The answer of an embedding job: one vector per input, in order (`usage.prompt_tokens`
+    /// counts the tokens of all inputs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embeddings: Option<Vec<Vec<f32>>>,
 }
 
 /// What a runner appends to a job's Redis stream. The last event of a stream is always

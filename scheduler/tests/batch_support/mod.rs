@@ -60,6 +60,7 @@ impl BatchCodec for TestCodec {
                 output: Default::default(),
                 input: Default::default(),
                 task: Default::default(),
+                embed: None,
             },
             priority: BATCH_BASE + body["priority"].as_i64().unwrap_or(0) as i32,
         })

@@ -57,6 +57,7 @@ pub fn request(model: &str) -> GenerateRequest {
         output: Default::default(),
         input: Default::default(),
         task: Default::default(),
+        embed: None,
     }
 }
 
@@ -117,6 +118,9 @@ pub fn runner_info(may_serve: &[&str], warm: &[&str]) -> RunnerInfo {
                 created: 1_700_000_000,
                 tool_parser: None,
                 reasoning_parser: None,
+                kind: Default::default(),
+                dimensions: None,
+                matryoshka_dimensions: Vec::new(),
             })
             .collect(),
         warm: warm.iter().map(|id| id.to_string()).collect(),

@@ -11,6 +11,7 @@ const client = new OpenAI({
   timeout: 120_000,
 });
 const model = process.env.FALLOW_MODEL;
+const embeddingModel = process.env.FALLOW_EMBEDDING_MODEL;
 const ask = (content) => ({
   model,
   messages: [{ role: 'user', content }],
@@ -47,6 +48,25 @@ test('a streamed chat completion says what the whole answer says at temperature 
   }
   assert.equal(text, whole.choices[0].message.content);
   assert.equal(usage.completion_tokens, whole.usage.completion_tokens);
+});
+
+test('embeddings come back as floats, decoded from base64 by default', async () => {
+  const floats = await client.embeddings.create({
+    model: embeddingModel,
+    input: ['The sea is blue.', 'Cats sleep a lot.'],
+    encoding_format: 'float',
+  });
+  assert.equal(floats.data.length, 2);
+  assert.equal(floats.data[1].index, 1);
+  assert.equal(floats.data[0].embedding.length, 384);
+  const decoded = await client.embeddings.create({
+    model: embeddingModel,
+    input: ['The sea is blue.', 'Cats sleep a lot.'],
+  });
+  for (const [i, d] of decoded.data.entries()) {
+    d.embedding.forEach((v, j) => assert.ok(Math.abs(v - floats.data[i].embedding[j]) < 1e-6));
+  }
+  assert.ok(floats.usage.prompt_tokens > 0);
 });
 
 test('an unknown model is a 404 in the SDK error type', async () => {
