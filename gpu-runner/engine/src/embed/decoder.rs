@@ -28,6 +28,7 @@ pub(crate) struct Decoder {
 }
 
 impl Decoder {
+    /// Opens an HF directory or a GGUF file.
     pub(crate) fn open(dir: &Path) -> Result<Decoder, EmbedError> {
         let mut artifacts = model::open(dir)?;
         artifacts.use_cpu_layout();
@@ -40,6 +41,11 @@ impl Decoder {
 
     pub(crate) fn vocab_size(&self) -> usize {
         self.artifacts.config.vocab_size
+    }
+
+    /// Where the model's tokenizer comes from.
+    pub(crate) fn vocab(&self) -> &model::VocabSource {
+        &self.artifacts.vocab
     }
 
     pub(crate) fn context_length(&self) -> usize {

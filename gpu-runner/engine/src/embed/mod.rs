@@ -17,6 +17,9 @@
 //! `"is_embedding": true` (pooled by its last token, normalised, when no sentence-transformers
 //! files say otherwise).
 //!
+//! A GGUF file is an embedding model when its metadata sets `{arch}.pooling_type` (see
+//! `gguf` for the rule and what is refused).
+//!
 //! **Matryoshka**: the dimensions a client may truncate to are read from
 //! `"matryoshka_dimensions": [..]` in `config_sentence_transformers.json` (else
 //! `config.json`); without that key, none are declared.
@@ -26,6 +29,7 @@
 mod bert;
 mod decoder;
 mod error;
+mod gguf;
 mod layout;
 pub mod pooling;
 mod tokenize;
@@ -37,6 +41,7 @@ pub use pooling::Pooling;
 
 use bert::Bert;
 use decoder::Decoder;
+use gguf::GgufEmbedding;
 use layout::{Layout, Network};
 use tokenize::EmbedTokenizer;
 
@@ -72,11 +77,14 @@ impl EmbeddingModel {
     /// Whether `path` holds an embedding model (the rule is in the module docs). Reads a
     /// few small JSON files; a directory it cannot read is not one.
     pub fn detect(path: &Path) -> bool {
-        layout::detect(path)
+        layout::detect(path) || gguf::detect(path)
     }
 
-    /// Opens the model in the directory `path`.
+    /// Opens the model in the directory (or GGUF file) `path`.
     pub fn open(path: &Path) -> Result<Self, EmbedError> {
+        if path.is_file() {
+            return Self::open_gguf(path);
+        }
         let layout = Layout::read(path)?;
         let tokenizer = EmbedTokenizer::open(&layout.model_dir, layout.do_lower_case)?;
         let (network, positions) = match layout.network {
@@ -110,6 +118,29 @@ impl EmbeddingModel {
             )));
         }
         Ok(model)
+    }
+
+    /// A GGUF decoder: pooled as its metadata says, normalised, limited by its context.
+    fn open_gguf(path: &Path) -> Result<Self, EmbedError> {
+        let facts = GgufEmbedding::read(path)?;
+        let decoder = Decoder::open(path)?;
+        let tokenizer = match decoder.vocab() {
+            crate::model::VocabSource::Gguf(vocab) => EmbedTokenizer::from_gguf(vocab)?,
+            crate::model::VocabSource::TokenizerJson { .. } => {
+                return Err(EmbedError::Load(format!(
+                    "{} carries no GGUF vocabulary",
+                    path.display()
+                )))
+            }
+        };
+        Ok(EmbeddingModel {
+            max_input_tokens: decoder.context_length(),
+            network: Net::Decoder(decoder),
+            tokenizer,
+            pooling: facts.pooling,
+            normalize: true,
+            matryoshka: Vec::new(),
+        })
     }
 
     /// Length of every output vector.
@@ -208,5 +239,7 @@ impl EmbeddingModel {
     }
 }
 
+#[cfg(test)]
+mod gguf_tests;
 #[cfg(test)]
 mod tests;
