@@ -128,6 +128,7 @@ fn run_round(
                 sampling,
                 n: 1,
                 priority: 0,
+                resume: None,
             })
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }

@@ -170,6 +170,7 @@ fn run_in_process(
                 sampling: request.sampling,
                 n: 1,
                 priority: 0,
+                resume: None,
             })
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }

@@ -67,6 +67,7 @@ fn stream_to_stdout(
             sampling,
             n: 1,
             priority: 0,
+            resume: None,
         })
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut text = String::new();

@@ -881,6 +881,7 @@ fn generate_all(device: Device, prompts: &[Vec<u32>], path: &std::path::Path) ->
                 },
                 n: 1,
                 priority: 0,
+                resume: None,
             })
             .expect("request accepted");
     }

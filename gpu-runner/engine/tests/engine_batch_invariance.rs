@@ -92,6 +92,7 @@ fn check(sampling: Sampling) {
         sampling: sampling.clone(),
         n: 1,
         priority: 0,
+        resume: None,
     };
     let expected = tokens_of(&run(&mut alone, &mut vec![target(&sampling)], 1), 0);
     assert!(!expected.is_empty());
@@ -114,6 +115,7 @@ fn check(sampling: Sampling) {
                 sampling: other,
                 n: 1,
                 priority: 0,
+                resume: None,
             }
         })
         .collect();

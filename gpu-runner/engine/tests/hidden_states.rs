@@ -77,6 +77,7 @@ fn a_choice_returns_the_hidden_state_that_produced_its_last_token() {
                 sampling: greedy(6, true),
                 n: 2,
                 priority: 0,
+                resume: None,
             },
             EngineRequest {
                 id: 2,
@@ -84,6 +85,7 @@ fn a_choice_returns_the_hidden_state_that_produced_its_last_token() {
                 sampling: greedy(6, false),
                 n: 1,
                 priority: 0,
+                resume: None,
             },
         ],
     );
@@ -133,6 +135,7 @@ fn a_choice_returns_the_hidden_state_that_produced_its_last_token() {
             sampling: greedy(1, true),
             n: 1,
             priority: 0,
+            resume: None,
         }],
     );
     let last = again.last().expect("one output");

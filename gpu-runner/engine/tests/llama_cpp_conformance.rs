@@ -195,6 +195,7 @@ fn greedy_decoding_follows_llama_cpp(model: &str, fixture_name: &str) {
             sampling,
             n: 1,
             priority: 0,
+            resume: None,
         };
         loaded
             .engine

@@ -260,6 +260,7 @@ impl Host {
                 sampling: request.sampling,
                 n: request.n,
                 priority: 0,
+                resume: None,
             })
             .map_err(|e| (e.code().to_string(), e.to_string()))?;
         Ok((prompt_tokens, echo))

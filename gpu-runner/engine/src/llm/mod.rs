@@ -15,6 +15,9 @@
 //! A request with `n > 1` runs one sequence per choice. With the prefix cache on, choices
 //! 1.. are held back until choice 0 has produced a token, by which time its prompt's full
 //! blocks are in the cache and the others reuse them instead of recomputing the prompt.
+//!
+//! A request may continue an earlier attempt's progress ([`Resume`]): its finished choices
+//! are not run again and the others go on from their tokens (see `resume`).
 
 mod choice;
 mod error;
@@ -23,6 +26,7 @@ mod output;
 mod postprocess;
 use postprocess::Row;
 mod request;
+mod resume;
 mod sampling;
 
 use std::collections::HashMap;
@@ -42,7 +46,7 @@ use choice::Choice;
 pub use error::EngineError;
 use masks::StepGrammar;
 pub use output::{EngineStats, SeqOutput};
-pub use request::{EngineRequest, MAX_CHOICES};
+pub use request::{EngineRequest, Resume, ResumeChoice, MAX_CHOICES};
 use request::{Limits, RequestState};
 
 /// Engine knobs that do not come from the backend (block size and count do).
@@ -173,11 +177,34 @@ impl LlmEngine {
             stop_regexes,
             stop_strings,
         };
-        let hold_back = self.config.enable_prefix_cache && request.n > 1;
-        let first_wave = if hold_back { 1 } else { request.n };
-        state.pending = (first_wave..request.n).rev().collect();
+        self.start_choices(request.id, request.n, request.resume.as_ref(), &mut state)?;
+        self.requests.insert(request.id, state);
+        Ok(())
+    }
+
+    /// Starts a new request's choices: all of them, or only choice 0 while the others wait
+    /// for its prompt to be in the prefix cache. A choice an earlier attempt finished is
+    /// not started. On failure, the choices already started are dropped.
+    fn start_choices(
+        &mut self,
+        request_id: u64,
+        n: u32,
+        resume: Option<&Resume>,
+        state: &mut RequestState,
+    ) -> Result<(), EngineError> {
+        // Resumed choices have different sequences and no choice 0 to wait for: they all
+        // start now, sharing what the prefix cache has.
+        let hold_back = self.config.enable_prefix_cache && n > 1 && !resume::has_progress(resume);
+        let first_wave = if hold_back { 1 } else { n };
+        state.pending = (first_wave..n).rev().collect();
         for index in 0..first_wave {
-            if let Err(e) = self.start_choice(request.id, index, &mut state) {
+            let (tokens, finished) = resume::progress(resume, index);
+            // As if uninterrupted: the usage counts what the earlier attempt generated.
+            state.usage.completion_tokens += tokens.len() as u32;
+            if finished {
+                continue;
+            }
+            if let Err(e) = self.start_choice(request_id, index, state, tokens) {
                 for seq in state.live.drain(..) {
                     self.batcher.abort(seq);
                     self.choices.remove(&seq);
@@ -185,47 +212,45 @@ impl LlmEngine {
                 return Err(e);
             }
         }
-        self.requests.insert(request.id, state);
         Ok(())
     }
 
-    /// Puts one choice of a request into the batcher.
+    /// Puts one choice of a request into the batcher, continuing from the tokens an
+    /// earlier attempt `generated` for it (none for a fresh choice).
     fn start_choice(
         &mut self,
         request_id: u64,
         index: u32,
         state: &mut RequestState,
+        generated: &[u32],
     ) -> Result<(), EngineError> {
+        let params = &state.sampling;
+        let mut choice = Choice {
+            request_id,
+            index,
+            sampler: SeqSampler::new(params.clone(), index, &state.prompt, &self.eos_ids),
+            decoder: IncrementalDecoder::new(params.skip_special_tokens),
+            matcher: StopMatcher::shared(state.stop_strings.clone()),
+            regex_stop: RegexStop::new(state.stop_regexes.clone()),
+            conditions: StopConditions::new(params, &self.eos_ids, state.max_tokens),
+            grammar: state.grammar.clone(),
+            want_logprobs: params.logprobs,
+            keep_stop: params.no_stop_trim,
+            want_hidden: params.return_hidden_states,
+            hidden: Vec::new(),
+        };
+        choice.replay(&self.tokenizer, generated)?;
         let seq = self.next_seq;
         self.next_seq += 1;
+        // Generated tokens count against max_tokens: a resumed choice has the same bound.
         let max_len = state.prompt.len() + state.max_tokens - 1;
+        let mut tokens = Vec::with_capacity(state.prompt.len() + generated.len());
+        tokens.extend_from_slice(&state.prompt);
+        tokens.extend_from_slice(generated);
         self.batcher
-            .add(
-                seq,
-                state.prompt.clone(),
-                max_len,
-                state.priority,
-                state.arrival,
-            )
+            .add(seq, tokens, max_len, state.priority, state.arrival)
             .map_err(|e| EngineError::ContextLengthExceeded(e.to_string()))?;
-        let params = &state.sampling;
-        self.choices.insert(
-            seq,
-            Choice {
-                request_id,
-                index,
-                sampler: SeqSampler::new(params.clone(), index, &state.prompt, &self.eos_ids),
-                decoder: IncrementalDecoder::new(params.skip_special_tokens),
-                matcher: StopMatcher::shared(state.stop_strings.clone()),
-                regex_stop: RegexStop::new(state.stop_regexes.clone()),
-                conditions: StopConditions::new(params, &self.eos_ids, state.max_tokens),
-                grammar: state.grammar.clone(),
-                want_logprobs: params.logprobs,
-                keep_stop: params.no_stop_trim,
-                want_hidden: params.return_hidden_states,
-                hidden: Vec::new(),
-            },
-        );
+        self.choices.insert(seq, choice);
         state.live.push(seq);
         Ok(())
     }
@@ -432,7 +457,7 @@ impl LlmEngine {
             };
             let mut result = Ok(());
             while let Some(index) = state.pending.pop() {
-                result = self.start_choice(id, index, &mut state);
+                result = self.start_choice(id, index, &mut state, &[]);
                 if result.is_err() {
                     break;
                 }

@@ -22,6 +22,23 @@ pub struct EngineRequest {
     pub n: u32,
     /// Lower runs first.
     pub priority: i32,
+    /// Progress of an earlier attempt this request continues; `None` for a fresh request.
+    pub resume: Option<Resume>,
+}
+
+/// What an earlier attempt generated, per choice (index = choice index; `len() == n`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Resume {
+    pub choices: Vec<ResumeChoice>,
+}
+
+/// One choice's progress in an earlier attempt.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ResumeChoice {
+    /// Token ids the earlier attempt generated for this choice (and the client saw), in order.
+    pub tokens: Vec<u32>,
+    /// The choice had already finished: it is not run again and produces no output.
+    pub finished: bool,
 }
 
 /// Most choices one request may ask for (OpenAI's limit); each is a sequence.
@@ -99,7 +116,7 @@ pub(super) fn validate(request: &EngineRequest, limits: Limits) -> Result<usize,
             Some(u32::try_from(left).unwrap_or(u32::MAX))
         }
     };
-    match max_tokens {
+    let max_tokens = match max_tokens {
         Some(0) => invalid("max_tokens must be at least 1".into()),
         Some(max) if max as usize > room => Err(EngineError::ContextLengthExceeded(format!(
             "prompt ({prompt_len} tokens) + max_tokens ({max}) exceeds the model's context \
@@ -116,7 +133,11 @@ pub(super) fn validate(request: &EngineRequest, limits: Limits) -> Result<usize,
             limits.pool_tokens
         ))),
         None => Ok(room.min(pool_room)),
+    }?;
+    if let Some(resume) = &request.resume {
+        super::resume::validate(resume, request, limits, max_tokens)?;
     }
+    Ok(max_tokens)
 }
 
 /// A request in flight.

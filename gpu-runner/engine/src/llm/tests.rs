@@ -171,6 +171,7 @@ fn request(id: u64, prompt: Vec<u32>, sampling: Sampling) -> EngineRequest {
         sampling,
         n: 1,
         priority: 0,
+        resume: None,
     }
 }
 
@@ -211,3 +212,5 @@ fn choice(
 mod behaviour;
 #[path = "tests_constrained.rs"]
 mod constrained;
+#[path = "tests_resume.rs"]
+mod resume;

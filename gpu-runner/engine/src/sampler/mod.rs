@@ -154,21 +154,36 @@ impl SeqSampler {
     /// The next token's draw: the sampling knobs and, when sampling, the next uniform
     /// number of the sequence's RNG (one per sampled token, wherever it is drawn).
     fn next_draw(&mut self) -> TokenDraw {
+        let u = self.next_uniform();
         let p = &self.params;
         TokenDraw {
             temperature: if self.is_greedy() { 0.0 } else { p.temperature },
             top_k: p.top_k,
             top_p: p.top_p,
             min_p: p.min_p,
-            u: if self.is_greedy() {
-                0.0
-            } else {
-                self.rng.gen::<f32>()
-            },
+            u,
             logprobs: p
                 .logprobs
                 .then(|| p.top_logprobs.min(MAX_TOP_LOGPROBS as u32) as u8),
         }
+    }
+
+    /// The uniform number the next token's draw takes: one from the RNG per sampled token,
+    /// none for greedy sequences, whose RNG is never touched.
+    fn next_uniform(&mut self) -> f32 {
+        if self.is_greedy() {
+            0.0
+        } else {
+            self.rng.gen::<f32>()
+        }
+    }
+
+    /// Counts `token` as generated as if it had just been drawn (a resumed request's
+    /// earlier tokens): the RNG moves past the number its draw took, and the penalties and
+    /// `min_tokens` see it. A seeded sequence then draws what it would have drawn next.
+    pub fn replay(&mut self, token: u32) {
+        self.next_uniform();
+        self.record(token);
     }
 
     fn draws_from_raw_logits(&self) -> bool {
