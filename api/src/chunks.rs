@@ -171,9 +171,12 @@ impl ChunkBuilder {
             }
         }
         match &entry.event {
-            JobEvent::Started { attempt, .. } => {
-                if self.attempt.is_some_and(|a| a != *attempt) && self.content_sent {
-                    // Never splice two attempts' tokens into one answer.
+            JobEvent::Started {
+                attempt, continues, ..
+            } => {
+                // A continuing attempt extends what was sent; one that starts over would
+                // repeat it, and two attempts' tokens are never spliced into one answer.
+                if self.attempt.is_some_and(|a| a != *attempt) && self.content_sent && !continues {
                     out.extend(self.on_error(ApiError::JobFailed {
                         code: "runner_lost".into(),
                         message: "The runner serving this request was lost after it had sent tokens; retry the request.".into(),

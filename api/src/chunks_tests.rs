@@ -75,6 +75,7 @@ fn a_stream_starts_with_the_role_then_content_then_finish_then_done() {
                 JobEvent::Started {
                     attempt: 1,
                     prompt_text: None,
+                    continues: false,
                 },
             ),
             entry("2-0", delta(0, "Hel", None, 1)),
@@ -225,6 +226,7 @@ fn a_new_attempt_after_tokens_were_sent_is_an_error_not_a_splice() {
                 JobEvent::Started {
                     attempt: 1,
                     prompt_text: None,
+                    continues: false,
                 },
             ),
             entry("2-0", delta(0, "a", None, 1)),
@@ -233,6 +235,7 @@ fn a_new_attempt_after_tokens_were_sent_is_an_error_not_a_splice() {
                 JobEvent::Started {
                     attempt: 2,
                     prompt_text: None,
+                    continues: false,
                 },
             ),
             entry("4-0", delta(0, "b", None, 1)),
@@ -243,6 +246,37 @@ fn a_new_attempt_after_tokens_were_sent_is_an_error_not_a_splice() {
         .iter()
         .any(|(_, v)| v["choices"][0]["delta"]["content"] == "b"));
     assert!(!b.ended_normally());
+}
+
+#[test]
+fn a_continuing_attempt_extends_the_stream_without_an_error() {
+    let mut b = builder(
+        1,
+        Delivery {
+            stream: true,
+            ..Default::default()
+        },
+    );
+    let started = |attempt, continues| JobEvent::Started {
+        attempt,
+        prompt_text: None,
+        continues,
+    };
+    let out = run(
+        &mut b,
+        vec![
+            entry("1-0", started(1, false)),
+            entry("2-0", delta(0, "a", None, 1)),
+            entry("3-0", started(2, true)),
+            entry("4-0", delta(0, "b", None, 2)),
+        ],
+    );
+    assert!(!out.iter().any(|(_, v)| !v["error"].is_null()));
+    let text: String = out
+        .iter()
+        .filter_map(|(_, v)| v["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "ab");
 }
 
 #[test]

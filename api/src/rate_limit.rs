@@ -263,6 +263,7 @@ mod tests {
             },
             task: Default::default(),
             embed: None,
+            progress: None,
         };
         assert_eq!(estimate_tokens(&request), 3 + 20);
     }

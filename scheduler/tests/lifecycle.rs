@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use fallow_protocol::job::{ChoiceProgress, Progress, Usage};
 use fallow_scheduler::queue::{ClaimedJob, FailOutcome, JobState, Queue};
 use std::time::Duration;
 use uuid::Uuid;
@@ -317,11 +318,11 @@ async fn a_released_job_is_runnable_again_without_using_an_attempt() {
     let job = claim_one(&queue, Uuid::new_v4()).await;
 
     assert_eq!(
-        queue.release(id, job.attempt).await.unwrap(),
+        queue.release(id, job.attempt, None).await.unwrap(),
         FailOutcome::Requeued
     );
     assert_eq!(
-        queue.release(id, job.attempt).await.unwrap(),
+        queue.release(id, job.attempt, None).await.unwrap(),
         FailOutcome::Stale
     );
     let again = claim_one(&queue, Uuid::new_v4()).await;
@@ -331,6 +332,60 @@ async fn a_released_job_is_runnable_again_without_using_an_attempt() {
         record.max_attempts, 2,
         "the hand-back did not burn the only attempt"
     );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_streamed_job_handed_back_with_its_progress_is_continued_not_failed() {
+    let db = TestDb::new().await;
+    let queue = db.queue();
+    let id = queue.enqueue(interactive_job("m")).await.unwrap();
+    let job = claim_one(&queue, Uuid::new_v4()).await;
+    queue.mark_streamed(id, job.attempt).await.unwrap();
+    let progress = Progress {
+        prompt_ids: vec![1, 2, 3],
+        choices: vec![ChoiceProgress {
+            token_ids: vec![7, 8],
+            text: "Hi".into(),
+            ..Default::default()
+        }],
+        usage: Usage {
+            prompt_tokens: 3,
+            completion_tokens: 2,
+            cached_tokens: 0,
+        },
+    };
+
+    assert_eq!(
+        queue
+            .release(id, job.attempt, Some(&progress))
+            .await
+            .unwrap(),
+        FailOutcome::Requeued
+    );
+    let again = claim_one(&queue, Uuid::new_v4()).await;
+    assert_eq!(again.attempt, 2);
+    assert_eq!(
+        again.request.progress,
+        Some(progress),
+        "the next runner gets it"
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_streamed_job_handed_back_without_progress_fails() {
+    let db = TestDb::new().await;
+    let queue = db.queue();
+    let id = queue.enqueue(interactive_job("m")).await.unwrap();
+    let job = claim_one(&queue, Uuid::new_v4()).await;
+    queue.mark_streamed(id, job.attempt).await.unwrap();
+
+    assert_eq!(
+        queue.release(id, job.attempt, None).await.unwrap(),
+        FailOutcome::Failed
+    );
+    assert_eq!(state_of(&queue, id).await, JobState::Failed);
     db.drop().await;
 }
 

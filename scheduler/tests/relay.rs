@@ -47,6 +47,7 @@ async fn appended_events_read_back_in_order_with_increasing_ids() {
                 JobEvent::Started {
                     attempt: 1,
                     prompt_text: None,
+                    continues: false,
                 },
             ),
             (other, delta("elsewhere")),
@@ -72,7 +73,8 @@ async fn appended_events_read_back_in_order_with_increasing_ids() {
         vec![
             JobEvent::Started {
                 attempt: 1,
-                prompt_text: None
+                prompt_text: None,
+                continues: false,
             },
             delta("Hel"),
             delta("lo"),

@@ -160,6 +160,7 @@ fn run_in_process(
             input: Default::default(),
             task: Default::default(),
             embed: None,
+            progress: None,
         };
         let prompt = encode_chat(&model.frontend, &request).map_err(|(_, m)| anyhow::anyhow!(m))?;
         model

@@ -51,6 +51,7 @@ fn chat_request(messages: Vec<ChatMessage>, sampling: Sampling) -> GenerateReque
         input: Default::default(),
         task: Default::default(),
         embed: None,
+        progress: None,
     }
 }
 

@@ -3,6 +3,7 @@ yield their GPU to its owner. Multi-runner tests run a `fallow dev` stack (runne
 `fallow runner` process (runner B) whose owner probe is a file."""
 
 import datetime
+import json
 import re
 import shutil
 import subprocess
@@ -223,22 +224,68 @@ def test_a_runner_outside_its_lending_windows_stays_yielded_and_claims_nothing(p
     wait_for(lambda: len(pair.runner_ids()) == 2, timeout=30)
 
 
-def test_a_stream_that_already_sent_tokens_ends_with_a_clear_error_when_its_runner_yields(pair):
+def stream_with_a_yield(pair, body, after_chunks=3):
+    """Streams `body` from runner B, makes B yield once `after_chunks` content chunks came,
+    lets runner A take the job over, and returns the stream's parsed events."""
     pair.reset()
     pair.set(pair.a, "cordon")
-    body = {"model": MODEL_ID, "messages": LONG, "max_tokens": 1000, "stream": True, "ignore_eos": True}
     events = []
-    with httpx.stream("POST", f"{pair.stack.base_url}/v1/chat/completions", json=body, timeout=120) as r:
+    with httpx.stream("POST", f"{pair.stack.base_url}/v1/chat/completions", json=body, timeout=180) as r:
         assert r.status_code == 200, r.read()
+        content = 0
         for line in r.iter_lines():
             if not line.startswith("data: "):
                 continue
-            events.append(line[len("data: "):])
-            if len(events) == 3:
-                pair.probe.touch()
-    assert events[-1] == "[DONE]"
-    assert "runner_yielded" in events[-2] and "owner" in events[-2]
+            data = line[len("data: "):]
+            events.append(data)
+            if data != "[DONE]" and '"content":"' in data and '"content":""' not in data:
+                content += 1
+                if content == after_chunks:
+                    assert pair.running_on(pair.b), "the job runs on runner B"
+                    pair.probe.touch()
+                    wait_for(lambda: pair.state(pair.b) == "yielded", timeout=10, every=0.05)
+                    pair.set(pair.a, "resume")
     pair.reset()
+    return events
+
+
+def texts_of(events, n=1):
+    texts = [""] * n
+    for e in events:
+        if e == "[DONE]":
+            continue
+        chunk = json.loads(e)
+        assert "error" not in chunk, chunk
+        for c in chunk["choices"]:
+            texts[c["index"]] += c["delta"].get("content") or ""
+    return texts
+
+
+@pytest.mark.parametrize("sampling", [
+    {"temperature": 0},
+    {"temperature": 1.0, "top_p": 0.9, "seed": 7, "frequency_penalty": 0.3},
+], ids=["greedy", "seeded"])
+def test_a_stream_whose_runner_yields_continues_on_another_runner_as_if_uninterrupted(pair, sampling):
+    body = {"model": MODEL_ID, "messages": LONG, "max_tokens": 500, "stream": True, "ignore_eos": True,
+            "n": 2, **sampling}
+    reference = httpx.post(f"{pair.stack.base_url}/v1/chat/completions", json={**body, "stream": False},
+                           timeout=180).json()
+    want = [c["message"]["content"] for c in sorted(reference["choices"], key=lambda c: c["index"])]
+
+    events = stream_with_a_yield(pair, body)
+    assert events[-1] == "[DONE]"
+    assert texts_of(events, n=2) == want, "the continued stream is the uninterrupted run's text"
+    jobs = admin(pair.stack, "GET", "/jobs", params={"limit": 1000}).json()["data"]
+    job = next(j for j in jobs if j["id"].replace("-", "") == job_id(json_id(events)))
+    assert job["state"] == "succeeded"
+    assert (job["runner_id"], job["attempt"]) == (pair.a, 2), "runner A finished the second attempt"
+    # Runner A (the dev stack's, whose metrics /metrics renders) took the tokens over.
+    metrics = httpx.get(f"{pair.stack.base_url}/metrics", timeout=10).text
+    assert re.search(r'fallow:continuation_tokens_reused_total\{[^}]*\} [1-9]', metrics), metrics
+
+
+def json_id(events):
+    return json.loads(events[0])["id"]
 
 
 def test_a_runner_the_registry_forgot_registers_again_under_its_own_id(pair):

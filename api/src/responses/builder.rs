@@ -160,9 +160,12 @@ impl ResponseBuilder {
             return out;
         }
         match &entry.event {
-            JobEvent::Started { attempt, .. } => {
-                if self.attempt.is_some_and(|a| a != *attempt) && self.text_seen {
-                    // Never splice two attempts' tokens into one answer.
+            JobEvent::Started {
+                attempt, continues, ..
+            } => {
+                // A continuing attempt extends what was sent; one that starts over would
+                // repeat it, and two attempts' tokens are never spliced into one answer.
+                if self.attempt.is_some_and(|a| a != *attempt) && self.text_seen && !continues {
                     out.extend(self.fail(
                         "runner_lost",
                         "The runner serving this response was lost after it had sent tokens; retry the request.",

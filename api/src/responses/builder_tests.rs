@@ -34,6 +34,7 @@ fn entries() -> Vec<StreamEntry> {
         event: JobEvent::Started {
             attempt: 1,
             prompt_text: None,
+            continues: false,
         },
     }];
     for (i, piece) in [&TEXT[..10], &TEXT[10..30], &TEXT[30..]].iter().enumerate() {

@@ -115,6 +115,7 @@ pub fn validate_completion(
         input: Prompt::Messages,
         task: Task::Generate,
         embed: None,
+        progress: None,
     };
     Ok(ValidCompletion {
         shared,

@@ -66,6 +66,7 @@ pub fn validate_embeddings(
         input: Default::default(),
         task: Task::Embed,
         embed: Some(EmbedRequest { inputs }),
+        progress: None,
     })
 }
 

@@ -164,6 +164,7 @@ pub fn validate_chat(wire: ChatCompletionRequest, limits: &Limits) -> Result<Val
         input: fallow_protocol::job::Prompt::Messages,
         task: fallow_protocol::job::Task::Generate,
         embed: None,
+        progress: None,
     };
     Ok(ValidChat {
         request,

@@ -40,8 +40,10 @@ pub(super) fn validate_sampling(
         top_p: validate_top_p(wire.top_p)?,
         top_k: validate_top_k(wire.top_k)?,
         min_p: float_in("min_p", wire.min_p, 0.0, 1.0, defaults.min_p)?,
-        // Seeds are 64-bit patterns; a negative seed is as good as any other.
-        seed: wire.seed.map(|s| s as u64),
+        // Seeds are 64-bit patterns; a negative seed is as good as any other. A request
+        // without one gets a random one here, at enqueue, so that a runner continuing it
+        // after a preemption draws what the first runner would have.
+        seed: Some(wire.seed.map_or_else(rand::random, |s| s as u64)),
         presence_penalty: float_in("presence_penalty", wire.presence_penalty, -2.0, 2.0, 0.0)?,
         frequency_penalty: float_in("frequency_penalty", wire.frequency_penalty, -2.0, 2.0, 0.0)?,
         repetition_penalty: validate_repetition_penalty(wire.repetition_penalty)?,

@@ -59,12 +59,32 @@ fn accepted(extra: serde_json::Value) -> ValidChat {
 }
 
 #[test]
+fn a_client_seed_is_kept_and_requests_without_one_get_different_seeds() {
+    assert_eq!(accepted(json!({"seed": 7})).request.sampling.seed, Some(7));
+    assert_eq!(
+        accepted(json!({"seed": -1})).request.sampling.seed,
+        Some(u64::MAX)
+    );
+    let seeds: std::collections::HashSet<_> = (0..8)
+        .map(|_| accepted(json!({})).request.sampling.seed)
+        .collect();
+    assert_eq!(seeds.len(), 8, "each unseeded request draws its own seed");
+}
+
+#[test]
 fn a_minimal_request_gets_the_openai_defaults() {
     let valid = accepted(json!({}));
     assert_eq!(valid.request.model, "m");
     assert_eq!(valid.request.n, 1);
+    assert!(
+        valid.request.sampling.seed.is_some(),
+        "a seed is fixed at enqueue"
+    );
     assert_eq!(
-        valid.request.sampling,
+        fallow_protocol::job::Sampling {
+            seed: None,
+            ..valid.request.sampling
+        },
         fallow_protocol::job::Sampling::default()
     );
     assert!(valid.request.add_generation_prompt);

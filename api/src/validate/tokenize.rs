@@ -38,6 +38,7 @@ fn job(model: String, input: Prompt, task: Task) -> GenerateRequest {
         input,
         task,
         embed: None,
+        progress: None,
     }
 }
 

@@ -164,6 +164,7 @@ async fn a_disconnected_stream_cancels_its_running_job() {
         JobEvent::Started {
             attempt: job.attempt,
             prompt_text: None,
+            continues: false,
         },
     )
     .await;
@@ -273,6 +274,7 @@ async fn a_stalled_stream_ends_with_a_timeout_event_and_cancels_its_job() {
         JobEvent::Started {
             attempt: job.attempt,
             prompt_text: None,
+            continues: false,
         },
     )
     .await;

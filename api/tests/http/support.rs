@@ -185,6 +185,7 @@ impl TestApp {
             JobEvent::Started {
                 attempt: job.attempt,
                 prompt_text: None,
+                continues: false,
             },
         )
         .await;

@@ -112,6 +112,7 @@ fn chat_request(messages: Vec<ChatMessage>) -> GenerateRequest {
         input: Default::default(),
         task: Default::default(),
         embed: None,
+        progress: None,
     }
 }
 

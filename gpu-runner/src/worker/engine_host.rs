@@ -9,7 +9,7 @@
 //! that request.
 
 use super::telemetry::EngineGauges;
-use fallow_engine::llm::{EngineRequest, LlmEngine, SeqOutput};
+use fallow_engine::llm::{EngineRequest, LlmEngine, Resume, ResumeChoice, SeqOutput};
 use fallow_engine::runtime::ModelFrontend;
 use fallow_protocol::job::{Completion, GenerateRequest, Prompt, Task, Tokenized, Usage};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -31,11 +31,12 @@ pub enum HostCommand {
 /// What the engine thread reports.
 #[derive(Debug)]
 pub enum HostEvent {
-    /// A request was admitted; its prompt has this many tokens. A token-id prompt comes
-    /// back as text too (for `echo`).
+    /// A request was admitted, with its prompt's token ids. A token-id prompt comes back
+    /// as text too (for `echo`).
     Admitted {
         id: u64,
-        prompt_tokens: u32,
+        /// The prompt's token ids (a continuation's are its progress's).
+        prompt_ids: Vec<u32>,
         prompt_text: Option<String>,
     },
     /// A request was answered without engine steps (tokenize, detokenize, embed): its
@@ -225,9 +226,9 @@ impl Host {
             }
             HostCommand::Add { id, request } => {
                 let event = match self.admit(id, request) {
-                    Ok((prompt_tokens, prompt_text)) => HostEvent::Admitted {
+                    Ok((prompt_ids, prompt_text)) => HostEvent::Admitted {
                         id,
-                        prompt_tokens,
+                        prompt_ids,
                         prompt_text,
                     },
                     Err((code, message)) => HostEvent::Rejected { id, code, message },
@@ -238,32 +239,45 @@ impl Host {
     }
 
     /// Prepares the prompt (a panic there refuses this request only), then adds it to the
-    /// engine (a panic there is the engine's).
+    /// engine (a panic there is the engine's). A continuation takes the prompt its first
+    /// attempt tokenized and the tokens generated since, which the engine replays.
     fn admit(
         &mut self,
         id: u64,
         request: Box<GenerateRequest>,
-    ) -> Result<(u32, Option<String>), (String, String)> {
+    ) -> Result<(Vec<u32>, Option<String>), (String, String)> {
         let frontend = &self.frontend;
         let (prompt, echo) = prepare(|| {
-            let prompt = fallow_engine::prompt::encode_prompt(frontend, &request)?;
+            let prompt = match &request.progress {
+                Some(progress) => progress.prompt_ids.clone(),
+                None => fallow_engine::prompt::encode_prompt(frontend, &request)?,
+            };
             Ok((prompt, echo_text(frontend, &request)))
         })?;
-        let prompt_tokens = prompt.len() as u32;
         if self.hook.fires_for(&request) {
             self.panic_armed = true;
         }
+        let resume = request.progress.as_ref().map(|progress| Resume {
+            choices: progress
+                .choices
+                .iter()
+                .map(|c| ResumeChoice {
+                    tokens: c.token_ids.clone(),
+                    finished: c.finish.is_some(),
+                })
+                .collect(),
+        });
         self.engine
             .add_request(EngineRequest {
                 id,
-                prompt,
+                prompt: prompt.clone(),
                 sampling: request.sampling,
                 n: request.n,
                 priority: 0,
-                resume: None,
+                resume,
             })
             .map_err(|e| (e.code().to_string(), e.to_string()))?;
-        Ok((prompt_tokens, echo))
+        Ok((prompt, echo))
     }
 }
 

@@ -1,8 +1,14 @@
 //! Jobs a runner holds, and how engine outputs become job events. Each job keeps the text of
-//! its choices so the final `Completion` can be stored without re-reading the stream.
+//! its choices so the final `Completion` can be stored without re-reading the stream, and
+//! their token ids so a job handed back can be continued by another runner ([`Progress`]).
+//! A job that continues an earlier attempt starts from that attempt's progress, so its
+//! text, logprobs and usage stay those of one uninterrupted run.
 
 use fallow_engine::llm::SeqOutput;
-use fallow_protocol::job::{ChoiceResult, Completion, FinishReason, JobEvent, TokenLogprob, Usage};
+use fallow_protocol::job::{
+    ChoiceProgress, ChoiceResult, Completion, FinishReason, JobEvent, Progress, Task, TokenLogprob,
+    Usage,
+};
 use fallow_scheduler::queue::{ClaimedJob, JobKind};
 use std::collections::HashMap;
 use uuid::Uuid;
@@ -22,6 +28,13 @@ pub struct InFlight {
     pub streamed: bool,
     /// A token-id prompt as text (for `echo`), once the engine admitted the job.
     pub prompt_text: Option<String>,
+    /// The prompt's token ids, once the engine admitted the job.
+    prompt_ids: Option<Vec<u32>>,
+    /// The progress this attempt started from (earlier attempts'), if any.
+    earlier: Option<Progress>,
+    /// Whether another runner could continue this job from its progress: a generation job
+    /// whose choices need nothing the progress does not carry (hidden states).
+    continuable: bool,
     /// The runner slot this job occupies; dropping the job frees the slot.
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
     inter_token: metrics::Histogram,
@@ -29,6 +42,8 @@ pub struct InFlight {
 
 #[derive(Default)]
 struct ChoiceState {
+    /// Every token generated so far (earlier attempts' included).
+    token_ids: Vec<u32>,
     text: String,
     logprobs: Option<Vec<TokenLogprob>>,
     finish: Option<FinishReason>,
@@ -43,22 +58,41 @@ impl InFlight {
     pub fn new(job: &ClaimedJob, slot: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
         let n = job.request.n.max(1) as usize;
         let wants_logprobs = job.request.sampling.logprobs;
-        let choices = (0..n)
-            .map(|_| ChoiceState {
-                logprobs: wants_logprobs.then(Vec::new),
-                ..Default::default()
-            })
-            .collect();
+        let earlier = job.request.progress.clone();
+        let choices = match &earlier {
+            Some(progress) => progress
+                .choices
+                .iter()
+                .map(|c| ChoiceState {
+                    token_ids: c.token_ids.clone(),
+                    text: c.text.clone(),
+                    logprobs: c.logprobs.clone(),
+                    finish: c.finish,
+                    matched_stop: c.matched_stop.clone(),
+                    ..Default::default()
+                })
+                .collect(),
+            None => (0..n)
+                .map(|_| ChoiceState {
+                    logprobs: wants_logprobs.then(Vec::new),
+                    ..Default::default()
+                })
+                .collect(),
+        };
         InFlight {
             job_id: job.id,
             attempt: job.attempt,
             kind: job.kind,
             model: job.request.model.clone(),
             choices,
-            usage: Usage::default(),
+            usage: earlier.as_ref().map(|p| p.usage).unwrap_or_default(),
             client_streams: job.request.stream,
             streamed: false,
             prompt_text: None,
+            prompt_ids: None,
+            earlier,
+            continuable: job.request.task == Task::Generate
+                && !job.request.sampling.return_hidden_states,
             _slot: slot,
             inter_token: super::telemetry::inter_token_latency(&job.request.model),
         }
@@ -77,6 +111,7 @@ impl InFlight {
                     .record(now.duration_since(previous).as_secs_f64());
             }
         }
+        choice.token_ids.extend_from_slice(&out.token_ids);
         choice.text.push_str(&out.text);
         if let (Some(all), Some(new)) = (choice.logprobs.as_mut(), out.logprobs.as_ref()) {
             all.extend(new.iter().cloned());
@@ -96,6 +131,50 @@ impl InFlight {
             finish_reason: out.finish,
             usage: out.usage,
         }
+    }
+
+    /// Whether this attempt continues earlier attempts' output.
+    pub fn continues(&self) -> bool {
+        self.earlier.is_some()
+    }
+
+    /// Tokens earlier attempts generated, which this one takes over.
+    pub fn earlier_tokens(&self) -> usize {
+        self.earlier
+            .as_ref()
+            .map_or(0, |p| p.choices.iter().map(|c| c.token_ids.len()).sum())
+    }
+
+    /// Records the prompt's token ids once the engine admitted the job.
+    pub fn admitted(&mut self, prompt_ids: Vec<u32>) {
+        self.prompt_ids = Some(prompt_ids);
+    }
+
+    /// What another runner needs to continue this job: `None` when it cannot be continued
+    /// (not a generation, or it asked for hidden states). Before the engine admitted it,
+    /// that is the progress it started from, which may be none.
+    pub fn progress(&self) -> Option<Progress> {
+        if !self.continuable {
+            return None;
+        }
+        let Some(prompt_ids) = &self.prompt_ids else {
+            return self.earlier.clone();
+        };
+        Some(Progress {
+            prompt_ids: prompt_ids.clone(),
+            choices: self
+                .choices
+                .iter()
+                .map(|c| ChoiceProgress {
+                    token_ids: c.token_ids.clone(),
+                    text: c.text.clone(),
+                    logprobs: c.logprobs.clone(),
+                    finish: c.finish,
+                    matched_stop: c.matched_stop.clone(),
+                })
+                .collect(),
+            usage: self.usage,
+        })
     }
 
     pub fn is_finished(&self) -> bool {

@@ -298,8 +298,16 @@ impl Worker {
         let Claimed { job, slot } = claimed;
         if self.state.owner_active() {
             // Claimed in the instant the owner came back: straight back to the queue.
-            self.release(job.id, job.attempt, false, "runner_yielded", YIELD_MESSAGE)
-                .await;
+            // Its request keeps any progress it came with.
+            self.release(
+                job.id,
+                job.attempt,
+                false,
+                None,
+                "runner_yielded",
+                YIELD_MESSAGE,
+            )
+            .await;
             return;
         }
         tracing::debug!(job_id = %job.id, attempt = job.attempt, "job claimed");
@@ -320,6 +328,7 @@ impl Worker {
                     job.id,
                     job.attempt,
                     false,
+                    None,
                     "no_room",
                     "No memory to load the model.",
                 )

@@ -18,15 +18,21 @@ impl Worker {
         match event {
             HostEvent::Admitted {
                 id,
-                prompt_tokens,
+                prompt_ids,
                 prompt_text,
             } => {
                 if let Some(job) = self.table.get_mut(id) {
-                    tracing::debug!(job_id = %job.job_id, prompt_tokens, "job admitted to the engine");
+                    let prompt_tokens = prompt_ids.len();
+                    tracing::debug!(job_id = %job.job_id, prompt_tokens, continues = job.continues(), "job admitted to the engine");
                     job.prompt_text = prompt_text.clone();
+                    job.admitted(prompt_ids);
+                    if job.continues() {
+                        telemetry::record_tokens_reused(&job.model, job.earlier_tokens());
+                    }
                     let started = JobEvent::Started {
                         attempt: job.attempt,
                         prompt_text,
+                        continues: job.continues(),
                     };
                     let job_id = job.job_id;
                     self.append(&[(job_id, started)]).await;

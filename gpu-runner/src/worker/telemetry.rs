@@ -29,6 +29,11 @@ pub const MODEL_LOAD_SECONDS: &str = "fallow:model_load_seconds";
 pub const MODEL_EVICTIONS: &str = "fallow:model_evictions_total";
 /// Memory a resident model takes (weights + KV pool); 0 once unloaded.
 pub const MODEL_RESIDENT_BYTES: &str = "fallow:model_resident_bytes";
+/// Jobs handed back with their progress, so another runner continues them, per model and
+/// reason (`runner_yielded`, `runner_shutdown`).
+pub const CONTINUATIONS: &str = "fallow:continuations_total";
+/// Generated tokens a continuation took over instead of generating them again.
+pub const CONTINUATION_TOKENS_REUSED: &str = "fallow:continuation_tokens_reused_total";
 
 /// One model's engine gauges, resolved once so a step publishes without allocating.
 pub struct EngineGauges {
@@ -66,9 +71,30 @@ pub fn register_model(model: &str) {
     drop(inter_token_latency(model));
     drop(metrics::histogram!(QUEUE_TIME, "model_name" => name.clone()));
     drop(metrics::histogram!(MODEL_LOAD_SECONDS, "model_name" => name.clone()));
-    for counter in [PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS] {
+    for counter in [
+        PREEMPTIONS,
+        PREFIX_QUERIES,
+        PREFIX_HITS,
+        CONTINUATION_TOKENS_REUSED,
+    ] {
         metrics::counter!(counter, "model_name" => name.clone()).increment(0);
     }
+    for reason in ["runner_yielded", "runner_shutdown"] {
+        metrics::counter!(CONTINUATIONS, "model_name" => name.clone(), "reason" => reason)
+            .increment(0);
+    }
+}
+
+/// Records a job handed back with its progress.
+pub fn record_continuation(model: &str, reason: &str) {
+    metrics::counter!(CONTINUATIONS, "model_name" => model.to_string(), "reason" => reason.to_string())
+        .increment(1);
+}
+
+/// Records the generated tokens a continuing attempt took over.
+pub fn record_tokens_reused(model: &str, tokens: usize) {
+    metrics::counter!(CONTINUATION_TOKENS_REUSED, "model_name" => model.to_string())
+        .increment(tokens as u64);
 }
 
 /// The inter-token latency histogram of `model`'s jobs.

@@ -5,8 +5,8 @@
 //! back to the queue when the runner steps aside or shuts down.
 
 use super::engine_host::HostCommand;
-use super::{Worker, POOL_MESSAGE, YIELD_MESSAGE};
-use fallow_protocol::job::JobEvent;
+use super::{telemetry, Worker, POOL_MESSAGE, YIELD_MESSAGE};
+use fallow_protocol::job::{JobEvent, Progress};
 use fallow_scheduler::queue::FailOutcome;
 use fallow_scheduler::runners;
 use fallow_scheduler::SchedulerError;
@@ -177,32 +177,47 @@ impl Worker {
         self.reconcile().await;
     }
 
-    /// Hands every held job back to the queue (fenced, no attempt used up): the owner
-    /// returned, or the runner is shutting down.
+    /// Hands every held job back to the queue (fenced, no attempt used up) with its
+    /// progress, so another runner continues it where it stopped: the owner returned, or
+    /// the runner is shutting down. The job leaves the table before its engine request is
+    /// aborted, so the progress is exactly what reached its stream.
     pub(super) async fn hand_back_all(&mut self, code: &str, message: &str) {
         for id in self.table.requests() {
             if let Some(job) = self.table.remove(id) {
                 self.abort_in_engine(&job.model, id);
                 let streamed = job.streamed && job.client_streams;
-                self.release(job.job_id, job.attempt, streamed, code, message)
-                    .await;
+                let progress = job.progress();
+                if progress.is_some() {
+                    telemetry::record_continuation(&job.model, code);
+                }
+                self.release(
+                    job.job_id,
+                    job.attempt,
+                    streamed,
+                    progress.as_ref(),
+                    code,
+                    message,
+                )
+                .await;
             }
         }
     }
 
     /// `queue.release`, ending the job's stream with an error event when the job cannot go
-    /// back (an interactive stream that already sent tokens fails: no spliced attempts).
+    /// back: an interactive stream that already sent tokens and has no progress to continue
+    /// from fails (attempts that start over are never spliced).
     pub(super) async fn release(
         &self,
         job_id: Uuid,
         attempt: i32,
         streamed: bool,
+        progress: Option<&Progress>,
         code: &str,
         message: &str,
     ) {
-        match self.queue.release(job_id, attempt).await {
+        match self.queue.release(job_id, attempt, progress).await {
             Ok(FailOutcome::Requeued) => {
-                tracing::info!(%job_id, "job handed back to the queue");
+                tracing::info!(%job_id, continues = progress.is_some(), "job handed back to the queue");
             }
             Ok(FailOutcome::Failed) => {
                 let message = if streamed {

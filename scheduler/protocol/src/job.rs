@@ -254,6 +254,40 @@ pub struct GenerateRequest {
     /// The inputs of a `Task::Embed` job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embed: Option<EmbedRequest>,
+    /// What earlier attempts generated before their runners handed the job back: the next
+    /// runner continues from it instead of starting over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+}
+
+/// A generation job's progress when its runner handed it back (the owner returned, the
+/// runner shut down): enough for another runner to continue exactly where it stopped.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// The prompt as the first attempt tokenized it: a template may render differently on
+    /// another runner (dates), and the continuation must extend the same tokens.
+    pub prompt_ids: Vec<u32>,
+    /// One entry per choice, in index order.
+    pub choices: Vec<ChoiceProgress>,
+    /// Usage so far, over all choices.
+    pub usage: Usage,
+}
+
+/// One choice's progress: the tokens generated so far and what the client has of them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChoiceProgress {
+    /// Every token generated so far, including any whose text is still held back (a
+    /// possible stop string, half a UTF-8 character).
+    pub token_ids: Vec<u32>,
+    /// The text sent so far.
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<TokenLogprob>>,
+    /// Set when the choice had finished: it is not run again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish: Option<FinishReason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched_stop: Option<serde_json::Value>,
 }
 
 /// What an embedding job (`Task::Embed`) embeds: one vector per input, in order.
@@ -396,6 +430,10 @@ pub enum JobEvent {
         /// A token-id prompt as text, so a streamed `echo` can send it first.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         prompt_text: Option<String>,
+        /// This attempt continues the earlier attempts' output (their events stand, and
+        /// its deltas follow them); otherwise it starts over.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        continues: bool,
     },
     /// New text for one choice. `finish_reason` is set on the choice's last delta.
     Delta {

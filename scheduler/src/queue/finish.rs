@@ -4,7 +4,7 @@
 
 use super::{notify_queued, FailOutcome, Queue};
 use crate::SchedulerError;
-use fallow_protocol::job::Completion;
+use fallow_protocol::job::{Completion, Progress};
 use uuid::Uuid;
 
 impl Queue {
@@ -72,14 +72,25 @@ impl Queue {
     }
 
     /// A runner hands a running job back unfinished (it is yielding its GPU), fenced. The
-    /// job is runnable again at once and the hand-back does not use up an attempt; an
-    /// interactive job that already streamed tokens fails instead.
-    pub async fn release(&self, id: Uuid, attempt: i32) -> Result<FailOutcome, SchedulerError> {
+    /// job is runnable again at once and the hand-back does not use up an attempt. With
+    /// `progress` the next runner continues from it (stored in the job's request); without,
+    /// an interactive job that already streamed tokens fails instead.
+    pub async fn release(
+        &self,
+        id: Uuid,
+        attempt: i32,
+        progress: Option<&Progress>,
+    ) -> Result<FailOutcome, SchedulerError> {
+        let progress = progress
+            .map(serde_json::to_value)
+            .transpose()
+            .map_err(|e| SchedulerError::Corrupt(format!("progress not serialisable: {e}")))?;
         let mut tx = self.pool.begin().await?;
         let next: Option<(String, String)> = sqlx::query_as(include_str!("queries/release.sql"))
             .bind(id)
             .bind(attempt)
             .bind(self.clock.now())
+            .bind(progress)
             .fetch_optional(&mut *tx)
             .await?;
         let outcome = match &next {

@@ -61,6 +61,7 @@ impl BatchCodec for TestCodec {
                 input: Default::default(),
                 task: Default::default(),
                 embed: None,
+                progress: None,
             },
             priority: BATCH_BASE + body["priority"].as_i64().unwrap_or(0) as i32,
         })

@@ -58,6 +58,7 @@ pub fn request(model: &str) -> GenerateRequest {
         input: Default::default(),
         task: Default::default(),
         embed: None,
+        progress: None,
     }
 }
 

@@ -1,12 +1,14 @@
 -- A runner hands a job back unfinished (its GPU's owner returned), fenced by (id, attempt).
 -- The attempt is not the job's fault, so max_attempts grows by one to leave the retry budget
--- as it was. An interactive job that already streamed cannot be resumed elsewhere: failed.
--- $1 id, $2 attempt, $3 now.
+-- as it was. With the job's progress ($4, JSON, or NULL) the next runner continues it, so
+-- even an interactive job that already streamed goes back; without, such a job cannot be
+-- resumed elsewhere and fails.
+-- $1 id, $2 attempt, $3 now, $4 progress.
 WITH target AS (
     SELECT id,
            CASE
                WHEN cancel_requested THEN 'cancelled'
-               WHEN kind = 'interactive' AND streamed THEN 'failed'
+               WHEN kind = 'interactive' AND streamed AND $4::jsonb IS NULL THEN 'failed'
                ELSE 'queued'
            END AS next_state
     FROM jobs
@@ -20,6 +22,9 @@ SET state = t.next_state,
         WHEN t.next_state = 'cancelled' THEN 'cancelled'
         ELSE j.error
     END,
+    request = CASE WHEN t.next_state = 'queued' AND $4::jsonb IS NOT NULL
+                   THEN jsonb_set(j.request, '{progress}', $4::jsonb)
+                   ELSE j.request END,
     max_attempts = CASE WHEN t.next_state = 'queued' THEN j.max_attempts + 1
                         ELSE j.max_attempts END,
     lease_expires_at = NULL,
