@@ -190,6 +190,7 @@ impl ChunkBuilder {
                 logprobs,
                 finish_reason,
                 usage,
+                ..
             } => {
                 let tokens = usage
                     .completion_tokens

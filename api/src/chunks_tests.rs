@@ -12,6 +12,7 @@ fn delta(index: u32, text: &str, finish: Option<FinishReason>, completion_tokens
     JobEvent::Delta {
         index,
         text: text.to_owned(),
+        token_ids: Vec::new(),
         logprobs: None,
         finish_reason: finish,
         usage: Usage {

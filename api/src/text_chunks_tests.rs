@@ -28,6 +28,7 @@ fn delta(index: u32, text: &str, finish: Option<FinishReason>) -> JobEvent {
     JobEvent::Delta {
         index,
         text: text.into(),
+        token_ids: Vec::new(),
         logprobs: None,
         finish_reason: finish,
         usage: Usage::default(),

@@ -1,8 +1,11 @@
-//! The maintenance loop: mark silent runners dead, reap expired leases (jobs whose runner
-//! died), cancel queued interactive jobs whose client is gone, and prune old finished jobs, each on its own cadence, until shutdown. Any number of
-//! scheduler processes may run it at once: every statement is idempotent.
+//! The maintenance loop: mark silent runners dead, continue or reap expired leases (jobs
+//! whose runner died: from their streams where those tell how far they got, else from the
+//! start), cancel queued interactive jobs whose client is gone, and prune old finished jobs,
+//! each on its own cadence, until shutdown. Any number of scheduler processes may run it at
+//! once: every statement is idempotent and fenced.
 
 use crate::queue::Queue;
+use crate::stream::TokenRelay;
 use std::time::Duration;
 use tokio::time::MissedTickBehavior;
 
@@ -29,6 +32,7 @@ impl Default for MaintenanceConfig {
 /// Runs until `shutdown` resolves.
 pub async fn run(
     queue: Queue,
+    relay: TokenRelay,
     config: MaintenanceConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
@@ -41,18 +45,23 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
-            _ = reap.tick() => reap_once(&queue, config.abandoned_after).await,
+            _ = reap.tick() => reap_once(&queue, &relay, config.abandoned_after).await,
             _ = prune.tick() => prune_once(&queue, config.retention).await,
         }
     }
 }
 
-async fn reap_once(queue: &Queue, abandoned_after: Duration) {
+async fn reap_once(queue: &Queue, relay: &TokenRelay, abandoned_after: Duration) {
     // Dead runners first: their jobs' leases are expired, so this same pass requeues them.
     match crate::runners::mark_dead(queue.pool(), crate::runners::LIVENESS_WINDOW).await {
         Ok(dead) if dead.is_empty() => {}
         Ok(dead) => tracing::warn!(runners = ?dead, "runners went silent; marked dead"),
         Err(e) => tracing::warn!(error = %e, "marking silent runners dead failed"),
+    }
+    match queue.continue_lost(relay).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(jobs = n, "lost jobs continue from their streams"),
+        Err(e) => tracing::warn!(error = %e, "continuing lost jobs failed"),
     }
     match queue.reap_expired().await {
         Ok(0) => {}

@@ -211,6 +211,19 @@ impl TokenRelay {
         Ok(entries)
     }
 
+    /// Every entry of `job`'s stream, in order, without waiting.
+    pub async fn read_all(&self, job: Uuid) -> Result<Vec<StreamEntry>, SchedulerError> {
+        let mut all: Vec<StreamEntry> = Vec::new();
+        loop {
+            let after = all.last().map_or_else(|| "0".to_string(), |e| e.id.clone());
+            let page = self.read_after(job, &after, Duration::ZERO).await?;
+            if page.is_empty() {
+                return Ok(all);
+            }
+            all.extend(page);
+        }
+    }
+
     /// Publishes a cancel signal for a job to all runners.
     pub async fn signal_cancel(&self, job: Uuid) -> Result<(), SchedulerError> {
         let mut conn = self.manager().await?;

@@ -5,6 +5,7 @@ mod common;
 use common::*;
 use fallow_scheduler::maintenance::{self, MaintenanceConfig};
 use fallow_scheduler::queue::JobState;
+use fallow_scheduler::stream::TokenRelay;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -26,7 +27,10 @@ async fn the_maintenance_loop_reaps_expired_leases_until_shut_down() {
         retention: Duration::from_secs(3600),
         abandoned_after: Duration::from_secs(3600),
     };
-    let running = tokio::spawn(maintenance::run(queue.clone(), config, async {
+    let relay = TokenRelay::connect(&fallow_protocol::testing::test_redis_url())
+        .await
+        .unwrap();
+    let running = tokio::spawn(maintenance::run(queue.clone(), relay, config, async {
         let _ = stopped.await;
     }));
 

@@ -24,6 +24,7 @@ fn delta(text: &str) -> JobEvent {
     JobEvent::Delta {
         index: 0,
         text: text.to_string(),
+        token_ids: Vec::new(),
         logprobs: None,
         finish_reason: None,
         usage: Usage::default(),

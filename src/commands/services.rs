@@ -211,6 +211,7 @@ pub async fn dev(args: ServiceArgs) -> anyhow::Result<()> {
     }
     let maint = tokio::spawn(maintenance::run(
         conns.queue.clone(),
+        conns.relay.clone(),
         maintenance_config(&settings),
         wait(stop.clone()),
     ));
@@ -283,6 +284,7 @@ pub async fn scheduler(args: ServiceArgs) -> anyhow::Result<()> {
     tokio::join!(
         maintenance::run(
             conns.queue,
+            conns.relay.clone(),
             maintenance_config(&settings),
             wait(stop.clone())
         ),

@@ -224,9 +224,9 @@ def test_a_runner_outside_its_lending_windows_stays_yielded_and_claims_nothing(p
     wait_for(lambda: len(pair.runner_ids()) == 2, timeout=30)
 
 
-def stream_with_a_yield(pair, body, after_chunks=3):
-    """Streams `body` from runner B, makes B yield once `after_chunks` content chunks came,
-    lets runner A take the job over, and returns the stream's parsed events."""
+def stream_interrupted(pair, body, interrupt, after_chunks=3):
+    """Streams `body` from runner B, calls `interrupt` once `after_chunks` content chunks
+    came, lets runner A take the job over, and returns the stream's events."""
     pair.reset()
     pair.set(pair.a, "cordon")
     events = []
@@ -242,11 +242,14 @@ def stream_with_a_yield(pair, body, after_chunks=3):
                 content += 1
                 if content == after_chunks:
                     assert pair.running_on(pair.b), "the job runs on runner B"
-                    pair.probe.touch()
-                    wait_for(lambda: pair.state(pair.b) == "yielded", timeout=10, every=0.05)
+                    interrupt()
                     pair.set(pair.a, "resume")
-    pair.reset()
     return events
+
+
+def owner_returns_to_b(pair):
+    pair.probe.touch()
+    wait_for(lambda: pair.state(pair.b) == "yielded", timeout=10, every=0.05)
 
 
 def texts_of(events, n=1):
@@ -272,7 +275,8 @@ def test_a_stream_whose_runner_yields_continues_on_another_runner_as_if_uninterr
                            timeout=180).json()
     want = [c["message"]["content"] for c in sorted(reference["choices"], key=lambda c: c["index"])]
 
-    events = stream_with_a_yield(pair, body)
+    events = stream_interrupted(pair, body, lambda: owner_returns_to_b(pair))
+    pair.reset()
     assert events[-1] == "[DONE]"
     assert texts_of(events, n=2) == want, "the continued stream is the uninterrupted run's text"
     jobs = admin(pair.stack, "GET", "/jobs", params={"limit": 1000}).json()["data"]
@@ -296,6 +300,26 @@ def test_a_runner_the_registry_forgot_registers_again_under_its_own_id(pair):
     # milliseconds of the DELETE, which is what this test wants to see.
     wait_for(lambda: pair.b in pair.runner_ids(), timeout=15)
     assert pair.state(pair.b) == "active"
+
+
+def test_a_stream_whose_runner_is_killed_continues_from_the_last_token_it_sent(pair):
+    """Last of the pair's tests: runner B does not come back."""
+    body = {"model": MODEL_ID, "messages": LONG, "max_tokens": 400, "stream": True, "ignore_eos": True,
+            "temperature": 0}
+    reference = httpx.post(f"{pair.stack.base_url}/v1/chat/completions", json={**body, "stream": False},
+                           timeout=180).json()
+    want = reference["choices"][0]["message"]["content"]
+
+    def kill_b():
+        pair.runner_b.kill()
+        pair.runner_b.wait(timeout=10)
+
+    events = stream_interrupted(pair, body, kill_b)
+    assert events[-1] == "[DONE]"
+    assert texts_of(events) == [want], "the stream goes on from its last token, as if uninterrupted"
+    jobs = admin(pair.stack, "GET", "/jobs", params={"limit": 1000}).json()["data"]
+    job = next(j for j in jobs if j["id"].replace("-", "") == job_id(json_id(events)))
+    assert (job["state"], job["runner_id"], job["attempt"]) == ("succeeded", pair.a, 2)
 
 
 def test_admin_endpoints_reject_tenant_keys_and_accept_the_admin_token():

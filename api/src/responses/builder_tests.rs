@@ -43,6 +43,7 @@ fn entries() -> Vec<StreamEntry> {
             event: JobEvent::Delta {
                 index: 0,
                 text: (*piece).to_owned(),
+                token_ids: Vec::new(),
                 logprobs: None,
                 finish_reason: None,
                 usage: usage(i as u32 + 1),

@@ -173,6 +173,7 @@ async fn a_disconnected_stream_cancels_its_running_job() {
         JobEvent::Delta {
             index: 0,
             text: "partial".into(),
+            token_ids: Vec::new(),
             logprobs: None,
             finish_reason: None,
             usage: usage(1),
@@ -203,6 +204,7 @@ async fn an_error_mid_stream_is_an_error_event_then_done() {
         JobEvent::Delta {
             index: 0,
             text: "par".into(),
+            token_ids: Vec::new(),
             logprobs: None,
             finish_reason: None::<FinishReason>,
             usage: usage(1),

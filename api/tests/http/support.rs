@@ -196,6 +196,7 @@ impl TestApp {
                 JobEvent::Delta {
                     index: 0,
                     text: (*piece).to_owned(),
+                    token_ids: Vec::new(),
                     logprobs: None,
                     finish_reason: last.then_some(FinishReason::Stop),
                     usage: usage(i as u32 + 1),

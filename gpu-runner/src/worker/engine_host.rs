@@ -248,9 +248,10 @@ impl Host {
     ) -> Result<(Vec<u32>, Option<String>), (String, String)> {
         let frontend = &self.frontend;
         let (prompt, echo) = prepare(|| {
+            // A progress rebuilt from a stream has no prompt ids: tokenize it again.
             let prompt = match &request.progress {
-                Some(progress) => progress.prompt_ids.clone(),
-                None => fallow_engine::prompt::encode_prompt(frontend, &request)?,
+                Some(progress) if !progress.prompt_ids.is_empty() => progress.prompt_ids.clone(),
+                _ => fallow_engine::prompt::encode_prompt(frontend, &request)?,
             };
             Ok((prompt, echo_text(frontend, &request)))
         })?;

@@ -127,6 +127,7 @@ impl InFlight {
         JobEvent::Delta {
             index: out.index,
             text: out.text,
+            token_ids: out.token_ids,
             logprobs: out.logprobs,
             finish_reason: out.finish,
             usage: out.usage,

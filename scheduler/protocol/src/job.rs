@@ -8,6 +8,8 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+pub use crate::progress::{ChoiceProgress, Progress};
+
 /// Who speaks a chat message. `developer` is folded into `system` by the api, because
 /// chat templates know only the four classic roles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -260,36 +262,6 @@ pub struct GenerateRequest {
     pub progress: Option<Progress>,
 }
 
-/// A generation job's progress when its runner handed it back (the owner returned, the
-/// runner shut down): enough for another runner to continue exactly where it stopped.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Progress {
-    /// The prompt as the first attempt tokenized it: a template may render differently on
-    /// another runner (dates), and the continuation must extend the same tokens.
-    pub prompt_ids: Vec<u32>,
-    /// One entry per choice, in index order.
-    pub choices: Vec<ChoiceProgress>,
-    /// Usage so far, over all choices.
-    pub usage: Usage,
-}
-
-/// One choice's progress: the tokens generated so far and what the client has of them.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ChoiceProgress {
-    /// Every token generated so far, including any whose text is still held back (a
-    /// possible stop string, half a UTF-8 character).
-    pub token_ids: Vec<u32>,
-    /// The text sent so far.
-    pub text: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub logprobs: Option<Vec<TokenLogprob>>,
-    /// Set when the choice had finished: it is not run again.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finish: Option<FinishReason>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub matched_stop: Option<serde_json::Value>,
-}
-
 /// What an embedding job (`Task::Embed`) embeds: one vector per input, in order.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EmbedRequest {
@@ -439,6 +411,10 @@ pub enum JobEvent {
     Delta {
         index: u32,
         text: String,
+        /// The tokens generated since the previous delta (their text may be held back), so
+        /// the job's progress can be rebuilt from its stream if its runner dies.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        token_ids: Vec<u32>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         logprobs: Option<Vec<TokenLogprob>>,
         #[serde(default, skip_serializing_if = "Option::is_none")]

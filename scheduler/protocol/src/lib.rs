@@ -2,6 +2,8 @@
 //!
 //! - [`job`]: the validated request, event and result types: what the api makes of an
 //!   OpenAI request, what a runner streams back, and what a finished job holds.
+//! - [`progress`]: how far a generation job got, for another runner to continue it, and
+//!   how that is rebuilt from the job's stream.
 //! - [`grammar`]: a [`job::Constraint`] as an llguidance grammar, and a model-free check that
 //!   it compiles.
 //! - [`testing`]: for tests, the test services' addresses and the one rule for a missing
@@ -12,4 +14,5 @@
 
 pub mod grammar;
 pub mod job;
+pub mod progress;
 pub mod testing;

@@ -27,6 +27,7 @@ use uuid::Uuid;
 
 mod admission;
 mod claim;
+mod continuation;
 mod enqueue;
 mod finish;
 mod housekeeping;

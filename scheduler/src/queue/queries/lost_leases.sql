@@ -1,0 +1,9 @@
+-- Running jobs whose lease expired (their runner died) and that may run again: candidates to
+-- continue from their streams before the reaper restarts or fails them.
+-- $1 now, $2 batch size.
+SELECT id, attempt, request
+FROM jobs
+WHERE state = 'running' AND lease_expires_at < $1
+  AND NOT cancel_requested AND attempt < max_attempts
+ORDER BY lease_expires_at
+LIMIT $2
