@@ -177,6 +177,10 @@ pub struct ServiceArgs {
     /// Seconds the owner must have been idle before a yielded runner returns.
     #[arg(long, env = "FALLOW_OWNER_GRACE_SECONDS")]
     pub owner_grace_seconds: Option<u64>,
+    /// On SIGTERM, let in-flight jobs finish for this long (`20s`, `1m`) before handing the
+    /// rest back; other runners continue those from their progress. Default 0: at once.
+    #[arg(long, env = "FALLOW_SHUTDOWN_DEADLINE")]
+    pub shutdown_deadline: Option<String>,
     /// When the machine is lent, in UTC, e.g. "mon-fri 19:00-07:00; sat-sun 00:00-24:00";
     /// outside these windows the runner yields as if the owner were active.
     #[arg(long, env = "FALLOW_LEND_WINDOWS")]

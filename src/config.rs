@@ -46,6 +46,7 @@ pub struct FileConfig {
     pub metrics_listen: Option<String>,
     pub owner_probe: Option<String>,
     pub owner_grace_seconds: Option<u64>,
+    pub shutdown_deadline: Option<String>,
     pub lend_windows: Option<String>,
     pub model_memory_mb: Option<u64>,
     pub keep_alive: Option<String>,
@@ -100,7 +101,8 @@ impl ModelSpec {
         for option in parts.map(str::trim).filter(|o| !o.is_empty()) {
             match option.split_once('=') {
                 Some(("keep_alive", value)) => {
-                    spec_out.keep_alive = Some(parse_keep_alive(value)?);
+                    spec_out.keep_alive =
+                        Some(parse_duration(value).with_context(|| format!("model {spec:?}"))?);
                 }
                 Some(("min_warm", value)) => {
                     spec_out.min_warm = value.trim().parse().with_context(|| {
@@ -133,8 +135,9 @@ fn known(value: &str, names: &[&str], spec: &str) -> anyhow::Result<String> {
     }
 }
 
-/// `30s`, `5m`, `1h`, `2d`, `250ms`, a bare number of seconds, or `forever` / `-1` (`None`).
-pub fn parse_keep_alive(value: &str) -> anyhow::Result<Option<Duration>> {
+/// A duration as operators write one (`keep_alive`, a drain's `--deadline`): `30s`, `5m`,
+/// `1h`, `2d`, `250ms`, a bare number of seconds, or `forever` / `-1` (`None`).
+pub fn parse_duration(value: &str) -> anyhow::Result<Option<Duration>> {
     let value = value.trim();
     if value == "forever" || value == "-1" {
         return Ok(None);
@@ -147,14 +150,14 @@ pub fn parse_keep_alive(value: &str) -> anyhow::Result<Option<Duration>> {
         .parse()
         .ok()
         .filter(|n: &f64| n.is_finite() && *n >= 0.0)
-        .with_context(|| format!("keep_alive {value:?}: expected e.g. 30s, 5m, 1h or forever"))?;
+        .with_context(|| format!("duration {value:?}: expected e.g. 30s, 5m, 1h or forever"))?;
     let seconds = match unit {
         "ms" => number / 1000.0,
         "" | "s" => number,
         "m" => number * 60.0,
         "h" => number * 3600.0,
         "d" => number * 86400.0,
-        _ => anyhow::bail!("keep_alive {value:?}: unknown unit {unit:?} (ms, s, m, h, d)"),
+        _ => anyhow::bail!("duration {value:?}: unknown unit {unit:?} (ms, s, m, h, d)"),
     };
     Ok(Some(Duration::from_secs_f64(seconds)))
 }
@@ -192,6 +195,9 @@ pub struct Settings {
     /// The runner's owner probe, parsed (a bad spec fails at start-up).
     pub owner_probe: Option<fallow_runner::worker::OwnerProbe>,
     pub owner_grace_seconds: u64,
+    /// How long a runner lets in-flight jobs finish after SIGTERM before handing the rest
+    /// back.
+    pub shutdown_deadline: Duration,
     /// When the runner lends the machine (parsed: a bad spec fails at start-up).
     pub lend_windows: Option<fallow_runner::worker::LendingWindows>,
     /// Bytes the runner's resident models may take; `None`: no limit.
@@ -320,6 +326,12 @@ impl Settings {
                 .owner_grace_seconds
                 .or(file.owner_grace_seconds)
                 .unwrap_or(60),
+            shutdown_deadline: match args.shutdown_deadline.clone().or(file.shutdown_deadline) {
+                Some(value) => parse_duration(&value)
+                    .context("--shutdown-deadline")?
+                    .context("--shutdown-deadline: give a duration, not forever")?,
+                None => Duration::ZERO,
+            },
             lend_windows: args
                 .lend_windows
                 .clone()
@@ -332,7 +344,7 @@ impl Settings {
                 .filter(|mb| *mb > 0)
                 .map(|mb| mb << 20),
             keep_alive: match args.keep_alive.clone().or(file.keep_alive) {
-                Some(value) => parse_keep_alive(&value).context("--keep-alive")?,
+                Some(value) => parse_duration(&value).context("--keep-alive")?,
                 None => None,
             },
             cold_claim_after: Duration::from_millis(
@@ -558,7 +570,7 @@ mod tests {
 
     #[test]
     fn keep_alive_durations_take_the_usual_units() {
-        let secs = |v: &str| parse_keep_alive(v).unwrap().map(|d| d.as_secs_f64());
+        let secs = |v: &str| parse_duration(v).unwrap().map(|d| d.as_secs_f64());
         assert_eq!(secs("30s"), Some(30.0));
         assert_eq!(secs("1.5m"), Some(90.0));
         assert_eq!(secs("2h"), Some(7200.0));
@@ -566,8 +578,8 @@ mod tests {
         assert_eq!(secs("45"), Some(45.0));
         assert_eq!(secs("0"), Some(0.0));
         assert_eq!(secs("-1"), None);
-        assert!(parse_keep_alive("soon").is_err());
-        assert!(parse_keep_alive("5y").is_err());
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5y").is_err());
     }
 
     #[test]

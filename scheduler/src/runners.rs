@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use std::collections::BTreeMap;
+use std::time::Duration;
 use uuid::Uuid;
 
 mod hints;
@@ -254,13 +255,46 @@ pub async fn set_state(
     runner: Uuid,
     state: RunnerState,
 ) -> Result<bool, SchedulerError> {
+    set_state_with(pool, runner, state, None).await
+}
+
+/// Drains a runner: it claims nothing new and finishes what it holds, and with a
+/// `deadline`, hands back what it still holds by then (other runners continue those jobs).
+pub async fn drain(
+    pool: &PgPool,
+    runner: Uuid,
+    deadline: Option<Duration>,
+) -> Result<bool, SchedulerError> {
+    set_state_with(pool, runner, RunnerState::Draining, deadline).await
+}
+
+async fn set_state_with(
+    pool: &PgPool,
+    runner: Uuid,
+    state: RunnerState,
+    deadline: Option<Duration>,
+) -> Result<bool, SchedulerError> {
     let changed: Option<Uuid> = sqlx::query_scalar(include_str!("runners/queries/set_state.sql"))
         .bind(runner)
         .bind(state.as_str())
         .bind(STATE_CHANNEL)
+        .bind(deadline.map(|d| d.as_secs_f64()))
         .fetch_optional(pool)
         .await?;
     Ok(changed.is_some())
+}
+
+/// How long a draining runner's deadline leaves (zero once past), on the database's clock;
+/// `None` when it is not draining or its drain has no deadline.
+pub async fn drain_left(pool: &PgPool, runner: Uuid) -> Result<Option<Duration>, SchedulerError> {
+    let left: Option<Option<f64>> =
+        sqlx::query_scalar(include_str!("runners/queries/drain_left.sql"))
+            .bind(runner)
+            .fetch_optional(pool)
+            .await?;
+    Ok(left
+        .flatten()
+        .map(|seconds| Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or(Duration::MAX)))
 }
 
 #[derive(sqlx::FromRow)]

@@ -5,6 +5,7 @@ mod common;
 use common::TestDb;
 use fallow_scheduler::runners::{self, RunnerInfo, RunnerState};
 use fallow_scheduler::tenants;
+use std::time::Duration;
 
 #[tokio::test]
 async fn a_created_key_finds_its_tenant() {
@@ -151,5 +152,49 @@ async fn every_runner_state_round_trips_through_the_text_column() {
         let json = serde_json::to_value(&record).unwrap();
         assert_eq!(json["state"], state.as_str());
     }
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_drain_with_a_deadline_tells_the_runner_how_long_it_has_left() {
+    let db = TestDb::new().await;
+    let id = runners::register(&db.pool, &info(&["smol"])).await.unwrap();
+    assert_eq!(runners::drain_left(&db.pool, id).await.unwrap(), None);
+
+    assert!(runners::drain(&db.pool, id, Some(Duration::from_secs(30)))
+        .await
+        .unwrap());
+    let left = runners::drain_left(&db.pool, id).await.unwrap().unwrap();
+    assert!(
+        left > Duration::from_secs(25) && left <= Duration::from_secs(30),
+        "{left:?}"
+    );
+
+    assert!(runners::drain(&db.pool, id, Some(Duration::ZERO))
+        .await
+        .unwrap());
+    let left = runners::drain_left(&db.pool, id).await.unwrap().unwrap();
+    assert!(
+        left < Duration::from_secs(1),
+        "a deadline now has nothing left"
+    );
+
+    assert!(runners::drain(&db.pool, id, None).await.unwrap());
+    assert_eq!(
+        runners::drain_left(&db.pool, id).await.unwrap(),
+        None,
+        "no deadline"
+    );
+    runners::drain(&db.pool, id, Some(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(runners::set_state(&db.pool, id, RunnerState::Active)
+        .await
+        .unwrap());
+    assert_eq!(
+        runners::drain_left(&db.pool, id).await.unwrap(),
+        None,
+        "resuming clears it"
+    );
     db.drop().await;
 }

@@ -67,6 +67,10 @@ pub enum RunnersCommand {
     /// Finish in-flight work, claim nothing new, then report `drained`.
     Drain {
         id: String,
+        /// Hand back what is still in flight after this long (`30s`, `5m`): other runners
+        /// continue those jobs from their progress.
+        #[arg(long)]
+        deadline: Option<String>,
         #[command(flatten)]
         client: AdminClientArgs,
     },
@@ -203,7 +207,24 @@ async fn runners(command: RunnersCommand) -> anyhow::Result<()> {
             return print_one(&client, &value, RUNNER_COLUMNS);
         }
         RunnersCommand::Cordon { id, client } => (client, format!("/runners/{id}/cordon")),
-        RunnersCommand::Drain { id, client } => (client, format!("/runners/{id}/drain")),
+        RunnersCommand::Drain {
+            id,
+            deadline,
+            client,
+        } => {
+            let body = match deadline {
+                Some(d) => {
+                    let d = crate::config::parse_duration(&d)?
+                        .ok_or_else(|| anyhow::anyhow!("--deadline {d:?}: give a duration"))?;
+                    Some(serde_json::json!({ "deadline_seconds": d.as_secs_f64() }))
+                }
+                None => None,
+            };
+            let value = AdminClient::new(&client)?
+                .call(Method::POST, &format!("/runners/{id}/drain"), body)
+                .await?;
+            return print_one(&client, &value, RUNNER_COLUMNS);
+        }
         RunnersCommand::Resume { id, client } => (client, format!("/runners/{id}/resume")),
         RunnersCommand::Evict { id, model, client } => {
             let body = serde_json::json!({ "model": model });

@@ -164,6 +164,7 @@ fn runner_config(settings: &Settings) -> RunnerConfig {
         heartbeat_every: lease / 3,
         owner_probe: settings.owner_probe.clone(),
         owner_grace: Duration::from_secs(settings.owner_grace_seconds),
+        shutdown_deadline: settings.shutdown_deadline,
         lend_windows: settings.lend_windows.clone(),
         memory_budget: settings.model_memory_bytes,
         cold_claim_after: settings.cold_claim_after,

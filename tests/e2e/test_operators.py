@@ -158,6 +158,41 @@ def test_drain_finishes_in_flight_work_and_claims_nothing_new(pair):
     pair.reset()
 
 
+def test_a_drain_with_a_deadline_hands_its_streams_over_and_they_finish_elsewhere(pair):
+    body = {"model": MODEL_ID, "messages": LONG, "max_tokens": 400, "stream": True, "ignore_eos": True,
+            "temperature": 0}
+    want = httpx.post(f"{pair.stack.base_url}/v1/chat/completions", json={**body, "stream": False},
+                      timeout=180).json()["choices"][0]["message"]["content"]
+    pair.reset()
+    pair.set(pair.a, "cordon")
+
+    def stream():
+        events = []
+        with httpx.stream("POST", f"{pair.stack.base_url}/v1/chat/completions", json=body, timeout=180) as r:
+            assert r.status_code == 200, r.read()
+            events.extend(line[len("data: "):] for line in r.iter_lines() if line.startswith("data: "))
+        return events
+
+    streams = [in_background(stream) for _ in range(8)]
+    held = wait_for(lambda: (lambda jobs: jobs if len(jobs) == 4 else None)(pair.running_on(pair.b)), timeout=60)
+    time.sleep(1.0)  # each has sent tokens
+    cli("runners", "drain", pair.b, "--deadline", "5s", "--url", pair.stack.base_url)
+    drained_at = time.time()
+    pair.set(pair.a, "resume")
+    wait_for(lambda: pair.state(pair.b) == "drained", timeout=30, every=0.1)
+    assert time.time() - drained_at < 10, "the runner held its jobs past the deadline"
+
+    for t, result in streams:
+        t.join(timeout=240)
+        assert "value" in result, result.get("error")
+        events = result["value"]
+        assert events[-1] == "[DONE]"
+        assert texts_of(events) == [want], "each stream is the uninterrupted run's"
+    handed = [pair.job(j["id"].replace("-", "")) for j in held]
+    assert all((j["state"], j["runner_id"]) == ("succeeded", pair.a) for j in handed), handed
+    pair.reset()
+
+
 def test_a_runner_yields_within_2s_of_its_probe_file_its_jobs_finish_elsewhere_and_it_returns(pair):
     pair.reset()
     pair.set(pair.a, "cordon")
@@ -224,11 +259,14 @@ def test_a_runner_outside_its_lending_windows_stays_yielded_and_claims_nothing(p
     wait_for(lambda: len(pair.runner_ids()) == 2, timeout=30)
 
 
-def stream_interrupted(pair, body, interrupt, after_chunks=3):
-    """Streams `body` from runner B, calls `interrupt` once `after_chunks` content chunks
-    came, lets runner A take the job over, and returns the stream's events."""
+def stream_interrupted(pair, body, interrupt, after_chunks=3, holder=None, cordon=()):
+    """Streams `body` from runner B (or `holder`, with `cordon` cordoned too), calls
+    `interrupt` once `after_chunks` content chunks came, lets runner A take the job over, and
+    returns the stream's events."""
+    holder = holder or pair.b
     pair.reset()
-    pair.set(pair.a, "cordon")
+    for runner in (pair.a, *cordon):
+        pair.set(runner, "cordon")
     events = []
     with httpx.stream("POST", f"{pair.stack.base_url}/v1/chat/completions", json=body, timeout=180) as r:
         assert r.status_code == 200, r.read()
@@ -241,7 +279,7 @@ def stream_interrupted(pair, body, interrupt, after_chunks=3):
             if data != "[DONE]" and '"content":"' in data and '"content":""' not in data:
                 content += 1
                 if content == after_chunks:
-                    assert pair.running_on(pair.b), "the job runs on runner B"
+                    assert pair.running_on(holder), "the job runs on the runner to interrupt"
                     interrupt()
                     pair.set(pair.a, "resume")
     return events
@@ -290,6 +328,39 @@ def test_a_stream_whose_runner_yields_continues_on_another_runner_as_if_uninterr
 
 def json_id(events):
     return json.loads(events[0])["id"]
+
+
+def test_a_runner_stopped_with_a_shutdown_deadline_hands_back_what_it_could_not_finish(pair):
+    body = {"model": MODEL_ID, "messages": LONG, "max_tokens": 400, "stream": True, "ignore_eos": True,
+            "temperature": 0}
+    want = httpx.post(f"{pair.stack.base_url}/v1/chat/completions", json={**body, "stream": False},
+                      timeout=180).json()["choices"][0]["message"]["content"]
+    known = set(pair.runner_ids())
+    log = open(ROOT / "target" / f"e2e-{pair.stack.database}-runner-d.log", "w")
+    runner_d = subprocess.Popen(
+        [FALLOW, "runner", "--database-url", pair.stack.database_url, "--redis-url", pair.stack.redis_url,
+         "--model", str(MODEL_PATH), "--lease-seconds", "3", "--kv-cache-mb", "64", "--slots", "4",
+         "--shutdown-deadline", "2s"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        d = wait_for(lambda: next((i for i in pair.runner_ids() if i not in known), None), timeout=120)
+        wait_for(lambda: admin(pair.stack, "GET", f"/runners/{d}").json()["warm"] == [MODEL_ID], timeout=60)
+        stopped = {}
+
+        def terminate_d():
+            runner_d.terminate()
+            stopped["at"] = time.time()
+
+        events = stream_interrupted(pair, body, terminate_d, holder=d, cordon=(pair.b,))
+        runner_d.wait(timeout=30)
+        exited = time.time() - stopped["at"]
+        assert 1.5 <= exited < 10, f"the runner exited {exited:.1f} s after SIGTERM, not at its deadline"
+    finally:
+        if runner_d.poll() is None:
+            runner_d.kill()
+    pair.reset()
+    assert events[-1] == "[DONE]"
+    assert texts_of(events) == [want], "the stream went on on another runner, as if uninterrupted"
 
 
 def test_a_runner_the_registry_forgot_registers_again_under_its_own_id(pair):

@@ -43,12 +43,55 @@ pub async fn cordon(
     set(state, admin, id, RunnerState::Cordoned).await
 }
 
+/// Longest drain deadline an operator may give (a day); past it, drain without one.
+const MAX_DRAIN_DEADLINE_SECONDS: f64 = 86_400.0;
+
+/// The optional body of a drain: `{"deadline_seconds": N}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Drain {
+    deadline_seconds: Option<f64>,
+}
+
+/// Drains a runner; with `deadline_seconds` in the body, the runner hands back what it still
+/// holds at the deadline (other runners continue those jobs). An empty body drains without
+/// a deadline.
 pub async fn drain(
-    state: State<AppState>,
-    admin: Admin,
-    id: Path<String>,
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
 ) -> Result<Json<RunnerRecord>, ApiError> {
-    set(state, admin, id, RunnerState::Draining).await
+    let id = parse_id("runner", &id)?;
+    let drain: Drain = if body.iter().all(u8::is_ascii_whitespace) {
+        Drain::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::invalid("deadline_seconds", format!("Invalid body: {e}.")))?
+    };
+    let deadline = match drain.deadline_seconds {
+        None => None,
+        Some(s) if s.is_finite() && (0.0..=MAX_DRAIN_DEADLINE_SECONDS).contains(&s) => {
+            Some(std::time::Duration::from_secs_f64(s))
+        }
+        Some(s) => {
+            return Err(ApiError::invalid(
+                "deadline_seconds",
+                format!(
+                    "deadline_seconds must be between 0 and {MAX_DRAIN_DEADLINE_SECONDS}, got {s}."
+                ),
+            ))
+        }
+    };
+    let pool = state.queue().pool();
+    if !runners::drain(pool, id, deadline).await? {
+        return Err(ApiError::NotFound(format!("No runner with id {id}.")));
+    }
+    tracing::info!(runner_id = %id, ?deadline, "runner drained by an operator");
+    runners::get(pool, id)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("No runner with id {id}.")))
 }
 
 pub async fn resume(

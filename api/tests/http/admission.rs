@@ -2,7 +2,7 @@
 //! jobs (a `/v1/completions` request with several prompts is several jobs).
 
 use crate::support::*;
-use fallow_scheduler::tenants;
+use fallow_scheduler::{runners, tenants};
 use serde_json::json;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -138,4 +138,47 @@ async fn operators_set_a_tenants_weight_and_class_and_a_zero_weight_is_refused()
     assert_eq!(body["error"]["param"], "weight");
     let response = set(json!({"class": -1})).await.expect("post");
     assert_eq!(response.status().as_u16(), 400);
+}
+
+#[tokio::test]
+async fn a_drain_takes_an_optional_deadline_and_refuses_a_bad_one_naming_it() {
+    let app = spawn_app_with(fallow_api::ApiConfig {
+        admin_token: Some("test-admin-token-0123456789".into()),
+        ..Default::default()
+    })
+    .await;
+    let drain = |body: Option<serde_json::Value>| {
+        let request = app
+            .client
+            .post(app.url(&format!("/admin/runners/{}/drain", app.runner_id)))
+            .bearer_auth("test-admin-token-0123456789");
+        match body {
+            Some(body) => request.json(&body).send(),
+            None => request.send(),
+        }
+    };
+    for bad in [
+        json!({"deadline_seconds": -1}),
+        json!({"deadline_seconds": 1e9}),
+        json!({"deadline_seconds": "soon"}),
+        json!({"deadline": 5}),
+    ] {
+        let response = drain(Some(bad.clone())).await.expect("post");
+        assert_eq!(response.status().as_u16(), 400, "{bad}");
+        let body: serde_json::Value = response.json().await.expect("json");
+        assert_eq!(body["error"]["param"], "deadline_seconds", "{bad}");
+    }
+    let response = drain(Some(json!({"deadline_seconds": 30})))
+        .await
+        .expect("post");
+    assert_eq!(response.status().as_u16(), 200);
+    let left = runners::drain_left(app.queue.pool(), app.runner_id)
+        .await
+        .expect("drain_left")
+        .expect("a deadline");
+    assert!(left > Duration::from_secs(25), "{left:?}");
+    let response = drain(None).await.expect("post");
+    assert_eq!(response.status().as_u16(), 200, "a drain without a body");
+    let runner: serde_json::Value = response.json().await.expect("json");
+    assert_eq!(runner["state"], "draining");
 }

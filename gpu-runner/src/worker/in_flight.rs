@@ -245,6 +245,12 @@ impl InFlightTable {
     pub fn contains(&self, request: u64) -> bool {
         self.by_request.contains_key(&request)
     }
+    pub fn is_empty(&self) -> bool {
+        self.by_request.is_empty()
+    }
+    pub fn len(&self) -> usize {
+        self.by_request.len()
+    }
     /// The models with jobs held: they may not be unloaded.
     pub fn busy_models(&self) -> std::collections::HashSet<String> {
         self.by_request.values().map(|j| j.model.clone()).collect()

@@ -67,6 +67,9 @@ pub struct RunnerConfig {
     pub owner_every: Duration,
     /// How long the owner must have been idle before the runner returns.
     pub owner_grace: Duration,
+    /// After a shutdown signal, how long in-flight jobs may finish before the rest are
+    /// handed back (zero: at once).
+    pub shutdown_deadline: Duration,
     /// When the machine is lent at all; `None` = always. Outside them the runner yields.
     pub lend_windows: Option<LendingWindows>,
     /// Memory the resident models may take (weights + KV pools); `None`: no limit, every
@@ -97,6 +100,7 @@ impl Default for RunnerConfig {
             owner_probe: None,
             owner_every: Duration::from_millis(500),
             owner_grace: Duration::from_secs(60),
+            shutdown_deadline: Duration::ZERO,
             lend_windows: None,
             memory_budget: None,
             cold_claim_after: Duration::from_secs(2),
@@ -216,6 +220,7 @@ pub async fn run(
         lease: config.lease,
         pool_max_share: config.pool_max_share,
         completing: completing::Completing::default(),
+        drain_deadline: None,
     };
     worker.models_changed().await;
     worker.check_pool_turn().await;
@@ -231,9 +236,30 @@ pub async fn run(
             Some(()) = hints.recv() => worker.refresh_state().await,
             _ = heartbeat.tick() => worker.heartbeat().await,
             _ = models_tick.tick() => worker.tend_models().await,
+            _ = until(worker.drain_deadline) => worker.on_drain_deadline().await,
         }
     }
     claim_task.abort();
+    // Claimed but not started: back at once, without waiting for their leases to expire.
+    while let Ok(Claimed { job, .. }) = claim_rx.try_recv() {
+        let message = "The runner shut down.";
+        worker
+            .release(job.id, job.attempt, false, None, "runner_shutdown", message)
+            .await;
+    }
+    if !config.shutdown_deadline.is_zero() && !worker.table.is_empty() {
+        tracing::info!(deadline = ?config.shutdown_deadline, jobs = worker.table.len(), "shutting down: letting in-flight jobs finish");
+        let deadline = tokio::time::sleep(config.shutdown_deadline);
+        tokio::pin!(deadline);
+        while !worker.table.is_empty() {
+            tokio::select! {
+                _ = &mut deadline => break,
+                Some((engine, event)) = host_rx.recv() => worker.on_engine_event(engine, event).await,
+                Some(job) = cancels.recv() => worker.cancel(job).await,
+                _ = heartbeat.tick() => worker.heartbeat().await,
+            }
+        }
+    }
     worker
         .hand_back_all("runner_shutdown", "The runner shut down.")
         .await;
@@ -241,6 +267,14 @@ pub async fn run(
         tracing::warn!(error = %e, "deregistering the runner failed");
     }
     Ok(())
+}
+
+/// Resolves at `deadline`; never without one.
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Starts watching the owner (its probe, if one is configured and can run here) and the
@@ -291,6 +325,8 @@ struct Worker {
     pool_max_share: Option<f64>,
     /// Finished jobs whose completion has not committed yet: their leases stay renewed.
     completing: completing::Completing,
+    /// When an operator's drain with a deadline hands back what is still held.
+    drain_deadline: Option<tokio::time::Instant>,
 }
 
 impl Worker {

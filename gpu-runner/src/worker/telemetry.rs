@@ -30,8 +30,11 @@ pub const MODEL_EVICTIONS: &str = "fallow:model_evictions_total";
 /// Memory a resident model takes (weights + KV pool); 0 once unloaded.
 pub const MODEL_RESIDENT_BYTES: &str = "fallow:model_resident_bytes";
 /// Jobs handed back with their progress, so another runner continues them, per model and
-/// reason (`runner_yielded`, `runner_shutdown`).
+/// reason (`runner_yielded`, `runner_shutdown`, `runner_drained`).
 pub const CONTINUATIONS: &str = "fallow:continuations_total";
+/// From the owner probe's verdict to the jobs handed back, the models unloaded and
+/// `yielded` reported: how long the owner waits for the machine.
+pub const HANDOVER_SECONDS: &str = "fallow:handover_seconds";
 /// Generated tokens a continuation took over instead of generating them again.
 pub const CONTINUATION_TOKENS_REUSED: &str = "fallow:continuation_tokens_reused_total";
 
@@ -71,6 +74,7 @@ pub fn register_model(model: &str) {
     drop(inter_token_latency(model));
     drop(metrics::histogram!(QUEUE_TIME, "model_name" => name.clone()));
     drop(metrics::histogram!(MODEL_LOAD_SECONDS, "model_name" => name.clone()));
+    drop(metrics::histogram!(HANDOVER_SECONDS));
     for counter in [
         PREEMPTIONS,
         PREFIX_QUERIES,
@@ -79,10 +83,15 @@ pub fn register_model(model: &str) {
     ] {
         metrics::counter!(counter, "model_name" => name.clone()).increment(0);
     }
-    for reason in ["runner_yielded", "runner_shutdown"] {
+    for reason in ["runner_yielded", "runner_shutdown", "runner_drained"] {
         metrics::counter!(CONTINUATIONS, "model_name" => name.clone(), "reason" => reason)
             .increment(0);
     }
+}
+
+/// Records how long a yield took to hand the machine over.
+pub fn record_handover(seconds: f64) {
+    metrics::histogram!(HANDOVER_SECONDS).record(seconds);
 }
 
 /// Records a job handed back with its progress.

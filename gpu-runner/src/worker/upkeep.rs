@@ -18,7 +18,7 @@ impl Worker {
         leases.extend(self.completing.leases());
         let pool = self.queue.pool();
         match runners::heartbeat(pool, self.runner_id, leases.len() as i32).await {
-            Ok(state) => self.state.set_registry(state),
+            Ok(state) => self.set_registry(state).await,
             Err(SchedulerError::NotFound(_)) => {
                 tracing::warn!(runner_id = %self.runner_id, "the registry forgot this runner; registering again");
                 if let Err(e) = runners::register_as(pool, self.runner_id, &self.info).await {
@@ -75,11 +75,40 @@ impl Worker {
     /// rather than at the heartbeat.
     pub(super) async fn refresh_state(&mut self) {
         match runners::state(self.queue.pool(), self.runner_id).await {
-            Ok(Some(state)) => self.state.set_registry(state),
+            Ok(Some(state)) => self.set_registry(state).await,
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "reading the runner state failed"),
         }
         self.take_evictions().await;
+        self.reconcile().await;
+    }
+
+    /// Takes the registry's state, and while draining, the drain's deadline: reading it on
+    /// every heartbeat keeps the timer right if the operator drains again with another.
+    async fn set_registry(&mut self, state: runners::RunnerState) {
+        self.state.set_registry(state);
+        if state != runners::RunnerState::Draining {
+            self.drain_deadline = None;
+            return;
+        }
+        match runners::drain_left(self.queue.pool(), self.runner_id).await {
+            Ok(left) => self.drain_deadline = left.map(|left| tokio::time::Instant::now() + left),
+            Err(e) => tracing::warn!(error = %e, "reading the drain's deadline failed"),
+        }
+    }
+
+    /// A drain's deadline passed: what is still held goes back to the queue with its
+    /// progress, for other runners to continue; the runner then reports `drained`.
+    pub(super) async fn on_drain_deadline(&mut self) {
+        self.drain_deadline = None;
+        if !self.table.is_empty() {
+            tracing::info!(
+                jobs = self.table.len(),
+                "the drain's deadline passed: handing jobs back"
+            );
+            self.hand_back_all("runner_drained", "The runner was drained.")
+                .await;
+        }
         self.reconcile().await;
     }
 
@@ -128,13 +157,19 @@ impl Worker {
     /// The owner probe's verdict changed: the machine may no longer (or again) be lent.
     /// The pool hears of it at once, so another member can take this runner's place.
     pub(super) async fn on_owner(&mut self, active: bool) {
+        let noticed = std::time::Instant::now();
         let was_lent = self.state.lent();
         self.state.set_owner_active(active);
         self.after_lending_change(was_lent).await;
         self.check_pool_turn().await;
+        let took = noticed.elapsed();
+        if was_lent && !self.state.lent() {
+            telemetry::record_handover(took.as_secs_f64());
+        }
         tracing::info!(
             owner_active = active,
             state = %self.state.registry(),
+            took_ms = took.as_millis() as u64,
             "owner activity handled"
         );
     }
