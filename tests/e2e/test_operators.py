@@ -302,21 +302,38 @@ def texts_of(events, n=1):
     return texts
 
 
+STORY_SCHEMA = {"type": "json_schema", "json_schema": {"name": "story", "strict": True, "schema": {
+    "type": "object", "properties": {"title": {"type": "string"}, "chapters": {
+        "type": "array", "items": {"type": "string"}, "minItems": 6}},
+    "required": ["title", "chapters"]}}}
+
+
 @pytest.mark.parametrize("sampling", [
-    {"temperature": 0},
-    {"temperature": 1.0, "top_p": 0.9, "seed": 7, "frequency_penalty": 0.3},
-], ids=["greedy", "seeded"])
+    {"temperature": 0, "n": 2, "ignore_eos": True},
+    {"temperature": 1.0, "top_p": 0.9, "seed": 7, "frequency_penalty": 0.3, "n": 2, "ignore_eos": True},
+    {"temperature": 0, "response_format": STORY_SCHEMA},
+    {"temperature": 0, "logprobs": True, "top_logprobs": 2, "stop": [" a heart of gold"]},
+], ids=["greedy", "seeded", "json_schema", "logprobs_and_stop"])
 def test_a_stream_whose_runner_yields_continues_on_another_runner_as_if_uninterrupted(pair, sampling):
-    body = {"model": MODEL_ID, "messages": LONG, "max_tokens": 500, "stream": True, "ignore_eos": True,
-            "n": 2, **sampling}
+    body = {"model": MODEL_ID, "messages": LONG, "max_tokens": 500, "stream": True, **sampling}
     reference = httpx.post(f"{pair.stack.base_url}/v1/chat/completions", json={**body, "stream": False},
                            timeout=180).json()
-    want = [c["message"]["content"] for c in sorted(reference["choices"], key=lambda c: c["index"])]
+    choices = sorted(reference["choices"], key=lambda c: c["index"])
+    want = [c["message"]["content"] for c in choices]
+    assert reference["usage"]["completion_tokens"] > 40, "long enough to be interrupted"
 
     events = stream_interrupted(pair, body, lambda: owner_returns_to_b(pair))
     pair.reset()
     assert events[-1] == "[DONE]"
-    assert texts_of(events, n=2) == want, "the continued stream is the uninterrupted run's text"
+    assert texts_of(events, n=len(want)) == want, "the continued stream is the uninterrupted run's text"
+    if "response_format" in sampling and choices[0]["finish_reason"] == "stop":
+        assert len(json.loads(want[0])["chapters"]) >= 6, "the grammar held across the hand-over"
+    if sampling.get("logprobs"):
+        streamed = [t["token"] for e in events[:-1] for c in json.loads(e)["choices"]
+                    for t in ((c.get("logprobs") or {}).get("content") or [])]
+        assert streamed == [t["token"] for t in choices[0]["logprobs"]["content"]]
+        finish = [c["finish_reason"] for e in events[:-1] for c in json.loads(e)["choices"] if c["finish_reason"]]
+        assert finish == [choices[0]["finish_reason"]] == ["stop"], "the stop string matched after the hand-over"
     jobs = admin(pair.stack, "GET", "/jobs", params={"limit": 1000}).json()["data"]
     job = next(j for j in jobs if j["id"].replace("-", "") == job_id(json_id(events)))
     assert job["state"] == "succeeded"
