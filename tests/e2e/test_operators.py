@@ -380,6 +380,59 @@ def test_a_runner_stopped_with_a_shutdown_deadline_hands_back_what_it_could_not_
     assert texts_of(events) == [want], "the stream went on on another runner, as if uninterrupted"
 
 
+def test_a_batch_gets_every_line_once_with_uninterrupted_outputs_while_a_runner_yields_in_turn(pair):
+    prompts = ["Count from one to twenty in words.", "Name ten animals and describe each.",
+               "Describe the sea at night.", "List the planets and one fact about each."]
+    request = {"model": MODEL_ID, "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+    want = {p: httpx.post(f"{pair.stack.base_url}/v1/chat/completions", timeout=120,
+                          json={**request, "messages": [{"role": "user", "content": p}]}).json()
+            for p in prompts}
+    lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {**request, "messages": [{"role": "user", "content": prompts[i % 4]}]}}
+             for i in range(200)]
+    pair.reset()
+    upload = pair.client.files.create(
+        file=("yields.jsonl", "\n".join(json.dumps(line) for line in lines).encode(), "application/jsonl"),
+        purpose="batch")
+    batch = pair.client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                       completion_window="24h")
+    flapping = threading.Event()
+
+    def owner_comes_and_goes():
+        # Runner B's owner returns for a second every four (its grace period is 2 s).
+        while not flapping.is_set():
+            time.sleep(1.0)
+            pair.probe.touch()
+            time.sleep(1.0)
+            pair.probe.unlink(missing_ok=True)
+            time.sleep(2.0)
+
+    flapper = threading.Thread(target=owner_comes_and_goes)
+    flapper.start()
+    try:
+        done = wait_for(lambda: (lambda b: b if b.status in ("completed", "failed", "expired") else None)(
+            pair.client.batches.retrieve(batch.id)), timeout=600, every=1.0)
+    finally:
+        flapping.set()
+        flapper.join()
+    pair.reset()
+    assert done.status == "completed", done
+    assert done.request_counts.completed == 200 and done.request_counts.failed == 0
+    out = [json.loads(line) for line in pair.client.files.content(done.output_file_id).text.splitlines()]
+    assert sorted(o["custom_id"] for o in out) == sorted(line["custom_id"] for line in lines), \
+        "every line exactly once"
+    for o in out:
+        prompt = prompts[int(o["custom_id"].split("-")[1]) % 4]
+        body = o["response"]["body"]
+        assert body["choices"][0]["message"]["content"] == want[prompt]["choices"][0]["message"]["content"]
+        counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+        assert [body["usage"][k] for k in counts] == [want[prompt]["usage"][k] for k in counts], \
+            "the usage of one uninterrupted run"
+    jobs = admin(pair.stack, "GET", "/jobs", params={"limit": 1000}).json()["data"]
+    handed = [j for j in jobs if j["kind"] == "batch" and j["attempt"] > 1]
+    assert handed, "some lines were handed over mid-run"
+
+
 def test_a_runner_the_registry_forgot_registers_again_under_its_own_id(pair):
     pair.reset()
     subprocess.run(["psql", pair.stack.database_url, "-q", "-c", f"DELETE FROM runners WHERE id = '{pair.b}'"],
