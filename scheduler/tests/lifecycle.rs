@@ -374,6 +374,47 @@ async fn a_streamed_job_handed_back_with_its_progress_is_continued_not_failed() 
 }
 
 #[tokio::test]
+async fn a_streamed_job_that_fails_with_progress_continues_until_its_attempts_run_out() {
+    let db = TestDb::new().await;
+    let queue = db.queue();
+    let mut job = interactive_job("m");
+    job.max_attempts = 2;
+    let id = queue.enqueue(job).await.unwrap();
+    let first = claim_one(&queue, Uuid::new_v4()).await;
+    queue.mark_streamed(id, first.attempt).await.unwrap();
+    let progress = Progress {
+        prompt_ids: vec![1],
+        choices: vec![ChoiceProgress {
+            token_ids: vec![4],
+            text: "a".into(),
+            ..Default::default()
+        }],
+        usage: Usage::default(),
+    };
+
+    assert_eq!(
+        queue
+            .fail_and_continue(id, first.attempt, "engine panicked", &progress)
+            .await
+            .unwrap(),
+        FailOutcome::Requeued
+    );
+    queue.clock().advance(Duration::from_secs(3600)); // past the backoff
+    let second = claim_one(&queue, Uuid::new_v4()).await;
+    assert_eq!(second.attempt, 2, "the failed attempt counts");
+    assert_eq!(second.request.progress, Some(progress.clone()));
+    assert_eq!(
+        queue
+            .fail_and_continue(id, second.attempt, "engine panicked", &progress)
+            .await
+            .unwrap(),
+        FailOutcome::Failed,
+        "no attempt left"
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
 async fn a_streamed_job_handed_back_without_progress_fails() {
     let db = TestDb::new().await;
     let queue = db.queue();

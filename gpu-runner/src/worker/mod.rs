@@ -33,7 +33,7 @@ pub use owner::OwnerProbe;
 use claimer::{ClaimLoop, Claimed};
 use engine_host::{HostCommand, HostEvent};
 use fallow_protocol::job::{GenerateRequest, JobEvent};
-use fallow_scheduler::queue::{JobKind, Queue};
+use fallow_scheduler::queue::{FailOutcome, JobKind, Queue};
 use fallow_scheduler::runners::{self, RunnerInfo};
 use fallow_scheduler::stream::TokenRelay;
 use in_flight::{InFlight, InFlightTable};
@@ -466,7 +466,29 @@ impl Worker {
     }
 
     async fn end_with_error(&mut self, job: InFlight, code: &str, message: &str, retryable: bool) {
-        // A stream that already carried tokens cannot be resumed by another attempt.
+        // A retryable failure with progress continues on the next attempt, even a stream
+        // that already carried tokens: its client sees the rest follow, or an error once no
+        // attempt is left.
+        if let Some(progress) = job.progress().filter(|_| retryable) {
+            match self
+                .queue
+                .fail_and_continue(job.job_id, job.attempt, message, &progress)
+                .await
+            {
+                Ok(FailOutcome::Failed) => {
+                    let error = JobEvent::Error {
+                        code: code.to_string(),
+                        message: message.to_string(),
+                    };
+                    self.append(&[(job.job_id, error)]).await;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(job_id = %job.job_id, error = %e, "failing a job failed"),
+            }
+            return;
+        }
+        // Without progress, a stream that already carried tokens cannot be resumed by
+        // another attempt.
         let retry =
             retryable && !(job.streamed && job.client_streams && job.kind == JobKind::Interactive);
         if !retry || job.streamed {

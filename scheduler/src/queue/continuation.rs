@@ -46,8 +46,7 @@ impl Queue {
             if let Some(earlier) = &request.progress {
                 progress.prompt_ids = earlier.prompt_ids.clone();
             }
-            let progress = serde_json::to_value(&progress)
-                .map_err(|e| SchedulerError::Corrupt(format!("progress not serialisable: {e}")))?;
+            let progress = super::finish::progress_json(Some(&progress))?;
             let mut tx = self.pool.begin().await?;
             let model: Option<String> =
                 sqlx::query_scalar(include_str!("queries/continue_lost.sql"))

@@ -53,6 +53,32 @@ impl Queue {
         error: &str,
         retryable: bool,
     ) -> Result<FailOutcome, SchedulerError> {
+        self.fail_with(id, attempt, error, retryable, None).await
+    }
+
+    /// [`Queue::fail`] for a retryable failure whose next attempt continues from `progress`
+    /// (an engine failure after some tokens): even a stream that already sent tokens is
+    /// retried, since its client sees the rest follow what it has. The attempt counts.
+    pub async fn fail_and_continue(
+        &self,
+        id: Uuid,
+        attempt: i32,
+        error: &str,
+        progress: &Progress,
+    ) -> Result<FailOutcome, SchedulerError> {
+        self.fail_with(id, attempt, error, true, Some(progress))
+            .await
+    }
+
+    async fn fail_with(
+        &self,
+        id: Uuid,
+        attempt: i32,
+        error: &str,
+        retryable: bool,
+        progress: Option<&Progress>,
+    ) -> Result<FailOutcome, SchedulerError> {
+        let progress = progress_json(progress)?;
         let next: Option<String> = sqlx::query_scalar(include_str!("queries/fail.sql"))
             .bind(id)
             .bind(attempt)
@@ -61,6 +87,7 @@ impl Queue {
             .bind(self.clock.now())
             .bind(self.backoff.base.as_secs_f64())
             .bind(self.backoff.cap.as_secs_f64())
+            .bind(progress)
             .fetch_optional(&self.pool)
             .await?;
         Ok(match next.as_deref() {
@@ -81,10 +108,7 @@ impl Queue {
         attempt: i32,
         progress: Option<&Progress>,
     ) -> Result<FailOutcome, SchedulerError> {
-        let progress = progress
-            .map(serde_json::to_value)
-            .transpose()
-            .map_err(|e| SchedulerError::Corrupt(format!("progress not serialisable: {e}")))?;
+        let progress = progress_json(progress)?;
         let mut tx = self.pool.begin().await?;
         let next: Option<(String, String)> = sqlx::query_as(include_str!("queries/release.sql"))
             .bind(id)
@@ -128,6 +152,16 @@ impl Queue {
             .await?;
         Ok(())
     }
+}
+
+/// A job's progress as the JSON its request stores.
+pub(super) fn progress_json(
+    progress: Option<&Progress>,
+) -> Result<Option<serde_json::Value>, SchedulerError> {
+    progress
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(|e| SchedulerError::Corrupt(format!("progress not serialisable: {e}")))
 }
 
 fn encode(completion: &Completion) -> Result<serde_json::Value, SchedulerError> {

@@ -1,13 +1,16 @@
 -- A failed attempt, fenced by (id, attempt): back to queued with exponential backoff and
 -- jitter when retryable and attempts remain, otherwise failed. A job whose cancellation was
--- requested ends cancelled, and an interactive job that already streamed tokens is never
--- retried (its client would see two attempts spliced together).
--- $1 id, $2 attempt, $3 error, $4 retryable, $5 now, $6 backoff base (s), $7 backoff cap (s).
+-- requested ends cancelled. An interactive job that already streamed tokens is retried only
+-- with its progress ($8, JSON), which the next attempt continues from; without, its client
+-- would see two attempts spliced together, so it fails.
+-- $1 id, $2 attempt, $3 error, $4 retryable, $5 now, $6 backoff base (s), $7 backoff cap (s),
+-- $8 progress or NULL.
 WITH target AS (
     SELECT id,
            CASE
                WHEN cancel_requested THEN 'cancelled'
-               WHEN $4 AND attempt < max_attempts AND NOT (kind = 'interactive' AND streamed)
+               WHEN $4 AND attempt < max_attempts
+                    AND ($8::jsonb IS NOT NULL OR NOT (kind = 'interactive' AND streamed))
                    THEN 'queued'
                ELSE 'failed'
            END AS next_state
@@ -18,6 +21,9 @@ WITH target AS (
 UPDATE jobs AS j
 SET state = t.next_state,
     error = $3,
+    request = CASE WHEN t.next_state = 'queued' AND $8::jsonb IS NOT NULL
+                   THEN jsonb_set(j.request, '{progress}', $8::jsonb)
+                   ELSE j.request END,
     lease_expires_at = NULL,
     runner_id = CASE WHEN t.next_state = 'queued' THEN NULL ELSE j.runner_id END,
     streamed = CASE WHEN t.next_state = 'queued' THEN false ELSE j.streamed END,
