@@ -1,5 +1,8 @@
 //! The Redis Streams token relay. One stream per job (`fallow:job:{id}`), appended per
-//! engine step in one pipelined round trip, trimmed with `MAXLEN ~`, expiring after `ttl`.
+//! engine step in one pipelined round trip, capped with `MAXLEN ~`, expiring after `ttl`.
+//! A live job's cap leaves room for every entry its request can produce ([`entries_needed`]):
+//! a continuation and a resuming reader need the stream from its start, so a legitimate
+//! stream is never trimmed; the cap only stops a runaway one.
 //! Cancel signals travel on the `fallow:cancel` pub/sub channel.
 //!
 //! Redis carries tokens and signals only; Postgres holds every job's state. So every call
@@ -32,13 +35,24 @@ pub fn stream_key(job: Uuid) -> String {
     format!("fallow:job:{job}")
 }
 
+/// The most entries a job's stream can legitimately hold, or `None` when its request does
+/// not bound them (no `max_tokens`: the model's context does). Each choice's tokens each
+/// give at most one delta, plus a last delta carrying its finish; each attempt adds a start,
+/// and the job ends with one final entry (a few more leave room for errors).
+pub fn entries_needed(n: u32, max_tokens: Option<u32>, attempt: i32) -> Option<usize> {
+    let per_choice = max_tokens? as usize + 1;
+    let attempts = attempt.max(1) as usize;
+    Some((n.max(1) as usize).saturating_mul(per_choice) + attempts + 8)
+}
+
 /// Tunables of the relay; `Default` suits production.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     /// How long a job's stream lives after its last append (a reader that comes back later
     /// finds the job's result in Postgres instead).
     pub ttl: Duration,
-    /// Approximate cap on entries per stream (`MAXLEN ~`).
+    /// Approximate cap on entries per stream (`MAXLEN ~`), raised for a job whose request
+    /// can produce more.
     pub max_len: usize,
     /// Entries returned per read at most.
     pub read_count: usize,
@@ -109,8 +123,20 @@ impl TokenRelay {
         &self.inner.config
     }
 
-    /// Appends events for several jobs in one pipelined round trip.
+    /// Appends events for several jobs in one pipelined round trip, each stream capped at
+    /// the configured `max_len`.
     pub async fn append(&self, events: &[(Uuid, JobEvent)]) -> Result<(), SchedulerError> {
+        self.append_capped(events, |_| Some(0)).await
+    }
+
+    /// [`append`](Self::append), with each job's stream capped at what `needed(job)` says
+    /// it can hold ([`entries_needed`]; never below `max_len`), or not at all (`None`: an
+    /// unbounded request, or a job's last entry).
+    pub async fn append_capped(
+        &self,
+        events: &[(Uuid, JobEvent)],
+        needed: impl Fn(Uuid) -> Option<usize>,
+    ) -> Result<(), SchedulerError> {
         if events.is_empty() {
             return Ok(());
         }
@@ -121,15 +147,11 @@ impl TokenRelay {
             let data = serde_json::to_string(event)
                 .map_err(|e| SchedulerError::Corrupt(format!("event not serialisable: {e}")))?;
             let key = stream_key(*job);
-            pipe.cmd("XADD")
-                .arg(&key)
-                .arg("MAXLEN")
-                .arg("~")
-                .arg(config.max_len)
-                .arg("*")
-                .arg("data")
-                .arg(data)
-                .ignore();
+            let xadd = pipe.cmd("XADD").arg(&key);
+            if let Some(needed) = needed(*job) {
+                xadd.arg("MAXLEN").arg("~").arg(needed.max(config.max_len));
+            }
+            xadd.arg("*").arg("data").arg(data).ignore();
             keys.insert(key);
         }
         let ttl = config.ttl.as_secs().max(1);

@@ -1,12 +1,14 @@
 //! A job whose runner died continues from its stream: the maintenance pass rebuilds its
 //! progress from the deltas' token ids and requeues it with that progress, fenced, before
-//! the reaper would restart or fail it. Real Postgres and Redis; time by the fixed clock.
+//! the reaper would restart or fail it; without a stream, from its heartbeat's checkpoint.
+//! Continuations are claimed ahead of new work. Real Postgres and Redis; time by the fixed
+//! clock.
 
 mod common;
 
 use common::*;
-use fallow_protocol::job::{JobEvent, Usage};
-use fallow_scheduler::queue::{ClaimedJob, JobState, Queue};
+use fallow_protocol::job::{ChoiceProgress, JobEvent, Progress, Usage};
+use fallow_scheduler::queue::{Checkpoint, ClaimedJob, JobState, LeaseRenewal, Queue};
 use fallow_scheduler::stream::TokenRelay;
 use std::time::Duration;
 use uuid::Uuid;
@@ -20,8 +22,12 @@ async fn relay() -> TokenRelay {
 }
 
 async fn claim_one(queue: &Queue) -> ClaimedJob {
+    claim_as(queue, Uuid::new_v4()).await
+}
+
+async fn claim_as(queue: &Queue, runner: Uuid) -> ClaimedJob {
     let mut got = queue
-        .claim(Uuid::new_v4(), &models(&["m"]), 1, LEASE)
+        .claim(runner, &models(&["m"]), 1, LEASE)
         .await
         .unwrap();
     assert_eq!(got.len(), 1, "one job claimable");
@@ -128,5 +134,148 @@ async fn a_lost_job_whose_cancellation_was_asked_for_is_not_continued() {
         queue.get(id).await.unwrap().unwrap().state,
         JobState::Cancelled
     );
+    db.drop().await;
+}
+
+fn progress(tokens: &[u32], text: &str) -> Progress {
+    Progress {
+        prompt_ids: Vec::new(),
+        choices: vec![ChoiceProgress {
+            token_ids: tokens.to_vec(),
+            text: text.into(),
+            ..ChoiceProgress::default()
+        }],
+        usage: Usage::default(),
+    }
+}
+
+/// `runner`'s heartbeat for `job`, with a checkpoint.
+async fn heartbeat(
+    queue: &Queue,
+    runner: Uuid,
+    job: &ClaimedJob,
+    progress: Option<Progress>,
+    generated: u32,
+) -> LeaseRenewal {
+    let held = [Checkpoint {
+        id: job.id,
+        attempt: job.attempt,
+        progress,
+        generated,
+    }];
+    queue
+        .renew_with_checkpoints(runner, &held, LEASE)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_lost_batch_job_whose_stream_redis_lost_continues_from_its_heartbeat_checkpoint() {
+    let db = TestDb::new().await;
+    let (queue, relay) = (db.queue(), relay().await);
+    let runner = Uuid::new_v4();
+    queue.enqueue(batch_job("m")).await.unwrap();
+    let job = claim_as(&queue, runner).await;
+    let renewal = heartbeat(&queue, runner, &job, Some(progress(&[5, 6, 7], "Hello")), 3).await;
+    assert!(renewal.lost.is_empty(), "the lease was renewed");
+    // A heartbeat with nothing new keeps the checkpoint it has.
+    heartbeat(&queue, runner, &job, None, 3).await;
+
+    queue.clock().advance(LEASE + Duration::from_secs(1));
+    assert_eq!(
+        queue.continue_lost(&relay).await.unwrap(),
+        1,
+        "no stream, but a checkpoint"
+    );
+    let again = claim_one(&queue).await;
+    assert_eq!(again.attempt, 2);
+    let resumed = again
+        .request
+        .progress
+        .expect("progress from the checkpoint");
+    assert_eq!(resumed.choices[0].token_ids, [5, 6, 7]);
+    assert_eq!(resumed.choices[0].text, "Hello");
+    assert_eq!(
+        again.generated_before, 3,
+        "the tokens generated so far travel with the job"
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_stream_a_client_read_is_never_continued_from_a_checkpoint() {
+    let db = TestDb::new().await;
+    let (queue, relay) = (db.queue(), relay().await);
+    let runner = Uuid::new_v4();
+    let id = queue.enqueue(interactive_job("m")).await.unwrap();
+    let job = claim_as(&queue, runner).await;
+    queue.mark_streamed(id, job.attempt).await.unwrap();
+    heartbeat(&queue, runner, &job, Some(progress(&[5, 6], "Hel")), 2).await;
+
+    queue.clock().advance(LEASE + Duration::from_secs(1));
+    assert_eq!(
+        queue.continue_lost(&relay).await.unwrap(),
+        0,
+        "its client saw the lost stream"
+    );
+    assert_eq!(queue.reap_expired().await.unwrap(), 1);
+    assert_eq!(
+        queue.get(id).await.unwrap().unwrap().state,
+        JobState::Failed
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_job_restarted_from_zero_knows_how_many_tokens_it_had_generated() {
+    let db = TestDb::new().await;
+    let (queue, relay) = (db.queue(), relay().await);
+    let runner = Uuid::new_v4();
+    queue.enqueue(batch_job("m")).await.unwrap();
+    let job = claim_as(&queue, runner).await;
+    heartbeat(&queue, runner, &job, None, 7).await;
+
+    queue.clock().advance(LEASE + Duration::from_secs(1));
+    assert_eq!(
+        queue.continue_lost(&relay).await.unwrap(),
+        0,
+        "nothing to continue from"
+    );
+    assert_eq!(queue.reap_expired().await.unwrap(), 1);
+    queue.clock().advance(Duration::from_secs(600)); // past the backoff
+    let again = claim_one(&queue).await;
+    assert!(again.request.progress.is_none(), "it starts over");
+    assert_eq!(
+        again.generated_before, 7,
+        "so its next runner counts 7 tokens generated again"
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_continuation_is_claimed_ahead_of_older_new_work_of_the_same_priority() {
+    let db = TestDb::new().await;
+    let queue = db.queue();
+    let older = queue.enqueue(batch_job("m")).await.unwrap();
+    queue.clock().advance(Duration::from_secs(1));
+    let handed_back = queue.enqueue(batch_job("m")).await.unwrap();
+    let runner = Uuid::new_v4();
+    let both = queue
+        .claim(runner, &models(&["m"]), 2, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(both.len(), 2);
+    // The older job fails and waits out its backoff; the newer one is handed back mid-run.
+    queue.fail(older, 1, "engine hiccup", true).await.unwrap();
+    let progress = progress(&[1, 2], "ab");
+    queue
+        .release(handed_back, 1, Some(&progress))
+        .await
+        .unwrap();
+    queue.clock().advance(Duration::from_secs(600));
+
+    let next = claim_one(&queue).await;
+    assert_eq!(next.id, handed_back, "the continuation goes first");
+    assert_eq!(claim_one(&queue).await.id, older);
     db.drop().await;
 }

@@ -5,7 +5,7 @@ mod common;
 
 use common::completion;
 use fallow_protocol::job::{JobEvent, Usage};
-use fallow_scheduler::stream::{stream_key, RelayConfig, TokenRelay};
+use fallow_scheduler::stream::{entries_needed, stream_key, RelayConfig, TokenRelay};
 use fallow_scheduler::SchedulerError;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -177,6 +177,40 @@ async fn streams_expire_after_the_configured_ttl() {
         .await
         .unwrap();
     assert!((100..=120).contains(&ttl), "ttl {ttl}");
+}
+
+#[tokio::test]
+async fn a_job_whose_request_needs_more_entries_than_the_cap_keeps_its_whole_stream() {
+    let config = RelayConfig {
+        max_len: 10,
+        ..RelayConfig::default()
+    };
+    let relay = TokenRelay::connect_with(&redis_url(), config)
+        .await
+        .unwrap();
+    let (long, capped) = (Uuid::new_v4(), Uuid::new_v4());
+    let needed = entries_needed(1, Some(600), 1);
+    assert_eq!(
+        needed,
+        Some(610),
+        "601 deltas, a start and room for the end"
+    );
+    for _ in 0..6 {
+        let step: Vec<(Uuid, JobEvent)> = (0..100).map(|_| (long, delta("x"))).collect();
+        relay.append_capped(&step, |_| needed).await.unwrap();
+        let step: Vec<(Uuid, JobEvent)> = (0..100).map(|_| (capped, delta("x"))).collect();
+        relay.append(&step).await.unwrap();
+    }
+    assert_eq!(
+        relay.read_all(long).await.unwrap().len(),
+        600,
+        "nothing trimmed"
+    );
+    let kept = relay.read_all(capped).await.unwrap().len();
+    assert!(
+        kept < 600,
+        "a stream over the plain cap is trimmed ({kept} kept)"
+    );
 }
 
 #[tokio::test]

@@ -139,29 +139,11 @@ fn run_in_process(
 ) -> anyhow::Result<Measured> {
     let started = Instant::now();
     for i in 0..conc {
-        let request = GenerateRequest {
-            model: String::new(),
-            messages: vec![ChatMessage {
-                role: Role::User,
-                content: Some(prompt_for(i)),
-                name: None,
-                tool_call_id: None,
-                tool_calls: Vec::new(),
-                reasoning_content: None,
-            }],
-            sampling: sampling(max_tokens),
-            n: 1,
-            add_generation_prompt: true,
-            continue_final_message: false,
-            stream: false,
-            chat_template_kwargs: Default::default(),
-            tools: Vec::new(),
-            output: Default::default(),
-            input: Default::default(),
-            task: Default::default(),
-            embed: None,
-            progress: None,
-        };
+        let request = GenerateRequest::chat(
+            "",
+            vec![ChatMessage::text(Role::User, prompt_for(i))],
+            sampling(max_tokens),
+        );
         let prompt = encode_chat(&model.frontend, &request).map_err(|(_, m)| anyhow::anyhow!(m))?;
         model
             .engine

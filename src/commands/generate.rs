@@ -36,25 +36,6 @@ fn sampling(args: &SamplingArgs) -> Sampling {
     }
 }
 
-fn chat_request(messages: Vec<ChatMessage>, sampling: Sampling) -> GenerateRequest {
-    GenerateRequest {
-        model: String::new(),
-        messages,
-        sampling,
-        n: 1,
-        add_generation_prompt: true,
-        continue_final_message: false,
-        stream: false,
-        chat_template_kwargs: Default::default(),
-        tools: Vec::new(),
-        output: Default::default(),
-        input: Default::default(),
-        task: Default::default(),
-        embed: None,
-        progress: None,
-    }
-}
-
 /// Runs one request to the end, printing text as it is generated; returns the whole text.
 fn stream_to_stdout(
     engine: &mut LlmEngine,
@@ -92,17 +73,10 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     )?;
     let sampling = sampling(&args.sampling);
     let prompt = if args.chat {
-        let message = ChatMessage {
-            role: Role::User,
-            content: Some(args.prompt.clone()),
-            name: None,
-            tool_call_id: None,
-            tool_calls: Vec::new(),
-            reasoning_content: None,
-        };
+        let message = ChatMessage::text(Role::User, args.prompt.clone());
         encode_chat(
             &model.frontend,
-            &chat_request(vec![message], sampling.clone()),
+            &GenerateRequest::chat("", vec![message], sampling.clone()),
         )
         .map_err(|(_, message)| anyhow::anyhow!(message))?
     } else {
@@ -124,7 +98,7 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
     )?;
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
-        messages.push(message(Role::System, system));
+        messages.push(ChatMessage::text(Role::System, system));
     }
     eprintln!(
         "Chatting with {} — an empty line or Ctrl-D ends.",
@@ -138,8 +112,8 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
         if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
             return Ok(());
         }
-        messages.push(message(Role::User, line.trim_end()));
-        let request = chat_request(messages.clone(), sampling(&args.sampling));
+        messages.push(ChatMessage::text(Role::User, line.trim_end()));
+        let request = GenerateRequest::chat("", messages.clone(), sampling(&args.sampling));
         let prompt = match encode_chat(&model.frontend, &request) {
             Ok(p) => p,
             Err((_, m)) => {
@@ -150,17 +124,6 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
         };
         let reply = stream_to_stdout(&mut model.engine, prompt, request.sampling)?;
         println!();
-        messages.push(message(Role::Assistant, &reply));
-    }
-}
-
-fn message(role: Role, text: &str) -> ChatMessage {
-    ChatMessage {
-        role,
-        content: Some(text.to_string()),
-        name: None,
-        tool_call_id: None,
-        tool_calls: Vec::new(),
-        reasoning_content: None,
+        messages.push(ChatMessage::text(Role::Assistant, reply.as_str()));
     }
 }

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack, skip_for_want_of, wait_for
+from conftest import FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack, free_port, skip_for_want_of, wait_for
 
 ADMIN_TOKEN = "admin-secret-for-tests"
 LONG = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
@@ -50,16 +50,24 @@ class Pair:
         self.stack.start()
         self.a = self.runner_ids()[0]
         log = open(ROOT / "target" / f"e2e-{self.stack.database}-runner-b.log", "w")
+        self.b_metrics = f"http://127.0.0.1:{free_port()}/metrics"
         self.runner_b = subprocess.Popen(
             [FALLOW, "runner", "--database-url", self.stack.database_url, "--redis-url", self.stack.redis_url,
              "--model", str(MODEL_PATH), "--lease-seconds", "3", "--kv-cache-mb", "64", "--slots", "4",
-             "--owner-probe", f"file:{self.probe}", "--owner-grace-seconds", "2"],
+             "--owner-probe", f"file:{self.probe}", "--owner-grace-seconds", "2",
+             "--metrics-listen", self.b_metrics.removeprefix("http://").removesuffix("/metrics")],
             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         ids = wait_for(lambda: (lambda ids: ids if len(ids) == 2 else None)(self.runner_ids()), timeout=120)
         self.b = next(i for i in ids if i != self.a)
         self.client = openai.OpenAI(base_url=f"{self.stack.base_url}/v1", api_key="x", max_retries=0,
                                     timeout=180)
         return self
+
+    def counter(self, name):
+        """A counter's total over both runners: A's in the stack's /metrics, B's on its own."""
+        texts = [httpx.get(url, timeout=10).text for url in (f"{self.stack.base_url}/metrics", self.b_metrics)]
+        assert all(re.search(rf'^{re.escape(name)}{{', text, re.M) for text in texts), f"{name} is not listed"
+        return sum(float(v) for text in texts for v in re.findall(rf'^{re.escape(name)}{{[^}}]*}} (\S+)$', text, re.M))
 
     def runner_ids(self):
         return [r["id"] for r in admin(self.stack, "GET", "/runners").json()["data"]]
@@ -261,7 +269,7 @@ def test_a_runner_outside_its_lending_windows_stays_yielded_and_claims_nothing(p
 
 def stream_interrupted(pair, body, interrupt, after_chunks=3, holder=None, cordon=()):
     """Streams `body` from runner B (or `holder`, with `cordon` cordoned too), calls
-    `interrupt` once `after_chunks` content chunks came, lets runner A take the job over, and
+    `interrupt` once `after_chunks` chunks of content (or tool call arguments) came, lets runner A take the job over, and
     returns the stream's events."""
     holder = holder or pair.b
     pair.reset()
@@ -276,7 +284,8 @@ def stream_interrupted(pair, body, interrupt, after_chunks=3, holder=None, cordo
                 continue
             data = line[len("data: "):]
             events.append(data)
-            if data != "[DONE]" and '"content":"' in data and '"content":""' not in data:
+            if data != "[DONE]" and any(f'"{k}":"' in data and f'"{k}":""' not in data
+                                        for k in ("content", "arguments")):
                 content += 1
                 if content == after_chunks:
                     assert pair.running_on(holder), "the job runs on the runner to interrupt"
@@ -302,6 +311,27 @@ def texts_of(events, n=1):
     return texts
 
 
+# Bounded, so that the forced call ends (`tool_calls`) rather than running out of tokens.
+SHORT_STORY = {"type": "object", "properties": {
+    "title": {"type": "string", "maxLength": 40},
+    "chapters": {"type": "array", "items": {"type": "string", "maxLength": 120}, "minItems": 3, "maxItems": 3}},
+    "required": ["title", "chapters"]}
+
+
+def calls_of(events):
+    """The streamed tool calls of choice 0, as (name, arguments) pairs."""
+    calls = {}
+    for e in events:
+        if e == "[DONE]":
+            continue
+        for c in json.loads(e)["choices"]:
+            for call in c["delta"].get("tool_calls") or []:
+                name, args = calls.get(call["index"], ("", ""))
+                function = call.get("function") or {}
+                calls[call["index"]] = (name + (function.get("name") or ""), args + (function.get("arguments") or ""))
+    return [calls[i] for i in sorted(calls)]
+
+
 STORY_SCHEMA = {"type": "json_schema", "json_schema": {"name": "story", "strict": True, "schema": {
     "type": "object", "properties": {"title": {"type": "string"}, "chapters": {
         "type": "array", "items": {"type": "string"}, "minItems": 6}},
@@ -313,7 +343,10 @@ STORY_SCHEMA = {"type": "json_schema", "json_schema": {"name": "story", "strict"
     {"temperature": 1.0, "top_p": 0.9, "seed": 7, "frequency_penalty": 0.3, "n": 2, "ignore_eos": True},
     {"temperature": 0, "response_format": STORY_SCHEMA},
     {"temperature": 0, "logprobs": True, "top_logprobs": 2, "stop": [" a heart of gold"]},
-], ids=["greedy", "seeded", "json_schema", "logprobs_and_stop"])
+    {"temperature": 0, "tools": [{"type": "function", "function": {
+        "name": "publish_story", "description": "Publish a story", "parameters": SHORT_STORY}}],
+     "tool_choice": {"type": "function", "function": {"name": "publish_story"}}},
+], ids=["greedy", "seeded", "json_schema", "logprobs_and_stop", "forced_tool_call"])
 def test_a_stream_whose_runner_yields_continues_on_another_runner_as_if_uninterrupted(pair, sampling):
     body = {"model": MODEL_ID, "messages": LONG, "max_tokens": 500, "stream": True, **sampling}
     reference = httpx.post(f"{pair.stack.base_url}/v1/chat/completions", json={**body, "stream": False},
@@ -325,9 +358,14 @@ def test_a_stream_whose_runner_yields_continues_on_another_runner_as_if_uninterr
     events = stream_interrupted(pair, body, lambda: owner_returns_to_b(pair))
     pair.reset()
     assert events[-1] == "[DONE]"
-    assert texts_of(events, n=len(want)) == want, "the continued stream is the uninterrupted run's text"
+    assert texts_of(events, n=len(want)) == [w or "" for w in want], "the continued stream is the uninterrupted run's text"
     if "response_format" in sampling and choices[0]["finish_reason"] == "stop":
         assert len(json.loads(want[0])["chapters"]) >= 6, "the grammar held across the hand-over"
+    if "tools" in sampling:
+        want_calls = [(c["function"]["name"], c["function"]["arguments"])
+                      for c in choices[0]["message"]["tool_calls"]]
+        assert calls_of(events) == want_calls, "the forced call went on where it stopped"
+        assert choices[0]["finish_reason"] == "tool_calls"
     if sampling.get("logprobs"):
         streamed = [t["token"] for e in events[:-1] for c in json.loads(e)["choices"]
                     for t in ((c.get("logprobs") or {}).get("content") or [])]
@@ -383,14 +421,16 @@ def test_a_runner_stopped_with_a_shutdown_deadline_hands_back_what_it_could_not_
 def test_a_batch_gets_every_line_once_with_uninterrupted_outputs_while_a_runner_yields_in_turn(pair):
     prompts = ["Count from one to twenty in words.", "Name ten animals and describe each.",
                "Describe the sea at night.", "List the planets and one fact about each."]
-    request = {"model": MODEL_ID, "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+    request = {"model": MODEL_ID, "max_tokens": 32, "temperature": 0, "ignore_eos": True}
+    lines_total = 2000
     want = {p: httpx.post(f"{pair.stack.base_url}/v1/chat/completions", timeout=120,
                           json={**request, "messages": [{"role": "user", "content": p}]}).json()
             for p in prompts}
     lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
               "body": {**request, "messages": [{"role": "user", "content": prompts[i % 4]}]}}
-             for i in range(200)]
+             for i in range(lines_total)]
     pair.reset()
+    reused = pair.counter("fallow:continuation_tokens_reused_total")
     upload = pair.client.files.create(
         file=("yields.jsonl", "\n".join(json.dumps(line) for line in lines).encode(), "application/jsonl"),
         purpose="batch")
@@ -411,13 +451,13 @@ def test_a_batch_gets_every_line_once_with_uninterrupted_outputs_while_a_runner_
     flapper.start()
     try:
         done = wait_for(lambda: (lambda b: b if b.status in ("completed", "failed", "expired") else None)(
-            pair.client.batches.retrieve(batch.id)), timeout=600, every=1.0)
+            pair.client.batches.retrieve(batch.id)), timeout=1200, every=1.0)
     finally:
         flapping.set()
         flapper.join()
     pair.reset()
     assert done.status == "completed", done
-    assert done.request_counts.completed == 200 and done.request_counts.failed == 0
+    assert done.request_counts.completed == lines_total and done.request_counts.failed == 0
     out = [json.loads(line) for line in pair.client.files.content(done.output_file_id).text.splitlines()]
     assert sorted(o["custom_id"] for o in out) == sorted(line["custom_id"] for line in lines), \
         "every line exactly once"
@@ -431,6 +471,8 @@ def test_a_batch_gets_every_line_once_with_uninterrupted_outputs_while_a_runner_
     jobs = admin(pair.stack, "GET", "/jobs", params={"limit": 1000}).json()["data"]
     handed = [j for j in jobs if j["kind"] == "batch" and j["attempt"] > 1]
     assert handed, "some lines were handed over mid-run"
+    assert pair.counter("fallow:continuation_tokens_reused_total") > reused, "continuations took tokens over"
+    assert pair.counter("fallow:tokens_regenerated_total") == 0, "no token was generated twice"
 
 
 def test_a_runner_the_registry_forgot_registers_again_under_its_own_id(pair):
@@ -441,6 +483,60 @@ def test_a_runner_the_registry_forgot_registers_again_under_its_own_id(pair):
     # milliseconds of the DELETE, which is what this test wants to see.
     wait_for(lambda: pair.b in pair.runner_ids(), timeout=15)
     assert pair.state(pair.b) == "active"
+
+
+def redis_del(url, key):
+    """DEL `key` over RESP: Redis losing a stream, without a client library."""
+    import socket
+    from urllib.parse import urlparse
+    u = urlparse(url)
+    with socket.create_connection((u.hostname, u.port or 6379), timeout=5) as conn:
+        parts = [b"DEL", key.encode()]
+        conn.sendall(b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts))
+        reply = conn.recv(64)
+    assert reply.startswith(b":"), reply
+    return int(reply[1:].strip())
+
+
+def test_a_job_whose_runner_died_and_whose_stream_redis_lost_continues_from_its_checkpoint(pair):
+    request = {"model": MODEL_ID, "messages": LONG, "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+    want = httpx.post(f"{pair.stack.base_url}/v1/chat/completions", json=request, timeout=180).json()
+    known = set(pair.runner_ids())
+    log = open(ROOT / "target" / f"e2e-{pair.stack.database}-runner-e.log", "w")
+    runner_e = subprocess.Popen(
+        [FALLOW, "runner", "--database-url", pair.stack.database_url, "--redis-url", pair.stack.redis_url,
+         "--model", str(MODEL_PATH), "--lease-seconds", "3", "--kv-cache-mb", "64", "--slots", "4"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        e = wait_for(lambda: next((i for i in pair.runner_ids() if i not in known), None), timeout=120)
+        wait_for(lambda: admin(pair.stack, "GET", f"/runners/{e}").json()["warm"] == [MODEL_ID], timeout=60)
+        pair.reset()
+        reused = pair.counter("fallow:continuation_tokens_reused_total")
+        for runner in (pair.a, pair.b):
+            pair.set(runner, "cordon")
+        t, result = in_background(lambda: httpx.post(f"{pair.stack.base_url}/v1/chat/completions",
+                                                     json=request, timeout=240).json())
+        job = wait_for(lambda: (pair.running_on(e) or [None])[0], timeout=60)
+        time.sleep(2.5)  # tokens generated, and a heartbeat or two checkpointed them
+        runner_e.kill()
+        runner_e.wait(timeout=10)
+        assert redis_del(pair.stack.redis_url, f"fallow:job:{job['id']}") == 1, "the stream existed"
+        pair.set(pair.a, "resume")
+        t.join(timeout=240)
+    finally:
+        if runner_e.poll() is None:
+            runner_e.kill()
+    pair.reset()
+    assert "value" in result, result.get("error")
+    got = result["value"]
+    assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [got["usage"][k] for k in counts] == [want["usage"][k] for k in counts], \
+        "the usage of one uninterrupted run"
+    finished = pair.job(got["id"])
+    assert (finished["state"], finished["runner_id"], finished["attempt"]) == ("succeeded", pair.a, 2)
+    assert pair.counter("fallow:continuation_tokens_reused_total") > reused, \
+        "runner A continued from the checkpoint rather than from token zero"
 
 
 def test_a_stream_whose_runner_is_killed_continues_from_the_last_token_it_sent(pair):

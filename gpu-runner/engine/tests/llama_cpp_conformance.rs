@@ -88,32 +88,13 @@ fn message(v: &Value) -> ChatMessage {
         _ => Role::User,
     };
     ChatMessage {
-        role,
         content: v["content"].as_str().map(str::to_string),
-        name: None,
-        tool_call_id: None,
-        tool_calls: Vec::new(),
-        reasoning_content: None,
+        ..ChatMessage::text(role, "")
     }
 }
 
 fn chat_request(messages: Vec<ChatMessage>) -> GenerateRequest {
-    GenerateRequest {
-        model: String::new(),
-        messages,
-        sampling: Sampling::default(),
-        n: 1,
-        add_generation_prompt: true,
-        continue_final_message: false,
-        stream: false,
-        chat_template_kwargs: Default::default(),
-        tools: Vec::new(),
-        output: Default::default(),
-        input: Default::default(),
-        task: Default::default(),
-        embed: None,
-        progress: None,
-    }
+    GenerateRequest::chat("", messages, Sampling::default())
 }
 
 fn templated_prompts_tokenize_like_llama_cpp(model: &str, fixture_name: &str) {

@@ -2,14 +2,16 @@
 //! its choices so the final `Completion` can be stored without re-reading the stream, and
 //! their token ids so a job handed back can be continued by another runner ([`Progress`]).
 //! A job that continues an earlier attempt starts from that attempt's progress, so its
-//! text, logprobs and usage stay those of one uninterrupted run.
+//! text, logprobs and usage stay those of one uninterrupted run. At each heartbeat a job
+//! gives a [`Checkpoint`]: its progress, for the case where its runner dies and Redis lost
+//! its stream.
 
 use fallow_engine::llm::SeqOutput;
 use fallow_protocol::job::{
     ChoiceProgress, ChoiceResult, Completion, FinishReason, JobEvent, Progress, Task, TokenLogprob,
     Usage,
 };
-use fallow_scheduler::queue::{ClaimedJob, JobKind};
+use fallow_scheduler::queue::{Checkpoint, ClaimedJob, JobKind};
 use std::collections::HashMap;
 use uuid::Uuid;
 
@@ -35,6 +37,16 @@ pub struct InFlight {
     /// Whether another runner could continue this job from its progress: a generation job
     /// whose choices need nothing the progress does not carry (hidden states).
     continuable: bool,
+    /// Tokens generated so far over all choices, earlier attempts' included.
+    generated: usize,
+    /// The most tokens an earlier attempt is known to have generated.
+    generated_before: usize,
+    /// `generated` at the last checkpoint taken.
+    checkpointed: usize,
+    /// Counts the tokens this attempt generates again (see `telemetry::TOKENS_REGENERATED`).
+    regenerated: metrics::Counter,
+    /// How many entries its stream can need (`None`: unbounded by the request).
+    stream_entries: Option<usize>,
     /// The runner slot this job occupies; dropping the job frees the slot.
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
     inter_token: metrics::Histogram,
@@ -79,6 +91,7 @@ impl InFlight {
                 })
                 .collect(),
         };
+        let generated = earlier.as_ref().map_or(0, Progress::generated);
         InFlight {
             job_id: job.id,
             attempt: job.attempt,
@@ -93,6 +106,15 @@ impl InFlight {
             earlier,
             continuable: job.request.task == Task::Generate
                 && !job.request.sampling.return_hidden_states,
+            stream_entries: fallow_scheduler::stream::entries_needed(
+                job.request.n,
+                job.request.sampling.max_tokens,
+                job.attempt,
+            ),
+            generated,
+            generated_before: job.generated_before as usize,
+            checkpointed: generated,
+            regenerated: super::telemetry::tokens_regenerated(&job.request.model),
             _slot: slot,
             inter_token: super::telemetry::inter_token_latency(&job.request.model),
         }
@@ -124,6 +146,10 @@ impl InFlight {
         if !out.text.is_empty() {
             self.streamed = true;
         }
+        let again = self.generated_again(out.token_ids.len());
+        if again > 0 {
+            self.regenerated.increment(again as u64);
+        }
         JobEvent::Delta {
             index: out.index,
             text: out.text,
@@ -134,6 +160,40 @@ impl InFlight {
         }
     }
 
+    /// Counts `new` generated tokens and returns how many of them an earlier attempt had
+    /// already generated (its progress lost, so they were generated again).
+    fn generated_again(&mut self, new: usize) -> usize {
+        let before = self.generated;
+        self.generated += new;
+        let lost_upto = self.generated_before;
+        self.generated
+            .min(lost_upto)
+            .saturating_sub(before.max(self.earlier_tokens()))
+    }
+
+    /// Where this attempt has got to, for the heartbeat: the progress to continue from should
+    /// the runner die and Redis lose the stream, when there is something new to record and
+    /// a checkpoint could serve (not when a client reads the stream, which only the stream
+    /// may continue). The prompt's ids stay out: the next runner tokenizes it again.
+    pub fn checkpoint(&mut self) -> Checkpoint {
+        let fresh = self.generated > self.checkpointed
+            && !(self.client_streams && self.kind == JobKind::Interactive);
+        let progress = if fresh { self.progress() } else { None };
+        let progress = progress.map(|p| Progress {
+            prompt_ids: Vec::new(),
+            ..p
+        });
+        if progress.is_some() {
+            self.checkpointed = self.generated;
+        }
+        Checkpoint {
+            id: self.job_id,
+            attempt: self.attempt,
+            progress,
+            generated: u32::try_from(self.generated).unwrap_or(u32::MAX),
+        }
+    }
+
     /// Whether this attempt continues earlier attempts' output.
     pub fn continues(&self) -> bool {
         self.earlier.is_some()
@@ -141,9 +201,7 @@ impl InFlight {
 
     /// Tokens earlier attempts generated, which this one takes over.
     pub fn earlier_tokens(&self) -> usize {
-        self.earlier
-            .as_ref()
-            .map_or(0, |p| p.choices.iter().map(|c| c.token_ids.len()).sum())
+        self.earlier.as_ref().map_or(0, Progress::generated)
     }
 
     /// Records the prompt's token ids once the engine admitted the job.
@@ -239,6 +297,19 @@ impl InFlightTable {
             .map(|j| (j.job_id, j.attempt))
             .collect()
     }
+    /// Every held job's [`Checkpoint`], for the heartbeat.
+    pub fn checkpoints(&mut self) -> Vec<Checkpoint> {
+        self.by_request
+            .values_mut()
+            .map(InFlight::checkpoint)
+            .collect()
+    }
+    /// The entries a held job's stream can need; `None` for an unbounded request or a job
+    /// no longer held (its last entry).
+    pub fn stream_entries(&self, job: Uuid) -> Option<usize> {
+        let request = self.by_job.get(&job)?;
+        self.by_request.get(request)?.stream_entries
+    }
     pub fn requests(&self) -> Vec<u64> {
         self.by_request.keys().copied().collect()
     }
@@ -256,3 +327,7 @@ impl InFlightTable {
         self.by_request.values().map(|j| j.model.clone()).collect()
     }
 }
+
+#[cfg(test)]
+#[path = "in_flight_tests.rs"]
+mod tests;

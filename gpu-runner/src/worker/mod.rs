@@ -514,7 +514,11 @@ impl Worker {
         if events.is_empty() {
             return;
         }
-        if let Err(e) = self.relay.append(events).await {
+        let table = &self.table;
+        let capped = self
+            .relay
+            .append_capped(events, |job| table.stream_entries(job));
+        if let Err(e) = capped.await {
             tracing::warn!(error = %e, "appending to the token relay failed");
         }
     }

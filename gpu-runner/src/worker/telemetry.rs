@@ -37,6 +37,10 @@ pub const CONTINUATIONS: &str = "fallow:continuations_total";
 pub const HANDOVER_SECONDS: &str = "fallow:handover_seconds";
 /// Generated tokens a continuation took over instead of generating them again.
 pub const CONTINUATION_TOKENS_REUSED: &str = "fallow:continuation_tokens_reused_total";
+/// Tokens generated a second time because an earlier attempt's progress was lost: those an
+/// earlier attempt is known (from its checkpoints) to have generated beyond the progress the
+/// continuation started from. 0 for every graceful hand-back.
+pub const TOKENS_REGENERATED: &str = "fallow:tokens_regenerated_total";
 
 /// One model's engine gauges, resolved once so a step publishes without allocating.
 pub struct EngineGauges {
@@ -80,6 +84,7 @@ pub fn register_model(model: &str) {
         PREFIX_QUERIES,
         PREFIX_HITS,
         CONTINUATION_TOKENS_REUSED,
+        TOKENS_REGENERATED,
     ] {
         metrics::counter!(counter, "model_name" => name.clone()).increment(0);
     }
@@ -104,6 +109,11 @@ pub fn record_continuation(model: &str, reason: &str) {
 pub fn record_tokens_reused(model: &str, tokens: usize) {
     metrics::counter!(CONTINUATION_TOKENS_REUSED, "model_name" => model.to_string())
         .increment(tokens as u64);
+}
+
+/// The counter of `model`'s tokens generated again.
+pub fn tokens_regenerated(model: &str) -> Counter {
+    metrics::counter!(TOKENS_REGENERATED, "model_name" => model.to_string())
 }
 
 /// The inter-token latency histogram of `model`'s jobs.

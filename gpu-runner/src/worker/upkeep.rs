@@ -1,5 +1,5 @@
-//! The worker's upkeep with the control plane: the heartbeat (liveness, lease renewal,
-//! cancellations, the registry state), an operator's state hint, the runner's own state
+//! The worker's upkeep with the control plane: the heartbeat (liveness, lease renewal with
+//! each job's checkpoint, cancellations, the registry state), an operator's state hint, the runner's own state
 //! reports (`yielded`, `active`, `drained`), operators' eviction requests, the owner probe's
 //! verdict (a yield also unloads every model, freeing the device's memory), and handing jobs
 //! back to the queue when the runner steps aside or shuts down.
@@ -7,15 +7,26 @@
 use super::engine_host::HostCommand;
 use super::{telemetry, Worker, POOL_MESSAGE, YIELD_MESSAGE};
 use fallow_protocol::job::{JobEvent, Progress};
-use fallow_scheduler::queue::FailOutcome;
+use fallow_scheduler::queue::{Checkpoint, FailOutcome};
 use fallow_scheduler::runners;
 use fallow_scheduler::SchedulerError;
 use uuid::Uuid;
 
 impl Worker {
     pub(super) async fn heartbeat(&mut self) {
-        let mut leases = self.table.leases();
-        leases.extend(self.completing.leases());
+        // Jobs being completed need their leases renewed, but have no progress to record.
+        let mut leases = self.table.checkpoints();
+        leases.extend(
+            self.completing
+                .leases()
+                .into_iter()
+                .map(|(id, attempt)| Checkpoint {
+                    id,
+                    attempt,
+                    progress: None,
+                    generated: 0,
+                }),
+        );
         let pool = self.queue.pool();
         match runners::heartbeat(pool, self.runner_id, leases.len() as i32).await {
             Ok(state) => self.set_registry(state).await,
@@ -36,7 +47,7 @@ impl Worker {
         }
         let renewal = self
             .queue
-            .renew_leases_detailed(self.runner_id, &leases, self.lease)
+            .renew_with_checkpoints(self.runner_id, &leases, self.lease)
             .await;
         match renewal {
             Ok(renewal) => {

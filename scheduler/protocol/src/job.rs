@@ -50,6 +50,20 @@ pub struct ChatMessage {
     pub reasoning_content: Option<String>,
 }
 
+impl ChatMessage {
+    /// A plain text turn: no name, tool calls or reasoning.
+    pub fn text(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: Some(content.into()),
+            name: None,
+            tool_call_id: None,
+            tool_calls: Vec::new(),
+            reasoning_content: None,
+        }
+    }
+}
+
 /// One function call of an earlier assistant turn, as the client sent it back.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
@@ -260,6 +274,29 @@ pub struct GenerateRequest {
     /// runner continues from it instead of starting over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+}
+
+impl GenerateRequest {
+    /// One completion of `messages` through the chat template, every other option at its
+    /// default: what tools, benchmarks and tests build.
+    pub fn chat(model: impl Into<String>, messages: Vec<ChatMessage>, sampling: Sampling) -> Self {
+        Self {
+            model: model.into(),
+            messages,
+            sampling,
+            n: 1,
+            add_generation_prompt: true,
+            continue_final_message: false,
+            stream: false,
+            chat_template_kwargs: Default::default(),
+            tools: Vec::new(),
+            output: Default::default(),
+            input: Default::default(),
+            task: Default::default(),
+            embed: None,
+            progress: None,
+        }
+    }
 }
 
 /// What an embedding job (`Task::Embed`) embeds: one vector per input, in order.

@@ -41,6 +41,16 @@ pub struct ChoiceProgress {
 }
 
 impl Progress {
+    /// Tokens generated so far, over all choices.
+    pub fn generated(&self) -> usize {
+        self.choices.iter().map(|c| c.token_ids.len()).sum()
+    }
+
+    /// Whether every choice had finished: there is nothing left to continue.
+    pub fn finished(&self) -> bool {
+        self.choices.iter().all(|c| c.finish.is_some())
+    }
+
     /// The progress of a job with `n` choices, from its stream's events in order: the last
     /// attempt that started over, then every attempt that continued it. `None` when the
     /// stream cannot tell (it does not begin with a start, as when it was trimmed; a delta
@@ -95,8 +105,8 @@ impl Progress {
             }
         }
         let mut progress = progress?;
-        let generated: usize = progress.choices.iter().map(|c| c.token_ids.len()).sum();
-        if generated == 0 || progress.choices.iter().all(|c| c.finish.is_some()) {
+        let generated = progress.generated();
+        if generated == 0 || progress.finished() {
             return None;
         }
         // Counted from the tokens themselves: a delta's usage may already count tokens of

@@ -1,7 +1,8 @@
 //! Claiming jobs and keeping their leases alive.
 //!
 //! A runner claims at most its free slots in one statement, then renews the leases of what
-//! it holds on every heartbeat. Claims share the fleet between tenants by weight (see
+//! it holds on every heartbeat, with each job's checkpoint (its progress so far), from which
+//! the job continues if its runner dies and Redis lost its stream. Claims share the fleet between tenants by weight (see
 //! `queries/claim.sql`). A claimed row that cannot be decoded fails alone, fenced, and the
 //! rest of the claim goes ahead. Claims prefer models the runner holds warm: a job of a model
 //! it would have to load goes to it only when no other runner holds that model warm, or
@@ -13,6 +14,7 @@ use super::{ClaimedJob, Queue};
 use crate::runners::LIVENESS_WINDOW;
 use crate::SchedulerError;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use fallow_protocol::job::Progress;
 use std::collections::HashSet;
 use std::time::Duration;
 use uuid::Uuid;
@@ -36,6 +38,18 @@ pub struct LeaseRenewal {
     /// Listed jobs this runner no longer holds (reaped, finished, re-claimed elsewhere):
     /// stop working on them; any completion would be stale anyway.
     pub lost: Vec<Uuid>,
+}
+
+/// A held job at a heartbeat: its lease, and where its attempt has got to.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub id: Uuid,
+    pub attempt: i32,
+    /// The progress to continue from should the runner die, or `None` to keep the last one
+    /// (nothing new, or the job cannot be continued from a checkpoint).
+    pub progress: Option<Progress>,
+    /// Tokens generated so far over all choices, earlier attempts' included.
+    pub generated: u32,
 }
 
 impl Queue {
@@ -141,16 +155,47 @@ impl Queue {
         jobs: &[(Uuid, i32)],
         lease: Duration,
     ) -> Result<LeaseRenewal, SchedulerError> {
+        let held: Vec<Checkpoint> = jobs
+            .iter()
+            .map(|&(id, attempt)| Checkpoint {
+                id,
+                attempt,
+                progress: None,
+                generated: 0,
+            })
+            .collect();
+        self.renew_with_checkpoints(runner_id, &held, lease).await
+    }
+
+    /// Renews the leases of the held jobs and stores their checkpoints, in one statement per
+    /// heartbeat (never a write per token).
+    pub async fn renew_with_checkpoints(
+        &self,
+        runner_id: Uuid,
+        jobs: &[Checkpoint],
+        lease: Duration,
+    ) -> Result<LeaseRenewal, SchedulerError> {
         if jobs.is_empty() {
             return Ok(LeaseRenewal::default());
         }
-        let ids: Vec<Uuid> = jobs.iter().map(|(id, _)| *id).collect();
-        let attempts: Vec<i32> = jobs.iter().map(|(_, attempt)| *attempt).collect();
+        let ids: Vec<Uuid> = jobs.iter().map(|j| j.id).collect();
+        let attempts: Vec<i32> = jobs.iter().map(|j| j.attempt).collect();
+        let progress = jobs
+            .iter()
+            .map(|j| j.progress.as_ref().map(serde_json::to_string).transpose())
+            .collect::<Result<Vec<Option<String>>, _>>()
+            .map_err(|e| SchedulerError::Corrupt(format!("progress not serialisable: {e}")))?;
+        let generated: Vec<i32> = jobs
+            .iter()
+            .map(|j| i32::try_from(j.generated).unwrap_or(i32::MAX))
+            .collect();
         let renewed: Vec<(Uuid, bool)> = sqlx::query_as(include_str!("queries/renew_leases.sql"))
             .bind(runner_id)
             .bind(&ids)
             .bind(&attempts)
             .bind(lease_end(self.clock.now(), lease))
+            .bind(&progress)
+            .bind(&generated)
             .fetch_all(&self.pool)
             .await?;
         let held: HashSet<Uuid> = renewed.iter().map(|(id, _)| *id).collect();

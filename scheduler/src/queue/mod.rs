@@ -35,7 +35,7 @@ mod rows;
 mod search;
 mod wake;
 
-pub use claim::{ClaimScope, LeaseRenewal};
+pub use claim::{Checkpoint, ClaimScope, LeaseRenewal};
 pub use search::{JobFilter, JobSummary, QueueDepth, MAX_SEARCH_LIMIT};
 
 /// Interactive requests outrank batch ones. Lower priority values are served first.
@@ -97,6 +97,9 @@ pub struct ClaimedJob {
     pub kind: JobKind,
     pub request: GenerateRequest,
     pub created_at: DateTime<Utc>,
+    /// The most tokens an earlier attempt is known to have generated: those beyond the
+    /// request's progress are generated again.
+    pub generated_before: u32,
 }
 
 /// What `fail` did with the job.

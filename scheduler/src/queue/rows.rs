@@ -64,6 +64,7 @@ pub(super) struct ClaimedRow {
     pub rank: i64,
     pub request: serde_json::Value,
     pub created_at: DateTime<Utc>,
+    pub generated_tokens: i32,
 }
 
 impl TryFrom<ClaimedRow> for ClaimedJob {
@@ -75,6 +76,7 @@ impl TryFrom<ClaimedRow> for ClaimedJob {
             kind: parse_kind(row.id, &row.kind)?,
             request: decode::<GenerateRequest>(row.id, "request", row.request)?,
             created_at: row.created_at,
+            generated_before: u32::try_from(row.generated_tokens).unwrap_or(0),
         })
     }
 }

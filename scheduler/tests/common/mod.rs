@@ -37,29 +37,11 @@ impl TestDb {
 }
 
 pub fn request(model: &str) -> GenerateRequest {
-    GenerateRequest {
-        model: model.to_string(),
-        messages: vec![ChatMessage {
-            role: Role::User,
-            content: Some("Say hello.".to_string()),
-            name: None,
-            tool_call_id: None,
-            tool_calls: Vec::new(),
-            reasoning_content: None,
-        }],
-        sampling: Sampling::default(),
-        n: 1,
-        add_generation_prompt: true,
-        continue_final_message: false,
-        stream: false,
-        chat_template_kwargs: Default::default(),
-        tools: Vec::new(),
-        output: Default::default(),
-        input: Default::default(),
-        task: Default::default(),
-        embed: None,
-        progress: None,
-    }
+    GenerateRequest::chat(
+        model,
+        vec![ChatMessage::text(Role::User, "Say hello.")],
+        Sampling::default(),
+    )
 }
 
 pub fn job(model: &str, kind: JobKind, priority: i32) -> NewJob {

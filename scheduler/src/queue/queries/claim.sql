@@ -4,10 +4,11 @@
 -- claiming a job twice.
 --
 -- Order: interactive jobs before batch jobs (`band`), then a higher tenant class first, then
--- weighted fair share, then age. The k-th queued job of tenant t (in t's own order:
+-- continuations before new work (`fresh`: a job handed back mid-generation resumes before
+-- anything waits behind it), then weighted fair share, then age. The k-th queued job of tenant t (in t's own order:
 -- priority, age) gets the share key (running_t + k) / weight_t, so the tenant with the fewest
 -- running jobs per unit of weight goes next, and a tenant's `priority` only orders its own
--- jobs. A job without a tenant (no-auth mode) belongs to the nil tenant (`share_tenant`).
+-- jobs, and a continuation goes before its tenant's new jobs of the same priority. A job without a tenant (no-auth mode) belongs to the nil tenant (`share_tenant`).
 --
 -- Cost: per model, a loose index scan finds the tenants with queued jobs (one index probe
 -- per tenant, however many jobs each has queued), then one index scan per tenant stops after
@@ -53,17 +54,17 @@ queued_tenants AS (
 ),
 candidates AS (
     -- Each tenant's best $3 runnable jobs of each model, in the tenant's own order.
-    SELECT c.id, c.share_tenant, c.band, c.priority, c.created_at
+    SELECT c.id, c.share_tenant, c.band, c.priority, c.fresh, c.created_at
     FROM queued_tenants q
     CROSS JOIN LATERAL (
-        SELECT j.id, j.share_tenant, j.band, j.priority, j.created_at
+        SELECT j.id, j.share_tenant, j.band, j.priority, j.fresh, j.created_at
         FROM jobs j
         WHERE j.state = 'queued'
           AND j.model = q.model
           AND j.share_tenant = q.tenant
           AND j.run_after <= $2
           AND (q.any_age OR j.created_at <= $7)
-        ORDER BY j.band, j.priority, j.created_at, j.id
+        ORDER BY j.band, j.priority, j.fresh, j.created_at, j.id
         LIMIT $3
         FOR UPDATE SKIP LOCKED
     ) AS c
@@ -76,24 +77,24 @@ running AS (
     GROUP BY share_tenant
 ),
 shares AS (
-    SELECT c.id, c.band, c.created_at,
+    SELECT c.id, c.band, c.fresh, c.created_at,
            coalesce(t.class, 0) AS class,
            (coalesce(r.jobs, 0) + row_number() OVER (
                PARTITION BY c.share_tenant, c.band
-               ORDER BY c.priority, c.created_at, c.id
+               ORDER BY c.priority, c.fresh, c.created_at, c.id
            ))::float8 / coalesce(t.weight, 1) AS share_key
     FROM candidates c
     LEFT JOIN running r ON r.share_tenant = c.share_tenant
     LEFT JOIN tenants t ON t.id = c.share_tenant
 ),
 best AS (
-    SELECT id, band, class, share_key, created_at
+    SELECT id, band, class, fresh, share_key, created_at
     FROM shares
-    ORDER BY band, class DESC, share_key, created_at, id
+    ORDER BY band, class DESC, fresh, share_key, created_at, id
     LIMIT $3
 ),
 picked AS (
-    SELECT id, row_number() OVER (ORDER BY band, class DESC, share_key, created_at, id) AS rank
+    SELECT id, row_number() OVER (ORDER BY band, class DESC, fresh, share_key, created_at, id) AS rank
     FROM best
 )
 UPDATE jobs AS j
@@ -102,7 +103,8 @@ SET state = 'running',
     runner_id = $4,
     lease_expires_at = $5,
     started_at = $2,
-    streamed = false
+    streamed = false,
+    checkpoint = NULL
 FROM picked
 WHERE j.id = picked.id
-RETURNING j.id, j.attempt, j.kind, picked.rank, j.request, j.created_at
+RETURNING j.id, j.attempt, j.kind, picked.rank, j.request, j.created_at, j.generated_tokens
