@@ -6,7 +6,7 @@
 mod batch_support;
 mod common;
 
-use batch_support::{line, TestCodec};
+use batch_support::{line, SlowCodec, TestCodec};
 use common::TestDb;
 use fallow_protocol::job::{ChoiceResult, Completion, FinishReason, Usage};
 use fallow_scheduler::batch::expand::Validated;
@@ -467,5 +467,32 @@ async fn a_failed_validation_round_backs_off_instead_of_retrying_at_once() {
     s.worker.run_once().await.unwrap();
     assert_eq!(attempts().await, 2);
     assert_eq!(batch(&s, id).await.status, BatchStatus::Validating);
+    s.db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_keeps_the_lease_of_a_batch_it_is_still_validating() {
+    let s = setup().await;
+    let id = create_batch(&s, &input(4)).await;
+    // Checking takes 2 × 4 × 250 ms, far past the 300 ms lease, renewed every 100 ms.
+    let config = BatchConfig {
+        lease: Duration::from_millis(300),
+        ..BatchConfig::default()
+    };
+    let slow = Arc::new(SlowCodec(Duration::from_millis(250)));
+    let worker = BatchWorker::new(s.queue.clone(), s.store.clone(), slow, config);
+    let validating = tokio::spawn(async move { worker.run_once().await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.queue.clock().advance(Duration::from_secs(1)); // the lease as claimed has passed
+    tokio::time::sleep(Duration::from_millis(350)).await;
+
+    assert!(
+        s.worker.claim_validation().await.unwrap().is_none(),
+        "no other worker takes over a batch whose worker is alive"
+    );
+    assert!(validating.await.unwrap().unwrap());
+    let b = batch(&s, id).await;
+    assert_eq!(b.status, BatchStatus::InProgress);
+    assert_eq!(s.queue.queued_total().await.unwrap(), 4);
     s.db.drop().await;
 }

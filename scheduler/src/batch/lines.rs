@@ -1,7 +1,8 @@
 //! Reading a batch input file line by line and checking each line: UTF-8, a JSON object,
 //! a unique non-empty `custom_id`, `method` `POST`, `url` equal to the batch's endpoint,
 //! and a `body` the api accepts. Every problem names its 1-based line. The reader holds one
-//! line at a time (bounded by `max_line_bytes`) plus the set of `custom_id`s seen.
+//! line at a time (bounded by `max_line_bytes`) plus the set of `custom_id`s seen. Checking
+//! a line runs off the async runtime's workers.
 
 use super::{BatchCodec, LineError, LineRequest};
 use crate::runners::ModelEntry;
@@ -75,7 +76,7 @@ impl<'a, R: AsyncBufRead + Unpin> LineReader<'a, R> {
             if self.buf.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            return Ok(Some(self.check()));
+            return Ok(Some(off_the_runtime(|| self.check())));
         }
     }
 
@@ -199,5 +200,16 @@ impl<'a, R: AsyncBufRead + Unpin> LineReader<'a, R> {
             param: param.map(str::to_owned),
             line: Some(self.line),
         }
+    }
+}
+
+/// Runs `check` where a slow line (a 4 MiB body to parse, a json_schema to compile) does not
+/// hold up the runtime's other tasks: the maintenance loops, and in `fallow dev` the api.
+/// A current-thread runtime (the tests') has no other thread to hand its tasks to.
+fn off_the_runtime<T>(check: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(check),
+        _ => check(),
     }
 }

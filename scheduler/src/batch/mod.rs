@@ -15,6 +15,7 @@
 //! - [`expand`]: validating a file and expanding it into jobs in bulk (`unnest`).
 //! - [`finalize`]: writing the output and error files and recording them.
 //! - [`worker`]: the loop that drives validation, expiry and finalisation.
+//! - `lease`: the lease renewed while a worker validates or finalises a batch.
 //! - `failed_rounds`: a failed validation or finalisation retried with a backoff, then failed
 //!   with its reason.
 //!
@@ -26,6 +27,7 @@ pub mod expand;
 mod failed_rounds;
 pub mod files;
 pub mod finalize;
+mod lease;
 pub mod lines;
 pub mod records;
 pub mod worker;

@@ -14,8 +14,8 @@ use std::time::Duration;
 pub struct BatchConfig {
     /// How often the worker looks for work when idle.
     pub poll_every: Duration,
-    /// How long a claimed validation or finalisation may run before another worker may
-    /// take it over (long enough for a 200 MB file).
+    /// How long a claimed validation or finalisation holds its batch; its worker renews
+    /// the lease every third of it, so another worker takes over only from a dead one.
     pub lease: Duration,
     /// Longest accepted input line.
     pub max_line_bytes: usize,
@@ -107,7 +107,8 @@ impl BatchWorker {
     pub async fn run_once(&self) -> Result<bool, SchedulerError> {
         let mut worked = self.expire_due().await? > 0;
         while let Some(batch) = self.claim_validation().await? {
-            match self.validate_and_expand(&batch).await {
+            let work = self.validate_and_expand(&batch);
+            match self.holding_lease(batch.id, batch.lease_token, work).await {
                 Ok(outcome) => {
                     tracing::info!(batch = %super::batch_id(batch.id), ?outcome, "batch validated")
                 }
@@ -116,7 +117,8 @@ impl BatchWorker {
             worked = true;
         }
         while let Some(batch) = self.claim_finalization().await? {
-            match self.finalize(&batch).await {
+            let work = self.finalize(&batch);
+            match self.holding_lease(batch.id, batch.lease_token, work).await {
                 Ok(recorded) => {
                     tracing::info!(batch = %super::batch_id(batch.id), recorded, "batch finalised")
                 }

@@ -38,31 +38,12 @@ impl BatchCodec for TestCodec {
         let messages = messages
             .iter()
             .map(|m| ChatMessage {
-                role: Role::User,
                 content: m["content"].as_str().map(str::to_owned),
-                name: None,
-                tool_call_id: None,
-                tool_calls: Vec::new(),
-                reasoning_content: None,
+                ..ChatMessage::text(Role::User, "")
             })
             .collect();
         Ok(LineRequest {
-            request: GenerateRequest {
-                model: model.to_owned(),
-                messages,
-                sampling: Sampling::default(),
-                n: 1,
-                add_generation_prompt: true,
-                continue_final_message: false,
-                stream: false,
-                chat_template_kwargs: Default::default(),
-                tools: Vec::new(),
-                output: Default::default(),
-                input: Default::default(),
-                task: Default::default(),
-                embed: None,
-                progress: None,
-            },
+            request: GenerateRequest::chat(model, messages, Sampling::default()),
             priority: BATCH_BASE + body["priority"].as_i64().unwrap_or(0) as i32,
         })
     }
@@ -79,6 +60,35 @@ impl BatchCodec for TestCodec {
     }
     fn error_response(&self, code: &str, message: &str) -> (u16, Value) {
         (500, json!({"error": {"code": code, "message": message}}))
+    }
+}
+
+/// [`TestCodec`], taking `0` to check each line, as a large body or a grammar to compile
+/// would: the codec runs on the worker's thread.
+pub struct SlowCodec(pub Duration);
+
+impl BatchCodec for SlowCodec {
+    fn parse_body(
+        &self,
+        endpoint: &str,
+        body: Value,
+        models: &[fallow_scheduler::runners::ModelEntry],
+    ) -> Result<LineRequest, (Option<String>, String)> {
+        std::thread::sleep(self.0);
+        TestCodec.parse_body(endpoint, body, models)
+    }
+    fn response_body(
+        &self,
+        job: Uuid,
+        created: i64,
+        model: &str,
+        output: &fallow_protocol::job::OutputFormat,
+        done: &Completion,
+    ) -> Value {
+        TestCodec.response_body(job, created, model, output, done)
+    }
+    fn error_response(&self, code: &str, message: &str) -> (u16, Value) {
+        TestCodec.error_response(code, message)
     }
 }
 
