@@ -14,6 +14,7 @@ use crate::openai::response::{
 use crate::stream_choice::StreamChoice;
 use crate::validate::Delivery;
 use fallow_protocol::job::{Completion, FinishReason, JobEvent, OutputFormat, TokenLogprob, Usage};
+use fallow_protocol::position::StreamPositions;
 use fallow_scheduler::stream::StreamEntry;
 
 /// One SSE event to send. `id` is the Redis entry id it came from (for `Last-Event-ID`).
@@ -38,6 +39,10 @@ pub struct ChunkBuilder {
     roles_sent: bool,
     /// Bytes of text already sent per choice, to send only the rest from `Final`.
     sent_len: Vec<usize>,
+    /// Where each choice's deltas have got to: a delta after a hole is not sent, and its
+    /// choice's rest comes from `Final` in one piece. `None` for a client that resumed
+    /// with an unknown prefix.
+    positions: Option<StreamPositions>,
     finished: Vec<bool>,
     /// Each choice's parsers (plain content unless [`ChunkBuilder::with_output`] says
     /// otherwise).
@@ -75,6 +80,7 @@ impl ChunkBuilder {
             // A resumed client has an unknown prefix of the text; never resend a `Final`'s
             // text to it (it would duplicate), only its finish chunks.
             sent_len: vec![if resumed { usize::MAX } else { 0 }; n],
+            positions: (!resumed).then(|| StreamPositions::new(n)),
             finished: vec![false; n],
             parsed: (0..n as u32)
                 .map(|i| StreamChoice::new(&OutputFormat::default(), 0, i))
@@ -182,16 +188,31 @@ impl ChunkBuilder {
                         message: "The runner serving this request was lost after it had sent tokens; retry the request.".into(),
                     }));
                 }
+                if !continues {
+                    if let Some(positions) = &mut self.positions {
+                        positions.restart();
+                    }
+                }
                 self.attempt = Some(*attempt);
             }
             JobEvent::Delta {
                 index,
                 text,
+                token_ids,
                 logprobs,
                 finish_reason,
                 usage,
-                ..
+                at,
             } => {
+                let follows = self
+                    .positions
+                    .as_mut()
+                    .is_none_or(|p| p.admit(*index, *at, token_ids.len(), text.len()));
+                if !follows {
+                    // Entries are missing before it: the choice waits for `Final`.
+                    tracing::debug!(index, "a hole in the job's stream");
+                    return out;
+                }
                 let tokens = usage
                     .completion_tokens
                     .saturating_sub(self.usage.completion_tokens);

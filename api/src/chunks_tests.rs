@@ -20,6 +20,7 @@ fn delta(index: u32, text: &str, finish: Option<FinishReason>, completion_tokens
             completion_tokens,
             cached_tokens: 0,
         },
+        at: None,
     }
 }
 
@@ -311,4 +312,46 @@ fn an_api_side_failure_ends_the_stream_but_not_normally() {
     let out = render(b.on_error(ApiError::Timeout(std::time::Duration::from_secs(1))));
     assert_eq!(out[0].1["error"]["code"], "timeout");
     assert!(b.is_done() && !b.ended_normally());
+}
+
+/// A delta of `ids` tokens that says where its choice stood: `tokens` and `bytes` before it.
+fn delta_at(index: u32, text: &str, ids: &[u32], tokens: u32, bytes: u64) -> JobEvent {
+    let mut event = delta(index, text, None, tokens + ids.len() as u32);
+    if let JobEvent::Delta { token_ids, at, .. } = &mut event {
+        *token_ids = ids.to_vec();
+        *at = Some(fallow_protocol::position::ChoicePosition { tokens, bytes });
+    }
+    event
+}
+
+#[test]
+fn a_hole_in_the_stream_is_filled_from_the_final_record_with_nothing_repeated() {
+    let mut b = builder(
+        2,
+        Delivery {
+            stream: true,
+            ..Default::default()
+        },
+    );
+    let out = run(
+        &mut b,
+        vec![
+            entry("2-0", delta_at(0, "Hel", &[1], 0, 0)),
+            entry("2-1", delta_at(1, "Hey", &[7], 0, 0)),
+            // Lost: choice 0's "lo " at (1, 3).
+            entry("4-0", delta_at(0, "wor", &[3], 2, 6)),
+            entry("4-1", delta_at(1, " you", &[8], 1, 3)),
+            entry("5-0", delta_at(0, "ld", &[4], 3, 9)),
+            entry("6-0", final_event(&["Hello world", "Hey you"])),
+        ],
+    );
+    let text = |index: u64| -> String {
+        out.iter()
+            .filter(|(_, v)| v["choices"][0]["index"] == index)
+            .filter_map(|(_, v)| v["choices"][0]["delta"]["content"].as_str())
+            .collect()
+    };
+    assert_eq!(text(0), "Hello world", "one piece from the final record");
+    assert_eq!(text(1), "Hey you", "the other choice streamed on");
+    assert!(b.ended_normally());
 }

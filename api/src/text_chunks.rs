@@ -9,6 +9,7 @@ use crate::openai::completions::{LegacyLogprobs, TextChoice, TextCompletionChunk
 use crate::openai::response::{finish_reason_str, SYSTEM_FINGERPRINT};
 use crate::validate::ValidCompletion;
 use fallow_protocol::job::{JobEvent, Usage};
+use fallow_protocol::position::StreamPositions;
 
 /// One event to send: a chunk, or the error that ends the stream.
 #[derive(Debug)]
@@ -39,6 +40,9 @@ pub struct TextChunkBuilder {
     include_usage: bool,
     prompt_texts: Vec<Option<String>>,
     choices: Vec<ChoiceState>,
+    /// Where each choice's deltas have got to (indexed like `choices`): after a hole in
+    /// its job's stream, a choice's rest comes from `Final` in one piece.
+    positions: StreamPositions,
     /// Each job's usage once it ended (`None`: still running).
     usage: Vec<Option<Usage>>,
     failed: bool,
@@ -57,6 +61,7 @@ impl TextChunkBuilder {
             include_usage: valid.delivery.include_usage,
             prompt_texts: valid.prompt_texts.clone(),
             choices: vec![ChoiceState::default(); jobs * valid.n as usize],
+            positions: StreamPositions::new(jobs * valid.n as usize),
             usage: vec![None; jobs],
             failed: false,
         }
@@ -82,12 +87,19 @@ impl TextChunkBuilder {
             JobEvent::Delta {
                 index,
                 text,
+                token_ids,
                 logprobs,
                 finish_reason,
+                at,
                 ..
             } => {
                 let global = prompt * self.n as usize + *index as usize;
                 self.echo_once(prompt, global, &mut frames);
+                let follows = u32::try_from(global)
+                    .is_ok_and(|g| self.positions.admit(g, *at, token_ids.len(), text.len()));
+                if !follows {
+                    return frames; // a hole before it: the rest comes from `Final`
+                }
                 let Some(state) = self.choices.get_mut(global) else {
                     return frames;
                 };

@@ -32,6 +32,7 @@ fn delta(index: u32, text: &str, finish: Option<FinishReason>) -> JobEvent {
         logprobs: None,
         finish_reason: finish,
         usage: Usage::default(),
+        at: None,
     }
 }
 
@@ -145,4 +146,36 @@ fn legacy_logprobs_carry_offsets_and_the_sampled_token() {
     assert_eq!(lp.text_offset, vec![3, 4]);
     assert_eq!(lp.top_logprobs[0].len(), 2);
     assert_eq!(lp.top_logprobs[1].len(), 1);
+}
+
+#[test]
+fn a_hole_in_a_jobs_stream_is_filled_from_its_final_record_with_nothing_repeated() {
+    let at = |tokens, bytes| Some(fallow_protocol::position::ChoicePosition { tokens, bytes });
+    let placed = |text: &str, tokens, bytes| {
+        let mut event = delta(0, text, None);
+        if let JobEvent::Delta {
+            token_ids, at: a, ..
+        } = &mut event
+        {
+            *token_ids = vec![1];
+            *a = at(tokens, bytes);
+        }
+        event
+    };
+    let mut b = TextChunkBuilder::new("cmpl-x".into(), 0, "m".into(), &valid(2, 1, false, false));
+    let mut frames = b.on_event(0, &placed("ab", 0, 0));
+    // Lost: job 0's "cd" at (1, 2).
+    frames.extend(b.on_event(0, &placed("ef", 2, 4)));
+    frames.extend(b.on_event(1, &placed("xy", 0, 0)));
+    frames.extend(b.on_event(0, &final_event(&["abcdef"])));
+    frames.extend(b.on_event(1, &final_event(&["xy"])));
+    assert_eq!(
+        choices(&frames),
+        vec![
+            (0, "ab".into(), None),
+            (1, "xy".into(), None),
+            (0, "cdef".into(), Some("stop")),
+            (1, "".into(), Some("stop")),
+        ]
+    );
 }

@@ -54,6 +54,7 @@ fn delta(text: &str, token_ids: Vec<u32>) -> JobEvent {
             completion_tokens: 3,
             cached_tokens: 0,
         },
+        at: None,
     }
 }
 

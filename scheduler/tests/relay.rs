@@ -28,6 +28,7 @@ fn delta(text: &str) -> JobEvent {
         logprobs: None,
         finish_reason: None,
         usage: Usage::default(),
+        at: None,
     }
 }
 

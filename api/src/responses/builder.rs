@@ -15,6 +15,7 @@ use crate::openai::responses::{
 };
 use crate::parsers::{ChoiceParser, Piece};
 use fallow_protocol::job::{Completion, FinishReason, JobEvent, OutputFormat, TokenLogprob, Usage};
+use fallow_protocol::position::StreamPositions;
 use fallow_scheduler::stream::StreamEntry;
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -45,6 +46,8 @@ pub struct ResponseBuilder {
     usage: Usage,
     /// Bytes of choice 0's text seen in deltas, so a `Final` adds only the rest.
     seen_len: usize,
+    /// Where the choice's deltas have got to: after a hole the rest comes from `Final`.
+    position: StreamPositions,
     attempt: Option<i32>,
     text_seen: bool,
     /// Logprobs not yet attached to an `output_text` delta.
@@ -76,6 +79,7 @@ impl ResponseBuilder {
             finish: None,
             usage: Usage::default(),
             seen_len: 0,
+            position: StreamPositions::new(1),
             attempt: None,
             text_seen: false,
             pending_logprobs: Vec::new(),
@@ -171,15 +175,20 @@ impl ResponseBuilder {
                         "The runner serving this response was lost after it had sent tokens; retry the request.",
                     ));
                 }
+                if !continues {
+                    self.position.restart();
+                }
                 self.attempt = Some(*attempt);
             }
             JobEvent::Delta {
                 index: 0,
                 text,
+                token_ids,
                 logprobs,
                 usage,
+                at,
                 ..
-            } => {
+            } if self.position.admit(0, *at, token_ids.len(), text.len()) => {
                 let tokens = usage
                     .completion_tokens
                     .saturating_sub(self.usage.completion_tokens);
@@ -192,7 +201,8 @@ impl ResponseBuilder {
                 let pieces = self.parser.feed(text, Some(tokens));
                 self.pieces(&mut out, pieces);
             }
-            // One choice only: the Responses API has no `n`.
+            // One choice only: the Responses API has no `n`. A delta after a hole in the
+            // stream is left out too: the rest comes from `Final`.
             JobEvent::Delta { .. } => {}
             JobEvent::Final { completion } => self.on_final(&mut out, completion),
             JobEvent::Error { code, message } => out.extend(self.fail(code, message)),

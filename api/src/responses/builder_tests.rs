@@ -47,6 +47,7 @@ fn entries() -> Vec<StreamEntry> {
                 logprobs: None,
                 finish_reason: None,
                 usage: usage(i as u32 + 1),
+                at: None,
             },
         });
     }

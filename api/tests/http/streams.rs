@@ -177,6 +177,7 @@ async fn a_disconnected_stream_cancels_its_running_job() {
             logprobs: None,
             finish_reason: None,
             usage: usage(1),
+            at: None,
         },
     )
     .await;
@@ -208,6 +209,7 @@ async fn an_error_mid_stream_is_an_error_event_then_done() {
             logprobs: None,
             finish_reason: None::<FinishReason>,
             usage: usage(1),
+            at: None,
         },
     )
     .await;

@@ -200,6 +200,7 @@ impl TestApp {
                     logprobs: None,
                     finish_reason: last.then_some(FinishReason::Stop),
                     usage: usage(i as u32 + 1),
+                    at: None,
                 },
             )
             .await;

@@ -11,6 +11,7 @@ use fallow_protocol::job::{
     ChoiceProgress, ChoiceResult, Completion, FinishReason, JobEvent, Progress, Task, TokenLogprob,
     Usage,
 };
+use fallow_protocol::position::ChoicePosition;
 use fallow_scheduler::queue::{Checkpoint, ClaimedJob, JobKind};
 use std::collections::HashMap;
 use uuid::Uuid;
@@ -133,6 +134,7 @@ impl InFlight {
                     .record(now.duration_since(previous).as_secs_f64());
             }
         }
+        let at = ChoicePosition::default().advanced(choice.token_ids.len(), choice.text.len());
         choice.token_ids.extend_from_slice(&out.token_ids);
         choice.text.push_str(&out.text);
         if let (Some(all), Some(new)) = (choice.logprobs.as_mut(), out.logprobs.as_ref()) {
@@ -157,6 +159,7 @@ impl InFlight {
             logprobs: out.logprobs,
             finish_reason: out.finish,
             usage: out.usage,
+            at: Some(at),
         }
     }
 

@@ -105,3 +105,29 @@ fn a_restart_from_zero_counts_everything_up_to_what_was_generated() {
     assert_eq!(job.generated_again(3), 3);
     assert_eq!(job.generated_again(3), 1);
 }
+
+#[test]
+fn each_delta_says_where_its_choice_stood_over_every_attempt() {
+    let mut job = held(JobKind::Batch, false, Some(progress(&[10, 11])), 2);
+    let at = |event: JobEvent| match event {
+        JobEvent::Delta { at, .. } => at,
+        _ => None,
+    };
+    let first = at(job.absorb(tokens(&[12])));
+    assert_eq!(
+        first,
+        Some(ChoicePosition {
+            tokens: 2,
+            bytes: 2
+        }),
+        "after the progress"
+    );
+    let second = at(job.absorb(tokens(&[13, 14])));
+    assert_eq!(
+        second,
+        Some(ChoicePosition {
+            tokens: 3,
+            bytes: 3
+        })
+    );
+}

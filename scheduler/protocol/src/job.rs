@@ -458,6 +458,10 @@ pub enum JobEvent {
         finish_reason: Option<FinishReason>,
         /// Usage so far (for `continuous_usage_stats`).
         usage: Usage,
+        /// Where the choice stood before this delta, over every attempt; absent in entries
+        /// written before deltas had it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<crate::position::ChoicePosition>,
     },
     /// The job finished; carries the whole result.
     Final { completion: Completion },

@@ -4,6 +4,7 @@
 //!   OpenAI request, what a runner streams back, and what a finished job holds.
 //! - [`progress`]: how far a generation job got, for another runner to continue it, and
 //!   how that is rebuilt from the job's stream.
+//! - [`position`]: where each choice stands in a job's stream, so readers find holes.
 //! - [`grammar`]: a [`job::Constraint`] as an llguidance grammar, and a model-free check that
 //!   it compiles.
 //! - [`testing`]: for tests, the test services' addresses and the one rule for a missing
@@ -14,5 +15,6 @@
 
 pub mod grammar;
 pub mod job;
+pub mod position;
 pub mod progress;
 pub mod testing;

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::job::{FinishReason, JobEvent, TokenLogprob, Usage};
+use crate::position::StreamPositions;
 
 /// A generation job's progress: enough for another runner to continue exactly where it
 /// stopped.
@@ -52,7 +53,8 @@ impl Progress {
     }
 
     /// The progress of a job with `n` choices, from its stream's events in order: the last
-    /// attempt that started over, then every attempt that continued it. `None` when the
+    /// attempt that started over, then every attempt that continued it. A choice's deltas
+    /// after a hole in the stream are left out. `None` when the
     /// stream cannot tell (it does not begin with a start, as when it was trimmed; a delta
     /// carries text but no token ids; it ended), or nothing was generated. A stream rebuilt
     /// this way gives no `prompt_ids` and no `matched_stop` (deltas carry neither).
@@ -61,6 +63,7 @@ impl Progress {
         events: impl IntoIterator<Item = &'a JobEvent>,
     ) -> Option<Progress> {
         let mut progress: Option<Progress> = None;
+        let mut positions = StreamPositions::new(n);
         for event in events {
             match event {
                 JobEvent::Started { continues, .. } => {
@@ -72,6 +75,7 @@ impl Progress {
                             choices: vec![ChoiceProgress::default(); n],
                             ..Progress::default()
                         });
+                        positions.restart();
                     }
                 }
                 JobEvent::Delta {
@@ -81,11 +85,17 @@ impl Progress {
                     logprobs,
                     finish_reason,
                     usage,
+                    at,
                 } => {
                     let progress = progress.as_mut()?;
                     let choice = progress.choices.get_mut(*index as usize)?;
                     if token_ids.is_empty() && !text.is_empty() {
                         return None; // written by a runner that did not record tokens
+                    }
+                    if !positions.admit(*index, *at, token_ids.len(), text.len()) {
+                        // Entries are missing before it: the choice continues from the
+                        // hole, as a reader of the stream stopped there too.
+                        continue;
                     }
                     choice.token_ids.extend_from_slice(token_ids);
                     choice.text.push_str(text);
@@ -140,7 +150,33 @@ mod tests {
                 completion_tokens: 99,
                 cached_tokens: 0,
             },
+            at: None,
         }
+    }
+
+    /// A delta that says where its choice stood: `tokens` and `bytes` before it.
+    fn delta_at(index: u32, text: &str, ids: &[u32], tokens: u32, bytes: u64) -> JobEvent {
+        let mut event = delta(index, text, ids);
+        if let JobEvent::Delta { at, .. } = &mut event {
+            *at = Some(crate::position::ChoicePosition { tokens, bytes });
+        }
+        event
+    }
+
+    #[test]
+    fn a_choice_continues_from_before_a_hole_in_its_stream() {
+        let events = [
+            started(1, false),
+            delta_at(0, "He", &[1], 0, 0),
+            // Lost: delta_at(0, "ll", &[2], 1, 2).
+            delta_at(0, "o", &[3], 2, 4),
+            delta_at(1, "x", &[9], 0, 0),
+        ];
+        let p = Progress::from_events(2, &events).expect("progress");
+        assert_eq!(p.choices[0].text, "He", "nothing after the hole");
+        assert_eq!(p.choices[0].token_ids, [1]);
+        assert_eq!(p.choices[1].text, "x", "the other choice is whole");
+        assert_eq!(p.usage.completion_tokens, 2);
     }
 
     #[test]
