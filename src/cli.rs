@@ -336,6 +336,21 @@ pub enum BenchCommand {
     Engine(BenchEngineArgs),
     /// The full stack against the engine in-process: tokens/s, TTFT and their ratio.
     E2e(BenchE2eArgs),
+    /// One stream's inter-token latency alone and beside a tenant sending 8 MB prompts,
+    /// 300-entry logit_bias and fresh json_schemas.
+    Neighbour(BenchNeighbourArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchNeighbourArgs {
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub model: PathBuf,
+    /// Tokens the measured stream generates.
+    #[arg(long, default_value_t = 512)]
+    pub tokens: u32,
+    /// Rounds, each the stream alone then beside the neighbour.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -7,6 +7,7 @@ mod admin_http;
 mod batch;
 mod bench;
 mod bench_e2e;
+mod bench_neighbour;
 mod generate;
 mod services;
 
@@ -33,6 +34,9 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
         Command::Bench {
             command: BenchCommand::E2e(args),
         } => bench_e2e::e2e(args).await,
+        Command::Bench {
+            command: BenchCommand::Neighbour(args),
+        } => bench_neighbour::neighbour(args).await,
         Command::Batch { command } => match command {
             BatchCommand::Submit { file, wait, client } => {
                 batch::submit(&client, &file, wait).await

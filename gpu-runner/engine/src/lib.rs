@@ -22,10 +22,12 @@
 //! - [`runtime`]: the one place that wires a model's parts; [`footprint`]: what a model will
 //!   take in memory.
 //! - [`cpu_settings`]: the CPU backend's process-wide settings, set once at the edge.
+//! - [`background`]: threads for work beside the steps, at the lowest CPU priority.
 //! - [`team`]: the CPU backend's persistent worker threads; [`fast_exp`]: a vectorisable
 //!   `e^x` for the backend's activations and the sampler.
 
 pub mod backend;
+pub mod background;
 pub mod batcher;
 pub mod cpu_settings;
 pub mod embed;

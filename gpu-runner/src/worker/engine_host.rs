@@ -3,15 +3,21 @@
 //! frontend; it takes commands over a channel and sends every step's outputs back as one
 //! message, so the relay can append them to Redis in one round trip.
 //!
+//! The engine thread does only steps and their bookkeeping. Rendering and tokenizing a
+//! prompt, compiling its grammar and stop matchers, and waiting for the grammar vocabulary
+//! happen on the model's preparation threads ([`super::preparing`]), which hand the engine
+//! thread finished requests: an 8 MB prompt or a fresh json_schema pauses no other sequence.
+//!
 //! A panic on the engine thread is caught: the engine it interrupted may be inconsistent, so
 //! the thread reports `Failed` and ends, and the worker ends its jobs and unloads the model
-//! (the next job loads it again). A panic while preparing one request's prompt refuses only
-//! that request.
+//! (the next job loads it again). A panic while preparing one request refuses only that
+//! request.
 
+use super::preparing::{self, Router};
 use super::telemetry::EngineGauges;
-use fallow_engine::llm::{EngineRequest, LlmEngine, Resume, ResumeChoice, SeqOutput};
+use fallow_engine::llm::{LlmEngine, Prepared, SeqOutput};
 use fallow_engine::runtime::ModelFrontend;
-use fallow_protocol::job::{Completion, GenerateRequest, Prompt, Task, Tokenized, Usage};
+use fallow_protocol::job::{Completion, GenerateRequest};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
@@ -58,7 +64,32 @@ pub enum HostEvent {
 }
 
 pub struct EngineHost {
-    commands: std_mpsc::Sender<HostCommand>,
+    route: Route,
+}
+
+/// Where a host's commands go.
+enum Route {
+    /// To one thread that takes them as they come (an embedding model's).
+    Direct(std_mpsc::Sender<HostCommand>),
+    /// Adds through the preparation threads; aborts to wherever the request is.
+    Prepared(Router),
+}
+
+/// What reaches a generative model's engine thread.
+pub(super) enum ToEngine {
+    /// A prepared request to admit.
+    Admit(Box<ReadyRequest>),
+    /// Drop a request and free its KV blocks.
+    Abort(u64),
+}
+
+/// A request its preparation thread finished.
+pub(super) struct ReadyRequest {
+    pub prepared: Prepared,
+    /// A token-id prompt as text, for `echo`.
+    pub prompt_text: Option<String>,
+    /// The test hook fired for it: the first step after admitting it panics.
+    pub arm_panic: bool,
 }
 
 /// A test hook: the engine thread panics at the first step after admitting a request whose
@@ -70,7 +101,7 @@ pub struct PanicHook {
 }
 
 impl PanicHook {
-    fn fires_for(&self, request: &GenerateRequest) -> bool {
+    pub(super) fn fires_for(&self, request: &GenerateRequest) -> bool {
         let Some(marker) = &self.marker else {
             return false;
         };
@@ -80,48 +111,63 @@ impl PanicHook {
 }
 
 impl EngineHost {
-    /// Starts the engine thread. Events arrive on the returned receiver.
+    /// Starts the engine thread and the model's preparation threads. Events arrive on the
+    /// returned receiver.
     pub fn spawn(
         engine: LlmEngine,
         frontend: ModelFrontend,
         name: &str,
         hook: PanicHook,
     ) -> std::io::Result<(EngineHost, mpsc::UnboundedReceiver<HostEvent>)> {
-        let (cmd_tx, cmd_rx) = std_mpsc::channel();
+        let (to_engine, engine_rx) = std_mpsc::channel();
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         let gauges = EngineGauges::new(name);
+        let router = preparing::spawn(
+            Arc::new(frontend),
+            engine.preparer(),
+            hook,
+            to_engine,
+            ev_tx.clone(),
+            name,
+        )?;
         std::thread::Builder::new()
             .name(format!("engine-{name}"))
             .spawn(move || {
                 let host = Host {
                     engine,
-                    frontend,
                     events: ev_tx,
-                    hook,
                     panic_armed: false,
                 };
-                host_loop(host, cmd_rx, gauges)
+                host_loop(host, engine_rx, gauges)
             })?;
-        Ok((EngineHost { commands: cmd_tx }, ev_rx))
+        Ok((
+            EngineHost {
+                route: Route::Prepared(router),
+            },
+            ev_rx,
+        ))
     }
 
     /// The host of a thread that reads `commands` (an embedding model's, say).
     pub(super) fn from_sender(commands: std_mpsc::Sender<HostCommand>) -> Self {
-        EngineHost { commands }
+        EngineHost {
+            route: Route::Direct(commands),
+        }
     }
 
-    /// Sends a command; false if the engine thread is gone.
+    /// Sends a command; false if the model's threads are gone.
     pub fn send(&self, command: HostCommand) -> bool {
-        self.commands.send(command).is_ok()
+        match &self.route {
+            Route::Direct(commands) => commands.send(command).is_ok(),
+            Route::Prepared(router) => router.send(command),
+        }
     }
 }
 
 /// The engine thread's state.
 struct Host {
     engine: LlmEngine,
-    frontend: ModelFrontend,
     events: mpsc::UnboundedSender<HostEvent>,
-    hook: PanicHook,
     /// The test hook fired: the next step panics.
     panic_armed: bool,
 }
@@ -134,7 +180,7 @@ enum Stop {
     Failed,
 }
 
-fn host_loop(mut host: Host, commands: std_mpsc::Receiver<HostCommand>, gauges: EngineGauges) {
+fn host_loop(mut host: Host, commands: std_mpsc::Receiver<ToEngine>, gauges: EngineGauges) {
     loop {
         gauges.publish(&host.engine.stats());
         // Idle: block for the next command. Busy: take whatever arrived, then step.
@@ -198,112 +244,34 @@ impl Host {
         }
     }
 
-    fn apply(&mut self, command: HostCommand) {
+    fn apply(&mut self, command: ToEngine) {
         match command {
-            HostCommand::Abort { id } => self.engine.abort(id),
-            HostCommand::Add { id, request } if request.task == Task::Embed => {
-                let _ = self.events.send(HostEvent::Rejected {
-                    id,
-                    code: "invalid_request".into(),
-                    message: format!(
-                        "`{}` is not an embedding model: it answers chat and completions.",
-                        request.model
-                    ),
-                });
-            }
-            HostCommand::Add { id, request } if request.task != Task::Generate => {
-                // Answered from the tokenizer and template alone: no engine step.
-                let event =
-                    match prepare(|| fallow_engine::prompt::tokenization(&self.frontend, &request))
-                    {
-                        Ok(tokenized) => HostEvent::Answered {
-                            id,
-                            completion: Box::new(tokenized_completion(tokenized)),
-                        },
-                        Err((code, message)) => HostEvent::Rejected { id, code, message },
-                    };
-                let _ = self.events.send(event);
-            }
-            HostCommand::Add { id, request } => {
-                let event = match self.admit(id, request) {
-                    Ok((prompt_ids, prompt_text)) => HostEvent::Admitted {
+            ToEngine::Abort(id) => self.engine.abort(id),
+            ToEngine::Admit(ready) => {
+                let ReadyRequest {
+                    prepared,
+                    prompt_text,
+                    arm_panic,
+                } = *ready;
+                let id = prepared.id();
+                let prompt_ids = prepared.prompt().to_vec();
+                self.panic_armed |= arm_panic;
+                let event = match self.engine.add_prepared(prepared) {
+                    Ok(()) => HostEvent::Admitted {
                         id,
                         prompt_ids,
                         prompt_text,
                     },
-                    Err((code, message)) => HostEvent::Rejected { id, code, message },
+                    Err(e) => HostEvent::Rejected {
+                        id,
+                        code: e.code().to_string(),
+                        message: e.to_string(),
+                    },
                 };
                 let _ = self.events.send(event);
             }
         }
     }
-
-    /// Prepares the prompt (a panic there refuses this request only), then adds it to the
-    /// engine (a panic there is the engine's). A continuation takes the prompt its first
-    /// attempt tokenized and the tokens generated since, which the engine replays.
-    fn admit(
-        &mut self,
-        id: u64,
-        request: Box<GenerateRequest>,
-    ) -> Result<(Vec<u32>, Option<String>), (String, String)> {
-        let frontend = &self.frontend;
-        let (prompt, echo) = prepare(|| {
-            // A progress rebuilt from a stream has no prompt ids: tokenize it again.
-            let prompt = match &request.progress {
-                Some(progress) if !progress.prompt_ids.is_empty() => progress.prompt_ids.clone(),
-                _ => fallow_engine::prompt::encode_prompt(frontend, &request)?,
-            };
-            Ok((prompt, echo_text(frontend, &request)))
-        })?;
-        if self.hook.fires_for(&request) {
-            self.panic_armed = true;
-        }
-        let resume = request.progress.as_ref().map(|progress| Resume {
-            choices: progress
-                .choices
-                .iter()
-                .map(|c| ResumeChoice {
-                    tokens: c.token_ids.clone(),
-                    finished: c.finish.is_some(),
-                })
-                .collect(),
-        });
-        self.engine
-            .add_request(EngineRequest {
-                id,
-                prompt: prompt.clone(),
-                sampling: request.sampling,
-                n: request.n,
-                priority: 0,
-                resume,
-            })
-            .map_err(|e| (e.code().to_string(), e.to_string()))?;
-        Ok((prompt, echo))
-    }
-}
-
-/// The result of a tokenize / detokenize job; its usage counts the tokens.
-fn tokenized_completion(tokenized: Tokenized) -> Completion {
-    Completion {
-        usage: Usage {
-            prompt_tokens: u32::try_from(tokenized.tokens.len()).unwrap_or(u32::MAX),
-            ..Usage::default()
-        },
-        tokenized: Some(tokenized),
-        ..Completion::default()
-    }
-}
-
-/// Runs one request's preparation (template, tokenizer), refusing the request if it panics.
-fn prepare<T>(work: impl FnOnce() -> Result<T, (String, String)>) -> Result<T, (String, String)> {
-    catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|payload| {
-        let text = panic_text(&*payload);
-        tracing::error!(panic = %text, "preparing a request panicked");
-        Err((
-            "invalid_request".to_string(),
-            format!("The request could not be prepared for the model: {text}"),
-        ))
-    })
 }
 
 /// The message of a panic's payload (`panic!` with a literal or a formatted string).
@@ -315,11 +283,6 @@ pub(super) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "no message".to_string())
 }
 
-/// A token-id prompt as text (for `echo`); the api knows the text of other prompts. Ids
-/// out of the vocabulary are refused by `admit`, so decoding them here is harmless.
-fn echo_text(frontend: &ModelFrontend, request: &GenerateRequest) -> Option<String> {
-    match &request.input {
-        Prompt::Tokens { ids } => Some(frontend.tokenizer.decode(ids, false)),
-        _ => None,
-    }
-}
+#[cfg(test)]
+#[path = "engine_host_tests.rs"]
+mod tests;

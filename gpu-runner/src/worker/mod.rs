@@ -17,9 +17,11 @@ mod engine_host;
 mod in_flight;
 mod lending;
 mod models;
+mod neighbour_bench;
 mod offer;
 mod outputs;
 mod owner;
+mod preparing;
 mod residency;
 mod runner_state;
 mod telemetry;
@@ -27,6 +29,7 @@ mod upkeep;
 
 pub use engine_host::PanicHook;
 pub use lending::{LendingError, LendingWindows};
+pub use neighbour_bench::{noisy_neighbour, Latency, NeighbourRound};
 pub use offer::{ModelOffer, WarmPolicy};
 pub use owner::OwnerProbe;
 

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::{GrammarError, Grammars};
+use crate::background::lower_this_threads_priority;
 use crate::tokenizer::Tokenizer;
 
 #[derive(Default)]
@@ -94,19 +95,6 @@ impl GrammarSlot {
         match result {
             Ok(grammars) => State::Ready(Box::new(grammars)),
             Err(e) => State::Failed(e.to_string()),
-        }
-    }
-}
-
-/// Makes the calling thread the last to get a CPU (nice 19); best effort.
-fn lower_this_threads_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: plain syscalls on the calling thread (Linux applies nice per thread, and
-        // `gettid` names this one); a failure only leaves the priority as it was.
-        unsafe {
-            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-            libc::setpriority(libc::PRIO_PROCESS, tid, 19);
         }
     }
 }

@@ -25,12 +25,13 @@ mod masks;
 mod output;
 mod postprocess;
 use postprocess::Row;
+mod prepare;
 mod request;
 mod resume;
 mod sampling;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::backend::{Backend, LogitsMode, SeqSlice, StepOutput};
 use crate::batcher::{Batcher, BatcherConfig, ScheduledStep, SeqId};
@@ -38,14 +39,14 @@ use crate::grammar::{GrammarSlot, SeqGrammar};
 use crate::kv::BlockManager;
 use crate::sampler::{Sampler, SeqSampler};
 use crate::stop::{StopConditions, StopMatcher};
-use crate::stop_regex::{RegexStop, StopRegexes};
-use crate::stop_strings::StopStrings;
+use crate::stop_regex::RegexStop;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 
 use choice::Choice;
 pub use error::EngineError;
 use masks::StepGrammar;
 pub use output::{EngineStats, SeqOutput};
+pub use prepare::{Prepared, Preparer};
 pub use request::{EngineRequest, Resume, ResumeChoice, MAX_CHOICES};
 use request::{Limits, RequestState};
 
@@ -66,8 +67,9 @@ pub struct LlmEngine {
     sampler: Sampler,
     requests: HashMap<u64, RequestState>,
     choices: HashMap<SeqId, Choice>,
-    /// The grammar compiler, built in the background from the first request on.
-    grammars: GrammarSlot,
+    /// The grammar compiler, built in the background from the first request on; shared
+    /// with the [`Preparer`]s, which compile off the engine thread.
+    grammars: Arc<Mutex<GrammarSlot>>,
     eos_ids: Vec<u32>,
     next_seq: SeqId,
     next_arrival: u64,
@@ -96,7 +98,7 @@ impl LlmEngine {
             sampler: Sampler::new(),
             requests: HashMap::new(),
             choices: HashMap::new(),
-            grammars: GrammarSlot::default(),
+            grammars: Arc::default(),
             eos_ids,
             next_seq: 0,
             next_arrival: 0,
@@ -137,10 +139,33 @@ impl LlmEngine {
 
     /// Checks and queues a request; its outputs come from later [`LlmEngine::step`]s.
     pub fn add_request(&mut self, request: EngineRequest) -> Result<(), EngineError> {
+        let prepared = self.preparer().prepare(request)?;
+        self.add_prepared(prepared)
+    }
+
+    /// A handle that prepares requests for this engine on any thread (see [`Preparer`]).
+    /// Take it once the engine's end-of-generation ids are final.
+    pub fn preparer(&self) -> Preparer {
+        Preparer::new(
+            self.tokenizer.clone(),
+            self.eos_ids.clone().into(),
+            self.grammars.clone(),
+            self.limits(),
+        )
+    }
+
+    /// Queues a request a [`Preparer`] of this engine prepared.
+    pub fn add_prepared(&mut self, prepared: Prepared) -> Result<(), EngineError> {
+        let Prepared {
+            request,
+            max_tokens,
+            stop_regexes,
+            stop_strings,
+            grammar,
+        } = prepared;
         if self.requests.contains_key(&request.id) {
             return Err(EngineError::DuplicateRequest(request.id));
         }
-        let max_tokens = request::validate(&request, self.limits())?;
         if request.sampling.return_hidden_states && self.backend.hidden_rows().is_none() {
             return Err(EngineError::InvalidRequest(
                 "`return_hidden_states` is served by the CPU backend only; this model runs on \
@@ -148,16 +173,11 @@ impl LlmEngine {
                     .into(),
             ));
         }
-        self.grammars.start(&self.tokenizer, &self.eos_ids);
-        let stop_regexes = StopRegexes::compile(&request.sampling.stop_regex)
-            .map_err(EngineError::InvalidRequest)?;
-        let stop_strings = Arc::new(
-            StopStrings::new(&request.sampling.stop).map_err(EngineError::InvalidRequest)?,
-        );
-        let grammar = match &request.sampling.constraint {
-            Some(constraint) => Some(self.compile_grammar(constraint)?),
-            None => None,
-        };
+        // Any request starts the vocabulary build, so that a later constrained one finds
+        // it done (without waiting here if a preparer is compiling meanwhile).
+        if let Ok(mut slot) = self.grammars.try_lock() {
+            slot.start(&self.tokenizer, &self.eos_ids);
+        }
         let arrival = self.next_arrival;
         self.next_arrival += 1;
         let mut state = RequestState {
@@ -257,17 +277,6 @@ impl LlmEngine {
 
     /// A fresh grammar state for `constraint` (waiting for the grammar vocabulary if it is
     /// still being built).
-    fn compile_grammar(
-        &mut self,
-        constraint: &fallow_protocol::job::Constraint,
-    ) -> Result<SeqGrammar, EngineError> {
-        self.grammars
-            .get(&self.tokenizer, &self.eos_ids)
-            .map_err(|e| EngineError::Internal(e.to_string()))?
-            .compile(constraint)
-            .map_err(|e| EngineError::InvalidRequest(e.to_string()))
-    }
-
     /// Drops a request and frees its blocks now. Unknown ids are ignored (it may have
     /// finished already).
     pub fn abort(&mut self, id: u64) {
