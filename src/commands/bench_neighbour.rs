@@ -30,19 +30,21 @@ pub async fn neighbour(args: BenchNeighbourArgs) -> anyhow::Result<()> {
         args.model.display(),
         args.tokens
     );
-    println!("round  alone p50/p99 ms  noisy p50/p99 ms  neighbour requests  p99 ratio");
+    println!("round  alone p50/p99/max ms  noisy p50/p99/max ms  neighbour requests  p99 ratio");
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let mut ratios = Vec::new();
     for (i, r) in rounds.iter().enumerate() {
         let ratio = ms(r.noisy.p99) / ms(r.alone.p99).max(1e-9);
         ratios.push(ratio);
         println!(
-            "{:>5}  {:>7.1} / {:>6.1}  {:>7.1} / {:>6.1}  {:>18}  {:>9.2}",
+            "{:>5}  {:>6.1} / {:>6.1} / {:>7.1}  {:>6.1} / {:>6.1} / {:>7.1}  {:>18}  {:>9.2}",
             i + 1,
             ms(r.alone.p50),
             ms(r.alone.p99),
+            ms(r.alone.max),
             ms(r.noisy.p50),
             ms(r.noisy.p99),
+            ms(r.noisy.max),
             r.neighbour_requests,
             ratio
         );

@@ -8,7 +8,6 @@ use super::engine_host::{EngineHost, HostCommand, HostEvent, PanicHook};
 use fallow_engine::llm::LlmEngine;
 use fallow_engine::runtime::ModelFrontend;
 use fallow_protocol::job::{ChatMessage, Constraint, GenerateRequest, Role, Sampling};
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -18,6 +17,8 @@ pub struct Latency {
     pub tokens: usize,
     pub p50: Duration,
     pub p99: Duration,
+    /// The longest gap: a stall of one step that a percentile hides.
+    pub max: Duration,
 }
 
 /// What one round measured.
@@ -110,7 +111,6 @@ async fn stream(
     };
     let mut last: Option<Instant> = None;
     let mut gaps = Vec::new();
-    let mut refused = HashMap::new();
     loop {
         let event = events
             .recv()
@@ -132,9 +132,6 @@ async fn stream(
             HostEvent::Admitted { id, .. } | HostEvent::Rejected { id, .. }
                 if Some(id) == pending =>
             {
-                if let HostEvent::Rejected { code, .. } = &event {
-                    *refused.entry(code.clone()).or_insert(0usize) += 1;
-                }
                 host.send(HostCommand::Abort { id });
                 pending = match neighbour.as_mut() {
                     Some(n) => Some(n.send_next(host)?),
@@ -155,9 +152,6 @@ async fn stream(
     if let Some(id) = pending {
         host.send(HostCommand::Abort { id });
     }
-    if !refused.is_empty() {
-        tracing::debug!(?refused, "the neighbour's refusals");
-    }
     Ok(latency(gaps))
 }
 
@@ -171,6 +165,7 @@ fn latency(mut gaps: Vec<Duration>) -> Latency {
         tokens: gaps.len() + 1,
         p50: at(0.50),
         p99: at(0.99),
+        max: gaps.last().copied().unwrap_or_default(),
     }
 }
 

@@ -1,8 +1,9 @@
 //! The worker's upkeep with the control plane: the heartbeat (liveness, lease renewal with
-//! each job's checkpoint, cancellations, the registry state), an operator's state hint, the runner's own state
-//! reports (`yielded`, `active`, `drained`), operators' eviction requests, the owner probe's
-//! verdict (a yield also unloads every model, freeing the device's memory), and handing jobs
-//! back to the queue when the runner steps aside or shuts down.
+//! each job's checkpoint, cancellations, the registry state), an operator's state hint, the
+//! runner's own state reports (`yielded`, `active`, `drained`), operators' eviction
+//! requests, the owner probe's verdict (a yield also unloads every model, freeing the
+//! device's memory), and handing jobs back to the queue when the runner steps aside or
+//! shuts down.
 
 use super::engine_host::HostCommand;
 use super::{telemetry, Worker, POOL_MESSAGE, YIELD_MESSAGE};
