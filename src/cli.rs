@@ -181,6 +181,11 @@ pub struct ServiceArgs {
     /// rest back; other runners continue those from their progress. Default 0: at once.
     #[arg(long, env = "FALLOW_SHUTDOWN_DEADLINE")]
     pub shutdown_deadline: Option<String>,
+    /// How long preparing one request may take (rendering and tokenizing its prompt,
+    /// compiling its grammar), e.g. `30s`; past it the request is refused with
+    /// `preparation_timeout`. Default 30s.
+    #[arg(long, env = "FALLOW_PREPARE_TIMEOUT")]
+    pub prepare_timeout: Option<String>,
     /// When the machine is lent, in UTC, e.g. "mon-fri 19:00-07:00; sat-sun 00:00-24:00";
     /// outside these windows the runner yields as if the owner were active.
     #[arg(long, env = "FALLOW_LEND_WINDOWS")]

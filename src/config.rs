@@ -47,6 +47,7 @@ pub struct FileConfig {
     pub owner_probe: Option<String>,
     pub owner_grace_seconds: Option<u64>,
     pub shutdown_deadline: Option<String>,
+    pub prepare_timeout: Option<String>,
     pub lend_windows: Option<String>,
     pub model_memory_mb: Option<u64>,
     pub keep_alive: Option<String>,
@@ -198,6 +199,8 @@ pub struct Settings {
     /// How long a runner lets in-flight jobs finish after SIGTERM before handing the rest
     /// back.
     pub shutdown_deadline: Duration,
+    /// How long preparing one request may take on a runner.
+    pub prepare_timeout: Duration,
     /// When the runner lends the machine (parsed: a bad spec fails at start-up).
     pub lend_windows: Option<fallow_runner::worker::LendingWindows>,
     /// Bytes the runner's resident models may take; `None`: no limit.
@@ -331,6 +334,13 @@ impl Settings {
                     .context("--shutdown-deadline")?
                     .context("--shutdown-deadline: give a duration, not forever")?,
                 None => Duration::ZERO,
+            },
+            prepare_timeout: match args.prepare_timeout.clone().or(file.prepare_timeout) {
+                Some(value) => parse_duration(&value)
+                    .context("--prepare-timeout")?
+                    .filter(|d| !d.is_zero())
+                    .context("--prepare-timeout: give a duration above zero, not forever")?,
+                None => fallow_runner::worker::DEFAULT_PREPARE_TIMEOUT,
             },
             lend_windows: args
                 .lend_windows

@@ -165,9 +165,10 @@ impl ApiError {
 /// Status and `type` for an error code a runner reported on the job stream.
 fn job_error_status(code: &str) -> (StatusCode, &'static str) {
     match code {
-        "context_length_exceeded" | "invalid_request" | "invalid_request_error" => {
-            (StatusCode::BAD_REQUEST, "invalid_request_error")
-        }
+        "context_length_exceeded"
+        | "invalid_request"
+        | "invalid_request_error"
+        | "preparation_timeout" => (StatusCode::BAD_REQUEST, "invalid_request_error"),
         "model_not_found" => (StatusCode::NOT_FOUND, "invalid_request_error"),
         "overloaded" | "unavailable" | "runner_lost" | "runner_shutdown" | "runner_yielded" => {
             (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error")

@@ -138,6 +138,7 @@ fn job_errors_map_by_their_code() {
     };
     assert_eq!(status("context_length_exceeded"), StatusCode::BAD_REQUEST);
     assert_eq!(status("invalid_request"), StatusCode::BAD_REQUEST);
+    assert_eq!(status("preparation_timeout"), StatusCode::BAD_REQUEST);
     assert_eq!(status("model_not_found"), StatusCode::NOT_FOUND);
     assert_eq!(status("overloaded"), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(status("engine_crashed"), StatusCode::INTERNAL_SERVER_ERROR);

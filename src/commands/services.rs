@@ -165,6 +165,7 @@ fn runner_config(settings: &Settings) -> RunnerConfig {
         owner_probe: settings.owner_probe.clone(),
         owner_grace: Duration::from_secs(settings.owner_grace_seconds),
         shutdown_deadline: settings.shutdown_deadline,
+        prepare_timeout: settings.prepare_timeout,
         lend_windows: settings.lend_windows.clone(),
         memory_budget: settings.model_memory_bytes,
         cold_claim_after: settings.cold_claim_after,

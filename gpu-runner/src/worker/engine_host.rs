@@ -21,6 +21,7 @@ use fallow_protocol::job::{Completion, GenerateRequest};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// What the worker asks of the engine thread.
@@ -100,6 +101,28 @@ pub struct PanicHook {
     pub marker: Option<Arc<str>>,
 }
 
+/// How long preparing one request may take when nothing else is configured: far more than
+/// an 8 MB prompt or a large json_schema needs, far less than a client waits.
+pub const DEFAULT_PREPARE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How a model's threads behave.
+#[derive(Debug, Clone)]
+pub struct HostOptions {
+    pub panic_hook: PanicHook,
+    /// Preparing one request (rendering, tokenizing, compiling its grammar, waiting for the
+    /// grammar vocabulary) takes at most this long; past it the request is refused.
+    pub prepare_timeout: Duration,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        HostOptions {
+            panic_hook: PanicHook::default(),
+            prepare_timeout: DEFAULT_PREPARE_TIMEOUT,
+        }
+    }
+}
+
 impl PanicHook {
     pub(super) fn fires_for(&self, request: &GenerateRequest) -> bool {
         let Some(marker) = &self.marker else {
@@ -117,7 +140,7 @@ impl EngineHost {
         engine: LlmEngine,
         frontend: ModelFrontend,
         name: &str,
-        hook: PanicHook,
+        options: HostOptions,
     ) -> std::io::Result<(EngineHost, mpsc::UnboundedReceiver<HostEvent>)> {
         let (to_engine, engine_rx) = std_mpsc::channel();
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
@@ -125,7 +148,7 @@ impl EngineHost {
         let router = preparing::spawn(
             Arc::new(frontend),
             engine.preparer(),
-            hook,
+            options,
             to_engine,
             ev_tx.clone(),
             name,
@@ -160,6 +183,15 @@ impl EngineHost {
         match &self.route {
             Route::Direct(commands) => commands.send(command).is_ok(),
             Route::Prepared(router) => router.send(command),
+        }
+    }
+
+    /// Requests not yet handed to the engine thread.
+    #[cfg(test)]
+    fn preparing(&self) -> usize {
+        match &self.route {
+            Route::Direct(_) => 0,
+            Route::Prepared(router) => router.preparing(),
         }
     }
 }

@@ -46,7 +46,7 @@ fn chat(text: String, sampling: Sampling) -> Box<GenerateRequest> {
 async fn tokens_while_preparing(model: &str, newcomer: Box<GenerateRequest>) -> Option<usize> {
     let model = load(model)?;
     let (host, mut events) =
-        EngineHost::spawn(model.engine, model.frontend, "m", PanicHook::default())
+        EngineHost::spawn(model.engine, model.frontend, "m", HostOptions::default())
             .expect("the engine starts");
     let long = Sampling {
         max_tokens: Some(400),
@@ -127,4 +127,66 @@ async fn a_stream_steps_on_while_a_constrained_request_waits_for_the_grammar_voc
         meanwhile >= 5,
         "the stream made {meanwhile} tokens while the grammar was prepared"
     );
+}
+
+/// A request whose preparation outlasts the budget is refused with `preparation_timeout`,
+/// and spare threads prepare the requests behind it meanwhile: two 16 MB prompts (seconds each) take both
+/// regular threads, and a small request is admitted while they are still being tokenized.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_outlasting_its_preparation_budget_is_refused_and_blocks_no_other() {
+    const HUGE: [u64; 2] = [10, 11];
+    const SMALL: u64 = 12;
+    let Some(model) = load(SMOLLM2) else {
+        return;
+    };
+    let options = HostOptions {
+        prepare_timeout: std::time::Duration::from_secs(2),
+        ..HostOptions::default()
+    };
+    let (host, mut events) =
+        EngineHost::spawn(model.engine, model.frontend, "m", options).expect("the engine starts");
+    // Far longer to tokenize than the budget, which is far longer than a small request takes.
+    let huge = "lorem ipsum dolor sit amet ".repeat(16 << 20 >> 5);
+    for id in HUGE {
+        assert!(host.send(HostCommand::Add {
+            id,
+            request: chat(huge.clone(), Sampling::default()),
+        }));
+    }
+    let mut refused = Vec::new();
+    while refused.len() < HUGE.len() {
+        match events.recv().await.expect("events") {
+            HostEvent::Rejected { id, code, message } => {
+                assert_eq!(code, "preparation_timeout", "{message}");
+                refused.push(id);
+            }
+            other => panic!("expected the refusals first, got {other:?}"),
+        }
+    }
+    refused.sort_unstable();
+    assert_eq!(refused, HUGE);
+    assert!(host.send(HostCommand::Add {
+        id: SMALL,
+        request: chat("Hello".into(), Sampling::default()),
+    }));
+    loop {
+        match events.recv().await.expect("events") {
+            HostEvent::Admitted { id: SMALL, .. } => break,
+            HostEvent::Step(_) => {}
+            other => panic!("expected the small request's admission, got {other:?}"),
+        }
+    }
+    assert!(
+        host.preparing() >= HUGE.len(),
+        "the huge prompts were still being tokenized when the small request was admitted"
+    );
+    // Once the huge prompts are tokenized, their late results are dropped.
+    while host.preparing() > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    while let Ok(event) = events.try_recv() {
+        if let HostEvent::Admitted { id, .. } | HostEvent::Rejected { id, .. } = &event {
+            assert_eq!(*id, SMALL, "a refused request came back: {event:?}");
+        }
+    }
 }

@@ -27,7 +27,7 @@ mod runner_state;
 mod telemetry;
 mod upkeep;
 
-pub use engine_host::PanicHook;
+pub use engine_host::{HostOptions, PanicHook, DEFAULT_PREPARE_TIMEOUT};
 pub use lending::{LendingError, LendingWindows};
 pub use neighbour_bench::{noisy_neighbour, Latency, NeighbourRound};
 pub use offer::{ModelOffer, WarmPolicy};
@@ -85,6 +85,8 @@ pub struct RunnerConfig {
     pub pool: String,
     /// At most this share (0–1) of the pool's runners is lent at once; `None`: no limit.
     pub pool_max_share: Option<f64>,
+    /// Preparing one request takes at most this long; past it the request is refused.
+    pub prepare_timeout: Duration,
     /// A test hook that makes an engine thread panic (see [`PanicHook`]); off by default.
     pub panic_hook: PanicHook,
     /// Notified once the runner is registered, its models listed, before any loads: `fallow
@@ -109,6 +111,7 @@ impl Default for RunnerConfig {
             cold_claim_after: Duration::from_secs(2),
             pool: runners::DEFAULT_POOL.to_string(),
             pool_max_share: None,
+            prepare_timeout: engine_host::DEFAULT_PREPARE_TIMEOUT,
             panic_hook: PanicHook::default(),
             registered: None,
         }
@@ -163,7 +166,10 @@ pub async fn run(
         telemetry::register_model(&offer.id);
     }
     let (models, scope) = Models::new(offers, config.memory_budget, events_tx, loads_tx);
-    let mut models = models.with_panic_hook(config.panic_hook.clone());
+    let mut models = models.with_host_options(HostOptions {
+        panic_hook: config.panic_hook.clone(),
+        prepare_timeout: config.prepare_timeout,
+    });
     let mut owner = owner_watch(&config);
     // Closed until the probe's first look.
     let owner_active = owner.as_mut().is_some_and(|rx| *rx.borrow_and_update());

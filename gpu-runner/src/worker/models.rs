@@ -9,7 +9,7 @@
 //! recognised and ignored. What the claim loop may claim is published here after every
 //! change: jobs of warm models, and jobs of cold models this runner could make room for.
 
-use super::engine_host::{EngineHost, HostEvent, PanicHook};
+use super::engine_host::{EngineHost, HostEvent, HostOptions};
 use super::offer::{LoadedOffer, ModelOffer};
 use super::residency::Residency;
 use super::telemetry;
@@ -95,7 +95,7 @@ pub struct Models {
     events: mpsc::UnboundedSender<(EngineKey, HostEvent)>,
     loads: mpsc::UnboundedSender<LoadDone>,
     scope: watch::Sender<ClaimModels>,
-    panic_hook: PanicHook,
+    host_options: HostOptions,
 }
 
 impl Models {
@@ -130,14 +130,17 @@ impl Models {
             events,
             loads,
             scope,
-            panic_hook: PanicHook::default(),
+            host_options: HostOptions::default(),
         };
         (models, scope_rx)
     }
 
-    /// Arms the test hook in every engine this runner starts.
-    pub fn with_panic_hook(self, panic_hook: PanicHook) -> Self {
-        Models { panic_hook, ..self }
+    /// How every engine this runner starts behaves (preparation budget, test hook).
+    pub fn with_host_options(self, host_options: HostOptions) -> Self {
+        Models {
+            host_options,
+            ..self
+        }
     }
 
     /// Every model this runner may serve, as `/v1/models` lists them.
@@ -302,7 +305,7 @@ impl Models {
                     loaded.engine,
                     loaded.frontend,
                     &key.model,
-                    self.panic_hook.clone(),
+                    self.host_options.clone(),
                 ),
                 LoadedOffer::Embedding { model, .. } => {
                     super::embed_host::spawn(*model, &key.model)

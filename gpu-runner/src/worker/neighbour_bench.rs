@@ -4,7 +4,7 @@
 //! entries, and an 8 MB prompt. Both through one model's engine host, as a runner runs
 //! them; the ratio of the two p99s is the figure.
 
-use super::engine_host::{EngineHost, HostCommand, HostEvent, PanicHook};
+use super::engine_host::{EngineHost, HostCommand, HostEvent, HostOptions};
 use fallow_engine::llm::LlmEngine;
 use fallow_engine::runtime::ModelFrontend;
 use fallow_protocol::job::{ChatMessage, Constraint, GenerateRequest, Role, Sampling};
@@ -40,7 +40,7 @@ pub async fn noisy_neighbour(
     tokens: u32,
     rounds: usize,
 ) -> anyhow::Result<Vec<NeighbourRound>> {
-    let (host, mut events) = EngineHost::spawn(engine, frontend, "bench", PanicHook::default())?;
+    let (host, mut events) = EngineHost::spawn(engine, frontend, "bench", HostOptions::default())?;
     let mut next_id = STREAM + 1;
     let mut out = Vec::new();
     for _ in 0..rounds {

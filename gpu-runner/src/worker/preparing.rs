@@ -7,21 +7,36 @@
 //! when the steps leave one. A request aborted while it is being prepared is dropped when
 //! its preparation ends; an abort of a request already handed over follows it to the engine
 //! thread, in order, since both are sent under one lock.
+//!
+//! Preparing one request has a time budget. A watchdog refuses a request whose preparation
+//! outlasts it, drops its late result, and starts a spare thread in place of the busy one,
+//! so the requests behind it are prepared meanwhile.
 
-use super::engine_host::{panic_text, HostCommand, HostEvent, PanicHook, ReadyRequest, ToEngine};
+use super::engine_host::{
+    panic_text, HostCommand, HostEvent, HostOptions, PanicHook, ReadyRequest, ToEngine,
+};
 use fallow_engine::background::lower_this_threads_priority;
 use fallow_engine::llm::{EngineRequest, Preparer, Resume, ResumeChoice};
 use fallow_engine::runtime::ModelFrontend;
 use fallow_protocol::job::{Completion, GenerateRequest, Prompt, Task, Tokenized, Usage};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 /// Requests of one model prepared at once. Two: one huge prompt or slow grammar does not
 /// hold up the next request, and the threads yield to the steps anyway.
 const THREADS: usize = 2;
+
+/// Threads at most, spares included: requests that outlast their budget keep a thread busy
+/// until they end, and this bounds what a stream of them can take.
+const MAX_THREADS: usize = 4 * THREADS;
+
+/// The error code of a request refused for outlasting its preparation budget.
+pub const PREPARE_TIMEOUT_CODE: &str = "preparation_timeout";
 
 /// The worker's side: where a host's commands go.
 pub(super) struct Router {
@@ -35,15 +50,30 @@ struct Job {
     request: Box<GenerateRequest>,
 }
 
+type JobQueue = Arc<Mutex<std_mpsc::Receiver<Job>>>;
+
 /// What the preparation threads and the router share.
 struct Shared {
     frontend: Arc<ModelFrontend>,
     preparer: Preparer,
     hook: PanicHook,
+    timeout: Duration,
     engine: std_mpsc::Sender<ToEngine>,
     events: mpsc::UnboundedSender<HostEvent>,
-    /// Requests being prepared, and whether each was aborted meanwhile.
-    preparing: Mutex<HashMap<u64, bool>>,
+    /// Requests queued or being prepared.
+    preparing: Mutex<HashMap<u64, Preparing>>,
+    /// Preparation threads alive, spares included.
+    threads: AtomicUsize,
+    name: String,
+}
+
+/// A request on its way to the engine thread.
+#[derive(Default)]
+struct Preparing {
+    /// Aborted, or refused for its time: its outcome is dropped.
+    dropped: bool,
+    /// When a thread took it up.
+    since: Option<Instant>,
 }
 
 /// What preparing a request came to.
@@ -58,7 +88,7 @@ enum Outcome {
 pub(super) fn spawn(
     frontend: Arc<ModelFrontend>,
     preparer: Preparer,
-    hook: PanicHook,
+    options: HostOptions,
     engine: std_mpsc::Sender<ToEngine>,
     events: mpsc::UnboundedSender<HostEvent>,
     name: &str,
@@ -66,20 +96,36 @@ pub(super) fn spawn(
     let shared = Arc::new(Shared {
         frontend,
         preparer,
-        hook,
+        hook: options.panic_hook,
+        timeout: options.prepare_timeout,
         engine,
         events,
         preparing: Mutex::new(HashMap::new()),
+        threads: AtomicUsize::new(0),
+        name: name.to_string(),
     });
     let (jobs, queue) = std_mpsc::channel();
-    let queue = Arc::new(Mutex::new(queue));
-    for i in 0..THREADS {
-        let (shared, queue) = (shared.clone(), queue.clone());
-        std::thread::Builder::new()
-            .name(format!("prepare-{name}-{i}"))
-            .spawn(move || prepare_loop(&shared, &queue))?;
+    let queue: JobQueue = Arc::new(Mutex::new(queue));
+    for _ in 0..THREADS {
+        start_thread(&shared, &queue)?;
     }
+    let (watched, queue) = (Arc::downgrade(&shared), queue.clone());
+    std::thread::Builder::new()
+        .name(format!("prepare-watch-{name}"))
+        .spawn(move || watch(&watched, &queue))?;
     Ok(Router { jobs, shared })
+}
+
+fn start_thread(shared: &Arc<Shared>, queue: &JobQueue) -> std::io::Result<()> {
+    let n = shared.threads.fetch_add(1, Ordering::SeqCst);
+    let (ours, queue) = (shared.clone(), queue.clone());
+    let started = std::thread::Builder::new()
+        .name(format!("prepare-{}-{n}", shared.name))
+        .spawn(move || prepare_loop(&ours, &queue));
+    if started.is_err() {
+        shared.threads.fetch_sub(1, Ordering::SeqCst);
+    }
+    started.map(drop)
 }
 
 impl Router {
@@ -87,7 +133,7 @@ impl Router {
     pub fn send(&self, command: HostCommand) -> bool {
         match command {
             HostCommand::Add { id, request } => {
-                self.shared.preparing().insert(id, false);
+                self.shared.preparing().insert(id, Preparing::default());
                 let sent = self.jobs.send(Job { id, request }).is_ok();
                 if !sent {
                     self.shared.preparing().remove(&id);
@@ -97,14 +143,52 @@ impl Router {
             HostCommand::Abort { id } => {
                 let mut preparing = self.shared.preparing();
                 match preparing.get_mut(&id) {
-                    Some(aborted) => {
-                        *aborted = true;
+                    Some(entry) => {
+                        entry.dropped = true;
                         true
                     }
                     None => self.shared.engine.send(ToEngine::Abort(id)).is_ok(),
                 }
             }
         }
+    }
+
+    /// Requests queued or being prepared, a late one refused for its time included.
+    #[cfg(test)]
+    pub fn preparing(&self) -> usize {
+        self.shared.preparing().len()
+    }
+}
+
+/// Refuses the requests that outlast their budget, and starts a spare thread for each, until
+/// the model's threads are gone. It runs at normal priority, so it is on time even when the
+/// steps take every core.
+fn watch(shared: &Weak<Shared>, queue: &JobQueue) {
+    loop {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let tick =
+            (shared.timeout / 10).clamp(Duration::from_millis(5), Duration::from_millis(500));
+        for id in shared.overdue() {
+            tracing::warn!(model = %shared.name, timeout = ?shared.timeout, "preparing a request outlasted its budget");
+            let message = format!(
+                "Preparing the request (rendering and tokenizing its prompt, compiling its grammar) took longer than the runner's budget of {} s; shorten the prompt or simplify the schema.",
+                shared.timeout.as_secs_f64()
+            );
+            let _ = shared.events.send(HostEvent::Rejected {
+                id,
+                code: PREPARE_TIMEOUT_CODE.to_string(),
+                message,
+            });
+            if shared.threads.load(Ordering::SeqCst) < MAX_THREADS {
+                if let Err(e) = start_thread(&shared, queue) {
+                    tracing::warn!(error = %e, "starting a spare preparation thread failed");
+                }
+            }
+        }
+        drop(shared);
+        std::thread::sleep(tick);
     }
 }
 
@@ -114,18 +198,53 @@ fn prepare_loop(shared: &Shared, queue: &Mutex<std_mpsc::Receiver<Job>>) {
         // One thread waits on the queue at a time; the others wait for the lock.
         let next = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
         let Ok(Job { id, request }) = next else {
+            shared.threads.fetch_sub(1, Ordering::SeqCst);
             return; // the host was dropped: the model was unloaded
         };
+        if let Some(entry) = shared.preparing().get_mut(&id) {
+            entry.since = Some(Instant::now());
+        }
         let outcome = shared.prepare(id, request);
         shared.deliver(id, outcome);
+        // A spare that outlived the request it stood in for goes.
+        let spare = shared
+            .threads
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                if n > THREADS {
+                    Some(n - 1)
+                } else {
+                    None
+                }
+            });
+        if spare.is_ok() {
+            return;
+        }
     }
 }
 
 impl Shared {
-    fn preparing(&self) -> MutexGuard<'_, HashMap<u64, bool>> {
+    fn preparing(&self) -> MutexGuard<'_, HashMap<u64, Preparing>> {
         self.preparing
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The requests in preparation past their budget, not refused yet; they are marked
+    /// dropped, so the caller refuses each once.
+    fn overdue(&self) -> Vec<u64> {
+        let now = Instant::now();
+        let mut preparing = self.preparing();
+        let mut overdue = Vec::new();
+        for (&id, entry) in preparing.iter_mut() {
+            let late = entry
+                .since
+                .is_some_and(|since| now.duration_since(since) > self.timeout);
+            if late && !entry.dropped {
+                entry.dropped = true;
+                overdue.push(id);
+            }
+        }
+        overdue
     }
 
     /// Prepares one request; a panic refuses only it.
@@ -203,7 +322,7 @@ impl Shared {
     /// Hands the outcome on, unless the request was aborted meanwhile.
     fn deliver(&self, id: u64, outcome: Outcome) {
         let mut preparing = self.preparing();
-        if preparing.remove(&id).unwrap_or(false) {
+        if preparing.remove(&id).is_some_and(|entry| entry.dropped) {
             return;
         }
         // Under the lock: an abort that finds the request gone is sent after this.
