@@ -87,6 +87,22 @@ pub struct ServiceArgs {
     /// Redis URL. Its password is never printed.
     #[arg(long, env = "FALLOW_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
+    /// A runner on a lent machine: the api's URL. The runner reaches the control plane
+    /// through the api's runner API with a runner token, and holds no database or Redis URL.
+    #[arg(long, env = "FALLOW_CONTROL_PLANE")]
+    pub control_plane: Option<String>,
+    /// The runner token, with --control-plane. Prefer --runner-token-file: a flag shows in
+    /// `ps`.
+    #[arg(
+        long,
+        env = "FALLOW_RUNNER_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "runner_token_file"
+    )]
+    pub runner_token: Option<String>,
+    /// A file holding the runner token (mode 0600), with --control-plane.
+    #[arg(long, env = "FALLOW_RUNNER_TOKEN_FILE")]
+    pub runner_token_file: Option<PathBuf>,
     /// A model to serve: a GGUF file or an HF directory, optionally `id=PATH`, optionally
     /// followed by `;keep_alive=DURATION`, `;min_warm=N`, `;tool_parser=NAME` and
     /// `;reasoning_parser=NAME`. Repeatable.

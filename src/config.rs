@@ -21,6 +21,8 @@ pub struct FileConfig {
     pub listen: Option<String>,
     pub database_url: Option<String>,
     pub redis_url: Option<String>,
+    pub control_plane: Option<String>,
+    pub runner_token_file: Option<PathBuf>,
     pub models: Option<Vec<String>>,
     pub auth: Option<bool>,
     pub slots: Option<usize>,
@@ -54,6 +56,65 @@ pub struct FileConfig {
     pub cold_claim_after_ms: Option<u64>,
     pub pool: Option<String>,
     pub pool_max_share: Option<f64>,
+}
+
+/// How a gateway runner reaches the control plane: the api's URL and a runner token.
+#[derive(Clone)]
+pub struct ControlPlaneSettings {
+    pub url: String,
+    pub token: String,
+}
+
+impl std::fmt::Debug for ControlPlaneSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlaneSettings")
+            .field("url", &self.url)
+            .field("token", &"***")
+            .finish()
+    }
+}
+
+/// The gateway settings, if `--control-plane` is given: a runner token is then required, and
+/// a database or Redis URL is refused, so a lent machine is never handed one by mistake.
+fn control_plane(
+    args: &ServiceArgs,
+    file: &FileConfig,
+) -> anyhow::Result<Option<ControlPlaneSettings>> {
+    let token_file = args
+        .runner_token_file
+        .clone()
+        .or(file.runner_token_file.clone());
+    let Some(url) = args.control_plane.clone().or(file.control_plane.clone()) else {
+        if args.runner_token.is_some() || token_file.is_some() {
+            anyhow::bail!("a runner token is for --control-plane URL; give the api's URL too");
+        }
+        return Ok(None);
+    };
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        anyhow::bail!("--control-plane {url:?}: give the api's http:// or https:// URL");
+    }
+    if args.database_url.is_some() || args.redis_url.is_some() {
+        anyhow::bail!(
+            "--control-plane runs the runner through the api's runner API: it takes no database or Redis URL (unset --database-url, --redis-url, FALLOW_DATABASE_URL and FALLOW_REDIS_URL)"
+        );
+    }
+    let token = match (&args.runner_token, token_file) {
+        (Some(token), _) => token.trim().to_string(),
+        (None, Some(path)) => std::fs::read_to_string(&path)
+            .with_context(|| format!("reading --runner-token-file {}", path.display()))?
+            .trim()
+            .to_string(),
+        (None, None) => anyhow::bail!(
+            "--control-plane needs a runner token: --runner-token-file PATH (or FALLOW_RUNNER_TOKEN); an operator creates one with `fallow admin runner-tokens create`"
+        ),
+    };
+    if !token.starts_with(fallow_scheduler::runners::tokens::TOKEN_PREFIX) {
+        anyhow::bail!(
+            "the runner token does not start with {:?}: is it an API key or the admin token?",
+            fallow_scheduler::runners::tokens::TOKEN_PREFIX
+        );
+    }
+    Ok(Some(ControlPlaneSettings { url, token }))
 }
 
 /// Where batch files live: a local directory, or an S3 bucket.
@@ -168,6 +229,8 @@ pub struct Settings {
     pub listen: SocketAddr,
     pub database_url: String,
     pub redis_url: String,
+    /// A gateway runner's way to the control plane; `None`: Postgres and Redis directly.
+    pub control_plane: Option<ControlPlaneSettings>,
     pub models: Vec<ModelSpec>,
     /// `None` = the command's own default (dev: off, api: on).
     pub auth: Option<bool>,
@@ -237,6 +300,7 @@ impl Settings {
     pub fn resolve(args: &ServiceArgs) -> anyhow::Result<Settings> {
         let file = load_file(args.config.as_deref())?;
         let store = store_settings(args, &file);
+        let control_plane = control_plane(args, &file)?;
         let listen = args
             .listen
             .clone()
@@ -258,6 +322,7 @@ impl Settings {
             listen: listen
                 .parse()
                 .with_context(|| format!("--listen {listen:?} is not ADDR:PORT"))?,
+            control_plane,
             database_url: args
                 .database_url
                 .clone()

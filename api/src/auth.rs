@@ -46,7 +46,7 @@ impl FromRequestParts<AppState> for Caller {
 }
 
 /// The key of an `Authorization: Bearer <key>` header (scheme case-insensitive).
-fn bearer_key(parts: &Parts) -> Option<&str> {
+pub(crate) fn bearer_key(parts: &Parts) -> Option<&str> {
     let value = parts
         .headers
         .get(header::AUTHORIZATION)?

@@ -22,6 +22,9 @@ pub enum ApiError {
     MissingApiKey,
     #[error("Incorrect API key provided.")]
     InvalidApiKey,
+    /// The runner API was called without a live runner token.
+    #[error("The runner API needs a live runner token as `Authorization: Bearer <token>`; this one is missing, unknown or revoked.")]
+    InvalidRunnerToken,
     /// Authenticated, but not allowed here (a tenant key on the admin API).
     #[error("{0}")]
     PermissionDenied(String),
@@ -35,6 +38,9 @@ pub enum ApiError {
     /// The completion exists but has not finished yet.
     #[error("{0}")]
     NotFinished(String),
+    /// The request clashes with what exists (a live runner token's name); `code` says how.
+    #[error("{message}")]
+    Conflict { message: String, code: &'static str },
     #[error("Request body too large: the limit is {limit} bytes.")]
     PayloadTooLarge { limit: usize },
     /// A body sent with another `Content-Type` than the endpoint reads.
@@ -101,6 +107,11 @@ impl ApiError {
                 "authentication_error",
                 Some("invalid_api_key"),
             ),
+            ApiError::InvalidRunnerToken => (
+                S::UNAUTHORIZED,
+                "authentication_error",
+                Some("invalid_runner_token"),
+            ),
             ApiError::PermissionDenied(_) => {
                 (S::FORBIDDEN, "permission_error", Some("permission_denied"))
             }
@@ -110,6 +121,7 @@ impl ApiError {
                 (S::METHOD_NOT_ALLOWED, INVALID, Some("method_not_allowed"))
             }
             ApiError::NotFinished(_) => (S::CONFLICT, INVALID, Some("completion_not_finished")),
+            ApiError::Conflict { code, .. } => (S::CONFLICT, INVALID, Some(code)),
             ApiError::PayloadTooLarge { .. } => {
                 (S::PAYLOAD_TOO_LARGE, INVALID, Some("payload_too_large"))
             }

@@ -14,6 +14,7 @@
 //! - [`rate_limit`]: per-tenant requests and tokens per minute, and OpenAI's headers.
 //! - [`batch_quota`]: the per-tenant quota of queued batch lines.
 //! - [`admin`]: the operator's API under `/admin/…` (its own token).
+//! - [`runner_api`]: the runner API under `/runner/v1/…`, for runners holding a runner token.
 //! - [`catalog`]: the live models, briefly cached.
 //! - [`follow`]: following a job's Redis stream, with a deadline and a Postgres fallback.
 //! - [`chunks`]: stream entries → `chat.completion.chunk`s, in OpenAI's order.
@@ -45,6 +46,7 @@ pub mod parsers;
 pub mod rate_limit;
 pub mod responses;
 pub mod routes;
+pub mod runner_api;
 pub mod server;
 pub mod sse;
 pub mod state;

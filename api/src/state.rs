@@ -22,6 +22,7 @@ struct Inner {
     config: ApiConfig,
     catalog: ModelCatalog,
     metrics: Option<PrometheusHandle>,
+    runner_api: crate::runner_api::RunnerApiCaches,
 }
 
 impl AppState {
@@ -34,6 +35,7 @@ impl AppState {
                 config,
                 catalog,
                 metrics: crate::metrics::prometheus_handle(),
+                runner_api: Default::default(),
             }),
             store: None,
         }
@@ -60,5 +62,8 @@ impl AppState {
     }
     pub fn metrics(&self) -> Option<&PrometheusHandle> {
         self.inner.metrics.as_ref()
+    }
+    pub fn runner_api(&self) -> &crate::runner_api::RunnerApiCaches {
+        &self.inner.runner_api
     }
 }

@@ -6,9 +6,10 @@
 //!   fenced completion, retries, cancellation, reaping and pruning.
 //! - [`stream`]: the Redis Streams token relay between runners and the api, plus the
 //!   cancel signal channel.
-//! - [`tenants`]: tenants and API keys (only hashes are stored).
+//! - [`tenants`]: tenants and API keys (only hashes are stored, see [`credentials`]).
 //! - [`rate`]: per-tenant request and token rate limits in Redis, and the batch quota.
-//! - [`runners`]: the runner registry.
+//! - [`runners`]: the runner registry, and the tokens runners on lent machines hold.
+//! - [`runner_wire`]: the bodies of the runner API, which gateway runners speak.
 //! - [`store`]: the object store for file contents (local directory or S3), streaming.
 //! - [`batch`]: OpenAI-style batches — validation, bulk expansion into jobs, finalisation.
 //! - [`maintenance`]: the loops that reap expired leases and prune finished jobs.
@@ -16,11 +17,13 @@
 
 pub mod batch;
 pub mod clock;
+pub mod credentials;
 pub mod db;
 pub mod error;
 pub mod maintenance;
 pub mod queue;
 pub mod rate;
+pub mod runner_wire;
 pub mod runners;
 pub mod store;
 pub mod stream;

@@ -27,6 +27,7 @@ mod hints;
 mod liveness;
 mod pools;
 mod state;
+pub mod tokens;
 mod warm;
 
 pub use hints::state_hints;
@@ -114,6 +115,10 @@ pub struct RunnerRecord {
     pub in_flight: i32,
     pub registered_at: DateTime<Utc>,
     pub last_heartbeat: DateTime<Utc>,
+    /// `direct` (Postgres and Redis) or `gateway` (the runner API, with a runner token).
+    pub transport: String,
+    /// The name of the runner token it registered with (gateway runners).
+    pub token: Option<String>,
 }
 
 /// Registers a new runner under a fresh id.
@@ -310,6 +315,8 @@ struct RunnerRow {
     in_flight: i32,
     registered_at: DateTime<Utc>,
     last_heartbeat: DateTime<Utc>,
+    transport: String,
+    token: Option<String>,
 }
 
 impl TryFrom<RunnerRow> for RunnerRecord {
@@ -327,6 +334,8 @@ impl TryFrom<RunnerRow> for RunnerRecord {
             in_flight: row.in_flight,
             registered_at: row.registered_at,
             last_heartbeat: row.last_heartbeat,
+            transport: row.transport,
+            token: row.token,
         })
     }
 }

@@ -1,20 +1,15 @@
 //! Tenants and API keys. A key is `sk-fallow-` plus 32 random alphanumerics, shown once;
-//! only its SHA-256 (hex) is stored, so a leaked database leaks no usable key.
+//! only its SHA-256 (hex) is stored ([`crate::credentials`]), so a leaked database leaks no
+//! usable key.
 //!
 //! The statements live in `tenants/queries/*.sql`, one per operation.
 
-use crate::SchedulerError;
-use rand::distributions::Alphanumeric;
-use rand::Rng;
-use sha2::{Digest, Sha256};
+use crate::{credentials, SchedulerError};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 /// Every key starts with this, so leaked keys are easy to recognise and scan for.
 pub const KEY_PREFIX: &str = "sk-fallow-";
-const KEY_RANDOM_CHARS: usize = 32;
-/// Characters of the key kept in clear (`prefix` column) to tell keys apart.
-const SHOWN_CHARS: usize = KEY_PREFIX.len() + 4;
 
 #[derive(Debug, Clone)]
 pub struct Tenant {
@@ -86,14 +81,14 @@ impl From<TenantRow> for Tenant {
 
 /// Creates the tenant if needed and a new key for it; returns the plaintext key (once).
 pub async fn create_key(pool: &PgPool, tenant: &str) -> Result<String, SchedulerError> {
-    let key = generate_key();
+    let key = credentials::generate(KEY_PREFIX);
     let mut tx = pool.begin().await?;
     let tenant_id = upsert_tenant(&mut tx, tenant).await?;
     sqlx::query(include_str!("tenants/queries/insert_key.sql"))
         .bind(Uuid::new_v4())
         .bind(tenant_id)
         .bind(hash_key(&key))
-        .bind(&key[..SHOWN_CHARS])
+        .bind(credentials::shown(KEY_PREFIX, &key))
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
@@ -195,17 +190,7 @@ pub async fn revoke_key_id(pool: &PgPool, id: Uuid) -> Result<bool, SchedulerErr
 
 /// SHA-256 of the key, lowercase hex: what `api_keys.key_hash` holds.
 pub fn hash_key(key: &str) -> String {
-    hex::encode(Sha256::digest(key.as_bytes()))
-}
-
-fn generate_key() -> String {
-    // thread_rng is a CSPRNG (ChaCha, reseeded from the OS).
-    let random: String = rand::thread_rng()
-        .sample_iter(&Alphanumeric)
-        .take(KEY_RANDOM_CHARS)
-        .map(char::from)
-        .collect();
-    format!("{KEY_PREFIX}{random}")
+    credentials::hash(key)
 }
 
 async fn upsert_tenant(
@@ -218,26 +203,4 @@ async fn upsert_tenant(
         .fetch_one(&mut **tx)
         .await?;
     Ok(id)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn generated_keys_have_the_prefix_and_32_alphanumerics() {
-        let key = generate_key();
-        assert!(key.starts_with(KEY_PREFIX));
-        let random = &key[KEY_PREFIX.len()..];
-        assert_eq!(random.len(), 32);
-        assert!(random.chars().all(|c| c.is_ascii_alphanumeric()));
-    }
-
-    #[test]
-    fn key_hashes_are_sha256_hex() {
-        assert_eq!(
-            hash_key("abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
-    }
 }

@@ -43,6 +43,11 @@ pub enum AdminRemote {
         #[command(subcommand)]
         command: JobsCommand,
     },
+    /// The credentials of runners on lent machines: create, list, revoke.
+    RunnerTokens {
+        #[command(subcommand)]
+        command: RunnerTokensCommand,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -148,6 +153,36 @@ pub enum JobsCommand {
     },
 }
 
+#[derive(Subcommand, Debug)]
+pub enum RunnerTokensCommand {
+    /// A new token, printed once: its runner needs only it and the api's URL.
+    Create {
+        /// A name to tell the token (and its machine) by.
+        #[arg(long)]
+        name: String,
+        /// The pool its runner joins; unset: the runner's own `--pool`.
+        #[arg(long)]
+        pool: Option<String>,
+        /// The models its runner may serve, comma-separated; unset: any.
+        #[arg(long, value_delimiter = ',')]
+        models: Option<Vec<String>>,
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+    /// Every token (prefixes only), revoked ones included.
+    List {
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+    /// Revokes a token by its id or name: its runner is cut off at its next call.
+    Revoke {
+        /// The token's id or name.
+        token: String,
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+}
+
 /// `fallow admin keys list|revoke` (create lives in `cli.rs`: it also works on Postgres).
 #[derive(Subcommand, Debug)]
 pub enum KeysRemote {
@@ -171,6 +206,8 @@ const RUNNER_COLUMNS: &[Column] = &[
     Column::new("HOST", "/host"),
     Column::new("POOL", "/pool"),
     Column::new("STATE", "/state"),
+    Column::new("TRANSPORT", "/transport"),
+    Column::new("TOKEN", "/token"),
     Column::new("SLOTS", "/slots"),
     Column::new("IN FLIGHT", "/in_flight"),
     Column::models("MODELS", "/models"),
@@ -192,6 +229,7 @@ pub async fn run(command: AdminRemote) -> anyhow::Result<()> {
         }
         AdminRemote::Tenants { command } => tenants(command).await,
         AdminRemote::Jobs { command } => jobs(command).await,
+        AdminRemote::RunnerTokens { command } => runner_tokens(command).await,
     }
 }
 
@@ -328,6 +366,51 @@ async fn jobs(command: JobsCommand) -> anyhow::Result<()> {
                 Column::new("CANCEL REQUESTED", "/cancel_requested"),
                 Column::new("STATE", "/state"),
             ];
+            print_one(&client, &value, &columns)
+        }
+    }
+}
+
+async fn runner_tokens(command: RunnerTokensCommand) -> anyhow::Result<()> {
+    let columns = [
+        Column::new("ID", "/id"),
+        Column::new("NAME", "/name"),
+        Column::new("PREFIX", "/prefix"),
+        Column::new("POOL", "/pool"),
+        Column::models("MODELS", "/models"),
+        Column::new("CREATED", "/created_at"),
+        Column::new("REVOKED", "/revoked_at"),
+    ];
+    match command {
+        RunnerTokensCommand::Create {
+            name,
+            pool,
+            models,
+            client,
+        } => {
+            let body = json!({ "name": name, "pool": pool, "models": models });
+            let value = AdminClient::new(&client)?
+                .call(Method::POST, "/runner-tokens", Some(body))
+                .await?;
+            if client.json {
+                println!("{}", serde_json::to_string_pretty(&value)?);
+                return Ok(());
+            }
+            let token = value["token"].as_str().ok_or_else(|| {
+                anyhow::anyhow!("the admin API answered without a token: {value}")
+            })?;
+            println!("{token}");
+            eprintln!("Runner token {name:?} created. It is shown only once; store it now.");
+            Ok(())
+        }
+        RunnerTokensCommand::List { client } => {
+            list(&client, Method::GET, "/runner-tokens", &columns).await
+        }
+        RunnerTokensCommand::Revoke { token, client } => {
+            let path = format!("/runner-tokens/{}/revoke", encode(&token));
+            let value = AdminClient::new(&client)?
+                .call(Method::POST, &path, None)
+                .await?;
             print_one(&client, &value, &columns)
         }
     }

@@ -9,11 +9,13 @@ use fallow_engine::llm::EngineRequest;
 use fallow_engine::prompt::encode_chat;
 use fallow_engine::runtime::{self, LoadOptions, LoadedModel};
 use fallow_protocol::job::{ChatMessage, GenerateRequest, Role, Sampling};
+use fallow_runner::control_plane::Direct;
 use fallow_runner::worker::{self, ModelOffer, RunnerConfig, WarmPolicy};
 use fallow_scheduler::clock::Clock;
 use fallow_scheduler::queue::Queue;
 use fallow_scheduler::stream::TokenRelay;
 use futures::StreamExt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What one or more runs of a concurrency level measured.
@@ -68,8 +70,7 @@ pub async fn e2e(args: BenchE2eArgs) -> anyhow::Result<()> {
         let _ = rx.wait_for(|s| *s).await;
     };
     let runner = tokio::spawn(worker::run(
-        queue.clone(),
-        relay.clone(),
+        Arc::new(Direct::new(queue.clone(), relay.clone())),
         vec![offer],
         RunnerConfig {
             slots: max_conc,

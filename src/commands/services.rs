@@ -6,6 +6,7 @@ use crate::secrets::redact_url;
 use anyhow::Context;
 use fallow_api::{ApiConfig, AppState};
 use fallow_engine::runtime::LoadOptions;
+use fallow_runner::control_plane::{ControlPlane, Direct, Gateway};
 use fallow_runner::worker::{self, ModelOffer, RunnerConfig, WarmPolicy};
 use fallow_scheduler::batch::{worker as batch_worker, BatchConfig, BatchWorker};
 use fallow_scheduler::clock::Clock;
@@ -198,8 +199,7 @@ pub async fn dev(args: ServiceArgs) -> anyhow::Result<()> {
     let mut runner_settings = runner_config(&settings);
     runner_settings.registered = Some(registered.clone());
     let mut runner = tokio::spawn(worker::run(
-        conns.queue.clone(),
-        conns.relay.clone(),
+        Arc::new(Direct::new(conns.queue.clone(), conns.relay.clone())),
         models,
         runner_settings,
         wait(stop.clone()),
@@ -311,15 +311,17 @@ pub async fn runner(args: ServiceArgs) -> anyhow::Result<()> {
         ));
     }
     let models = tokio::task::block_in_place(|| model_offers(&settings))?;
-    let conns = connect(&settings).await?;
-    worker::run(
-        conns.queue,
-        conns.relay,
-        models,
-        runner_config(&settings),
-        wait(stop),
-    )
-    .await
+    let plane: Arc<dyn ControlPlane> = match &settings.control_plane {
+        Some(gateway) => {
+            tracing::info!(url = %gateway.url, "reaching the control plane through the api's runner API");
+            Arc::new(Gateway::new(&gateway.url, gateway.token.clone())?)
+        }
+        None => {
+            let conns = connect(&settings).await?;
+            Arc::new(Direct::new(conns.queue, conns.relay))
+        }
+    };
+    worker::run(plane, models, runner_config(&settings), wait(stop)).await
 }
 
 pub async fn migrate(args: ServiceArgs) -> anyhow::Result<()> {

@@ -4,6 +4,7 @@
 //! - [`runners`]: list and show runners; cordon, drain, resume.
 //! - [`jobs`]: queue depth per model and priority; job search and cancellation.
 //! - [`tenants`]: tenants, their limits, and their API keys (create, list, revoke).
+//! - [`runner_tokens`]: the credentials of runners on lent machines (create, list, revoke).
 //! - [`gauges`]: queue and runner gauges for `/metrics`, read from Postgres at scrape time.
 //! - [`dashboard`]: the live operator page at `/dashboard`, a client of this API.
 //!
@@ -13,6 +14,7 @@ pub mod auth;
 pub mod dashboard;
 pub mod gauges;
 mod jobs;
+mod runner_tokens;
 mod runners;
 mod tenants;
 
@@ -41,6 +43,11 @@ pub fn routes() -> Router<AppState> {
         )
         .route("/keys", get(tenants::list_keys))
         .route("/keys/{id}/revoke", post(tenants::revoke_key))
+        .route(
+            "/runner-tokens",
+            post(runner_tokens::create).get(runner_tokens::list),
+        )
+        .route("/runner-tokens/{which}/revoke", post(runner_tokens::revoke))
 }
 
 /// `{"object":"list","data":[…]}`.

@@ -86,6 +86,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(models::list_models))
         .route("/v1/models/{*id}", get(models::get_model))
         .nest("/admin", crate::admin::routes())
+        .nest(
+            fallow_scheduler::runner_wire::BASE_PATH,
+            crate::runner_api::routes(),
+        )
         .route("/dashboard", get(crate::admin::dashboard::page))
         .route("/health", get(ops::health))
         .route("/ready", get(ops::ready))

@@ -15,5 +15,6 @@ mod local_mode;
 mod ops;
 mod rate_limits;
 mod responses;
+mod runner_tokens;
 mod streams;
 mod tools;

@@ -8,7 +8,8 @@
 //! have waited `cold_after`.
 
 use super::models::ClaimModels;
-use fallow_scheduler::queue::{ClaimScope, ClaimedJob, Queue};
+use crate::control_plane::ControlPlane;
+use fallow_scheduler::queue::{ClaimScope, ClaimedJob};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
@@ -20,7 +21,7 @@ pub struct Claimed {
 }
 
 pub struct ClaimLoop {
-    pub queue: Queue,
+    pub plane: Arc<dyn ControlPlane>,
     pub runner_id: Uuid,
     pub models: watch::Receiver<ClaimModels>,
     /// How long a job of a model warm elsewhere waits before this runner loads it.
@@ -54,8 +55,8 @@ impl ClaimLoop {
                 cold_after: self.cold_after,
             };
             let jobs = match self
-                .queue
-                .claim_in(self.runner_id, &scope, limit, self.lease)
+                .plane
+                .claim(self.runner_id, &scope, limit, self.lease)
                 .await
             {
                 Ok(jobs) => jobs,
@@ -68,7 +69,7 @@ impl ClaimLoop {
             };
             if jobs.is_empty() {
                 drop(first);
-                self.queue.wait_for_work(self.poll_every).await;
+                self.plane.wait_for_work(self.poll_every).await;
                 continue;
             }
             let mut first = Some(first);

@@ -33,12 +33,12 @@ pub use neighbour_bench::{noisy_neighbour, Latency, NeighbourRound};
 pub use offer::{ModelOffer, WarmPolicy};
 pub use owner::OwnerProbe;
 
+use crate::control_plane::ControlPlane;
 use claimer::{ClaimLoop, Claimed};
 use engine_host::{HostCommand, HostEvent};
 use fallow_protocol::job::{GenerateRequest, JobEvent};
-use fallow_scheduler::queue::{FailOutcome, JobKind, Queue};
+use fallow_scheduler::queue::{FailOutcome, JobKind};
 use fallow_scheduler::runners::{self, RunnerInfo};
-use fallow_scheduler::stream::TokenRelay;
 use in_flight::{InFlight, InFlightTable};
 use models::{Admission, EngineKey, LoadDone, Loaded, Models};
 use runner_state::RunnerState;
@@ -132,7 +132,7 @@ fn hostname() -> String {
 /// make the registered runner look dead.
 async fn preload_alive(
     models: &mut Models,
-    queue: &Queue,
+    plane: &dyn ControlPlane,
     runner_id: Uuid,
     config: &RunnerConfig,
 ) -> anyhow::Result<()> {
@@ -144,7 +144,7 @@ async fn preload_alive(
         tokio::select! {
             done = &mut preload => return done,
             _ = beat.tick() => {
-                if let Err(e) = runners::heartbeat(queue.pool(), runner_id, 0).await {
+                if let Err(e) = plane.heartbeat(runner_id, 0).await {
                     tracing::warn!(error = %e, "runner heartbeat during a load failed");
                 }
             }
@@ -153,9 +153,9 @@ async fn preload_alive(
 }
 
 /// Runs the worker until `shutdown` resolves, then hands held jobs back to the queue.
+/// Every call to the control plane goes through `plane`, whatever carries it.
 pub async fn run(
-    queue: Queue,
-    relay: TokenRelay,
+    plane: Arc<dyn ControlPlane>,
     offers: Vec<ModelOffer>,
     config: RunnerConfig,
     shutdown: impl Future<Output = ()>,
@@ -183,28 +183,28 @@ pub async fn run(
     };
     // Registered before any model loads: the api lists the runner's models at once, so a
     // request sent during a load waits in the queue instead of getting a 404.
-    let runner_id = runners::register(queue.pool(), &info).await?;
+    let runner_id = plane.register(&info).await?;
     tracing::info!(%runner_id, slots = config.slots, "runner registered");
     if let Some(registered) = &config.registered {
         registered.notify_one();
     }
     if owner_active {
         models.preload_later(); // the owner has the machine: load when it is lent
-    } else if let Err(e) = preload_alive(&mut models, &queue, runner_id, &config).await {
-        if let Err(e) = runners::deregister(queue.pool(), runner_id).await {
+    } else if let Err(e) = preload_alive(&mut models, &*plane, runner_id, &config).await {
+        if let Err(e) = plane.deregister(runner_id).await {
             tracing::warn!(error = %e, "deregistering after a failed load failed");
         }
         return Err(e);
     }
     let (mut state, gate) = RunnerState::new();
     state.set_owner_active(owner_active);
-    let mut hints = runners::state_hints(queue.pool().clone(), runner_id);
+    let mut hints = plane.state_hints(runner_id);
 
     let slots = Arc::new(Semaphore::new(config.slots));
     let (claim_tx, mut claim_rx) = mpsc::channel::<Claimed>(config.slots.max(1));
     let claim_task = tokio::spawn(
         ClaimLoop {
-            queue: queue.clone(),
+            plane: plane.clone(),
             runner_id,
             models: scope,
             cold_after: config.cold_claim_after,
@@ -215,12 +215,11 @@ pub async fn run(
         }
         .run(claim_tx),
     );
-    let mut cancels = relay.cancel_signals();
+    let mut cancels = plane.cancel_signals();
     let mut heartbeat = tokio::time::interval(config.heartbeat_every.min(MAX_HEARTBEAT_EVERY));
     let mut models_tick = tokio::time::interval(MODELS_TICK);
     let mut worker = Worker {
-        queue: queue.clone(),
-        relay,
+        plane: plane.clone(),
         models,
         table: InFlightTable::default(),
         runner_id,
@@ -272,7 +271,7 @@ pub async fn run(
     worker
         .hand_back_all("runner_shutdown", "The runner shut down.")
         .await;
-    if let Err(e) = runners::deregister(queue.pool(), runner_id).await {
+    if let Err(e) = plane.deregister(runner_id).await {
         tracing::warn!(error = %e, "deregistering the runner failed");
     }
     Ok(())
@@ -322,8 +321,7 @@ async fn owner_changed(owner: &mut Option<watch::Receiver<bool>>) -> Option<bool
 }
 
 struct Worker {
-    queue: Queue,
-    relay: TokenRelay,
+    plane: Arc<dyn ControlPlane>,
     models: Models,
     table: InFlightTable,
     runner_id: Uuid,
@@ -428,7 +426,7 @@ impl Worker {
         self.models.publish_scope(&busy);
         let warm = self.models.warm();
         if warm != self.info.warm {
-            if let Err(e) = runners::set_warm(self.queue.pool(), self.runner_id, &warm).await {
+            if let Err(e) = self.plane.set_warm(self.runner_id, &warm).await {
                 tracing::warn!(error = %e, "publishing the warm models failed");
             }
             self.info.warm = warm;
@@ -465,8 +463,8 @@ impl Worker {
         )])
         .await;
         if let Err(e) = self
-            .queue
-            .mark_cancelled(job_id, job.attempt, Some(&partial))
+            .plane
+            .mark_cancelled(job_id, job.attempt, &partial)
             .await
         {
             tracing::warn!(%job_id, error = %e, "marking a job cancelled failed");
@@ -480,7 +478,7 @@ impl Worker {
         // attempt is left.
         if let Some(progress) = job.progress().filter(|_| retryable) {
             match self
-                .queue
+                .plane
                 .fail_and_continue(job.job_id, job.attempt, message, &progress)
                 .await
             {
@@ -514,7 +512,7 @@ impl Worker {
     }
 
     async fn fail_job(&self, job_id: Uuid, attempt: i32, message: &str, retryable: bool) {
-        if let Err(e) = self.queue.fail(job_id, attempt, message, retryable).await {
+        if let Err(e) = self.plane.fail(job_id, attempt, message, retryable).await {
             tracing::warn!(%job_id, error = %e, "failing a job failed");
         }
     }
@@ -524,10 +522,8 @@ impl Worker {
             return;
         }
         let table = &self.table;
-        let capped = self
-            .relay
-            .append_capped(events, |job| table.stream_entries(job));
-        if let Err(e) = capped.await {
+        let caps = |job| table.stream_entries(job);
+        if let Err(e) = self.plane.append(events, &caps).await {
             tracing::warn!(error = %e, "appending to the token relay failed");
         }
     }

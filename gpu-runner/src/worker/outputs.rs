@@ -111,7 +111,7 @@ impl Worker {
         if !first_tokens.is_empty() {
             let marks = first_tokens
                 .iter()
-                .map(|&(job_id, attempt)| self.queue.mark_streamed(job_id, attempt));
+                .map(|&(job_id, attempt)| self.plane.mark_streamed(job_id, attempt));
             for (result, (job_id, _)) in futures::future::join_all(marks)
                 .await
                 .into_iter()
@@ -125,12 +125,12 @@ impl Worker {
         self.append(&events).await;
         let finished_any = !done.is_empty();
         for (job, completion) in done {
-            let queue = self.queue.clone();
+            let plane = self.plane.clone();
             // Held (and its lease renewed) until the completion commits or is refused.
             let held = self.completing.hold(job.job_id, job.attempt);
             // Completing off the loop keeps the next step's tokens flowing.
             tokio::spawn(async move {
-                let commit = || queue.complete(job.job_id, job.attempt, &completion);
+                let commit = || plane.complete(job.job_id, job.attempt, &completion);
                 match completing::until_settled(RetryPolicy::default(), commit).await {
                     Ok(true) => tracing::debug!(job_id = %job.job_id, "job completed"),
                     Ok(false) => tracing::info!(job_id = %job.job_id, "stale completion ignored"),
@@ -164,7 +164,7 @@ impl Worker {
         )])
         .await;
         match self
-            .queue
+            .plane
             .complete(job.job_id, job.attempt, &completion)
             .await
         {

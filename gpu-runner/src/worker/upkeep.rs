@@ -7,10 +7,10 @@
 
 use super::engine_host::HostCommand;
 use super::{telemetry, Worker, POOL_MESSAGE, YIELD_MESSAGE};
+use crate::control_plane::PlaneError;
 use fallow_protocol::job::{JobEvent, Progress};
 use fallow_scheduler::queue::{Checkpoint, FailOutcome};
 use fallow_scheduler::runners;
-use fallow_scheduler::SchedulerError;
 use uuid::Uuid;
 
 impl Worker {
@@ -28,12 +28,12 @@ impl Worker {
                     generated: 0,
                 }),
         );
-        let pool = self.queue.pool();
-        match runners::heartbeat(pool, self.runner_id, leases.len() as i32).await {
+        let plane = self.plane.clone();
+        match plane.heartbeat(self.runner_id, leases.len() as i32).await {
             Ok(state) => self.set_registry(state).await,
-            Err(SchedulerError::NotFound(_)) => {
+            Err(PlaneError::UnknownRunner(_)) => {
                 tracing::warn!(runner_id = %self.runner_id, "the registry forgot this runner; registering again");
-                if let Err(e) = runners::register_as(pool, self.runner_id, &self.info).await {
+                if let Err(e) = plane.register_as(self.runner_id, &self.info).await {
                     tracing::warn!(error = %e, "registering again failed");
                 }
             }
@@ -46,10 +46,7 @@ impl Worker {
         if leases.is_empty() {
             return;
         }
-        let renewal = self
-            .queue
-            .renew_with_checkpoints(self.runner_id, &leases, self.lease)
-            .await;
+        let renewal = self.plane.renew(self.runner_id, &leases, self.lease).await;
         match renewal {
             Ok(renewal) => {
                 for job in renewal.cancel_requested {
@@ -86,7 +83,7 @@ impl Worker {
     /// An operator changed this runner's state or asked it to unload a model: read both now
     /// rather than at the heartbeat.
     pub(super) async fn refresh_state(&mut self) {
-        match runners::state(self.queue.pool(), self.runner_id).await {
+        match self.plane.state(self.runner_id).await {
             Ok(Some(state)) => self.set_registry(state).await,
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "reading the runner state failed"),
@@ -103,7 +100,7 @@ impl Worker {
             self.drain_deadline = None;
             return;
         }
-        match runners::drain_left(self.queue.pool(), self.runner_id).await {
+        match self.plane.drain_left(self.runner_id).await {
             Ok(left) => self.drain_deadline = left.map(|left| tokio::time::Instant::now() + left),
             Err(e) => tracing::warn!(error = %e, "reading the drain's deadline failed"),
         }
@@ -126,7 +123,7 @@ impl Worker {
 
     /// Carries out the operator's eviction requests.
     async fn take_evictions(&mut self) {
-        match runners::take_evictions(self.queue.pool(), self.runner_id).await {
+        match self.plane.take_evictions(self.runner_id).await {
             Ok(models) if models.is_empty() => {}
             Ok(models) => {
                 let busy = self.table.busy_models();
@@ -145,7 +142,7 @@ impl Worker {
         if !self.models.wants_replica_counts() {
             return;
         }
-        match runners::warm_replicas(self.queue.pool()).await {
+        match self.plane.warm_replicas().await {
             Ok(counts) => self.models.set_replicas(counts),
             Err(e) => tracing::warn!(error = %e, "counting warm replicas failed"),
         }
@@ -157,7 +154,10 @@ impl Worker {
         let Some(change) = self.state.reconcile(held) else {
             return;
         };
-        match runners::report_state(self.queue.pool(), self.runner_id, change.from, change.to).await
+        match self
+            .plane
+            .report_state(self.runner_id, change.from, change.to)
+            .await
         {
             Ok(state) => self.state.set_registry(state),
             Err(e) => {
@@ -193,7 +193,11 @@ impl Worker {
             return;
         };
         let owner_idle = !self.state.owner_active();
-        match runners::pool_turn(self.queue.pool(), self.runner_id, owner_idle, share).await {
+        match self
+            .plane
+            .pool_turn(self.runner_id, owner_idle, share)
+            .await
+        {
             Ok(turn) => {
                 let was_lent = self.state.lent();
                 self.state.set_pool_turn(turn);
@@ -250,7 +254,7 @@ impl Worker {
         }
     }
 
-    /// `queue.release`, ending the job's stream with an error event when the job cannot go
+    /// `ControlPlane::release`, ending the job's stream with an error event when the job cannot go
     /// back: an interactive stream that already sent tokens and has no progress to continue
     /// from fails (attempts that start over are never spliced).
     pub(super) async fn release(
@@ -262,7 +266,7 @@ impl Worker {
         code: &str,
         message: &str,
     ) {
-        match self.queue.release(job_id, attempt, progress).await {
+        match self.plane.release(job_id, attempt, progress).await {
             Ok(FailOutcome::Requeued) => {
                 tracing::info!(%job_id, continues = progress.is_some(), "job handed back to the queue");
             }

@@ -31,7 +31,7 @@ pub struct ClaimScope<'a> {
 }
 
 /// What a heartbeat learned about the jobs a runner holds.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LeaseRenewal {
     /// Held jobs whose cancellation was requested: stop them and `mark_cancelled`.
     pub cancel_requested: Vec<Uuid>,
@@ -41,7 +41,7 @@ pub struct LeaseRenewal {
 }
 
 /// A held job at a heartbeat: its lease, and where its attempt has got to.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Checkpoint {
     pub id: Uuid,
     pub attempt: i32,

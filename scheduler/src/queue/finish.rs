@@ -141,6 +141,16 @@ impl Queue {
         Ok(changed.is_some())
     }
 
+    /// The runner holding a running job, if it runs: the runner API lets a runner report
+    /// only on its own jobs.
+    pub async fn holder(&self, id: Uuid) -> Result<Option<Uuid>, SchedulerError> {
+        Ok(sqlx::query_scalar(include_str!("queries/holder.sql"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .flatten())
+    }
+
     /// Marks that an interactive job has sent tokens to its client, so it must not be
     /// retried from scratch (fenced). Call it *before* appending the first delta: if the
     /// runner dies in between, the job fails rather than being replayed to the client.

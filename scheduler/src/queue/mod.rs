@@ -90,7 +90,7 @@ pub struct JobRecord {
 }
 
 /// A job a runner now holds, fenced by `(id, attempt)`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClaimedJob {
     pub id: Uuid,
     pub attempt: i32,
@@ -103,7 +103,8 @@ pub struct ClaimedJob {
 }
 
 /// What `fail` did with the job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum FailOutcome {
     /// Back to `queued`, runnable again after the backoff.
     Requeued,

@@ -1,5 +1,6 @@
 -- One registered runner ($1 id), as operators see it.
-SELECT id, host, devices, slots, models, warm, pool, state, in_flight, registered_at,
-       last_heartbeat
-FROM runners
-WHERE id = $1
+SELECT r.id, r.host, r.devices, r.slots, r.models, r.warm, r.pool, r.state, r.in_flight,
+       r.registered_at, r.last_heartbeat, r.transport, t.name AS token
+FROM runners r
+LEFT JOIN runner_tokens t ON t.runner_id = r.id AND t.revoked_at IS NULL
+WHERE r.id = $1

@@ -1,5 +1,7 @@
--- Every registered runner, as operators see it, oldest first.
-SELECT id, host, devices, slots, models, warm, pool, state, in_flight, registered_at,
-       last_heartbeat
-FROM runners
-ORDER BY registered_at, id
+-- Every registered runner, as operators see it, oldest first, with the runner token it
+-- registered with (gateway runners).
+SELECT r.id, r.host, r.devices, r.slots, r.models, r.warm, r.pool, r.state, r.in_flight,
+       r.registered_at, r.last_heartbeat, r.transport, t.name AS token
+FROM runners r
+LEFT JOIN runner_tokens t ON t.runner_id = r.id AND t.revoked_at IS NULL
+ORDER BY r.registered_at, r.id
