@@ -435,3 +435,15 @@ pub struct BenchEngineArgs {
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_command_line_is_well_formed() {
+        // clap checks a command's arguments only when it is used; this checks them all.
+        Cli::command().debug_assert();
+    }
+}

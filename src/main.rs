@@ -7,6 +7,7 @@ mod secrets;
 mod telemetry;
 
 use clap::Parser;
+use fallow_runner::control_plane::{PlaneError, EXIT_REVOKED};
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
@@ -18,6 +19,10 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
+            if PlaneError::is_revoked(&e) {
+                // Restarting cannot help a revoked runner: systemd's unit does not.
+                return std::process::ExitCode::from(EXIT_REVOKED);
+            }
             std::process::ExitCode::FAILURE
         }
     }

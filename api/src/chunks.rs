@@ -188,7 +188,9 @@ impl ChunkBuilder {
                         message: "The runner serving this request was lost after it had sent tokens; retry the request.".into(),
                     }));
                 }
-                if !continues {
+                // The same attempt's start again is an append its runner retried: nothing
+                // starts over.
+                if !continues && self.attempt != Some(*attempt) {
                     if let Some(positions) = &mut self.positions {
                         positions.restart();
                     }

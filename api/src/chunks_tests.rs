@@ -355,3 +355,37 @@ fn a_hole_in_the_stream_is_filled_from_the_final_record_with_nothing_repeated() 
     assert_eq!(text(1), "Hey you", "the other choice streamed on");
     assert!(b.ended_normally());
 }
+
+#[test]
+fn an_append_its_runner_retried_shows_its_text_once() {
+    let mut b = builder(
+        1,
+        Delivery {
+            stream: true,
+            ..Default::default()
+        },
+    );
+    let started = JobEvent::Started {
+        attempt: 1,
+        prompt_text: None,
+        continues: false,
+    };
+    let out = run(
+        &mut b,
+        vec![
+            entry("1-0", started.clone()),
+            entry("2-0", delta_at(0, "He", &[1], 0, 0)),
+            // The append timed out after it landed; the runner sent it again.
+            entry("3-0", started),
+            entry("4-0", delta_at(0, "He", &[1], 0, 0)),
+            entry("5-0", delta_at(0, "llo", &[2], 1, 2)),
+            entry("6-0", delta_at(0, "llo", &[2], 1, 2)),
+        ],
+    );
+    assert!(!out.iter().any(|(_, v)| !v["error"].is_null()));
+    let text: String = out
+        .iter()
+        .filter_map(|(_, v)| v["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "Hello");
+}

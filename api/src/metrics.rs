@@ -71,6 +71,7 @@ fn register_at_zero() {
         // A histogram handle registers the series; nothing is recorded.
         drop(metrics::histogram!(name));
     }
+    crate::runner_api::metered::register_at_zero();
 }
 
 /// Counts a finished request and its latency.

@@ -28,6 +28,11 @@ pub async fn serve(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "api listening");
     }
+    let closing = state.clone();
+    let shutdown = async move {
+        shutdown.await;
+        closing.runner_api().closing.close();
+    };
     let result = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await;

@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+pub mod backoff;
 pub mod direct;
 pub mod gateway;
 
@@ -24,6 +25,19 @@ pub use direct::Direct;
 pub use gateway::Gateway;
 
 pub type PlaneResult<T> = Result<T, PlaneError>;
+
+/// The exit status of a runner the control plane no longer admits (`EX_CONFIG`): starting
+/// it again cannot help until it has a new token, so a service manager should not.
+pub const EXIT_REVOKED: u8 = 78;
+
+impl PlaneError {
+    /// Whether `error`, or any error behind it, says the runner is no longer admitted.
+    pub fn is_revoked(error: &anyhow::Error) -> bool {
+        error
+            .chain()
+            .any(|e| matches!(e.downcast_ref::<PlaneError>(), Some(PlaneError::Revoked(_))))
+    }
+}
 
 /// Why a call to the control plane failed.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +48,10 @@ pub enum PlaneError {
     /// A report on a job the runner no longer holds: the fence refused it, nothing changed.
     #[error("the job is no longer this runner's")]
     Fenced,
+    /// The runner's token was revoked, or another runner registered with it since: this
+    /// runner must stop, and nothing it reports counts any more.
+    #[error("the runner's token no longer admits it: {0}")]
+    Revoked(String),
     /// The call was refused, and asking again will not help.
     #[error("the control plane refused the call: {0}")]
     Refused(String),
@@ -154,17 +172,20 @@ pub trait ControlPlane: Send + Sync {
         attempt: i32,
         partial: &'a Completion,
     ) -> BoxFuture<'a, PlaneResult<bool>>;
-    /// Records that an interactive job has sent tokens to its client (fenced).
-    fn mark_streamed(&self, job: Uuid, attempt: i32) -> BoxFuture<'_, PlaneResult<()>>;
 
     // The token streams.
 
-    /// Appends one step's events, for all jobs at once, each stream capped by `caps`.
+    /// Appends one step's events, for all jobs at once, each stream capped by `caps`, in
+    /// one try. The interactive jobs in `streamed` (each fenced by `(id, attempt)`) are
+    /// first recorded as having sent tokens to their clients: once a client has seen
+    /// tokens, the reaper must not restart the job. Returns the jobs whose events were
+    /// refused (the runner no longer holds them).
     fn append<'a>(
         &'a self,
+        streamed: &'a [(Uuid, i32)],
         events: &'a [(Uuid, JobEvent)],
         caps: StreamCaps<'a>,
-    ) -> BoxFuture<'a, PlaneResult<()>>;
+    ) -> BoxFuture<'a, PlaneResult<Vec<Uuid>>>;
     /// The jobs whose cancellation is signalled, as they come.
     fn cancel_signals(&self) -> mpsc::Receiver<Uuid>;
 }

@@ -98,6 +98,10 @@ pub struct Claim {
     pub lease_ms: u64,
     #[serde(default)]
     pub wait_ms: u64,
+    /// Names the claim, so that asking again after a lost answer gets the same jobs
+    /// ([`crate::runners::claim_replay`]).
+    #[serde(default)]
+    pub claim_id: Option<Uuid>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -157,16 +161,28 @@ pub struct Outcome {
     pub outcome: FailOutcome,
 }
 
-/// `POST /jobs/{id}/streamed`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Streamed {
+/// A job's attempt, which fences a report on it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct JobAttempt {
+    pub job: Uuid,
     pub attempt: i32,
 }
 
-/// `POST /events`: one step's events for all the runner's jobs, in order.
+/// `POST /events`: one step's events for all the runner's jobs, in order; before them, the
+/// jobs whose first tokens they carry to a client are marked `streamed`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Append {
+    #[serde(default)]
+    pub streamed: Vec<JobAttempt>,
     pub events: Vec<StepEvent>,
+}
+
+/// The answer to [`Append`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Appended {
+    pub appended: usize,
+    /// Jobs whose events were refused: not (or no longer) running on this runner.
+    pub refused: Vec<Uuid>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use uuid::Uuid;
 
+pub mod claim_replay;
 mod hints;
 mod liveness;
 mod pools;

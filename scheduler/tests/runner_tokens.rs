@@ -1,10 +1,13 @@
 //! Runner tokens: created once, known only by hash, unique by live name, revoked by id or
-//! name.
+//! name; revoking one hands its runner's jobs back.
 
 mod common;
 
 use common::TestDb;
+use fallow_scheduler::queue::JobState;
+use fallow_scheduler::runners;
 use fallow_scheduler::runners::tokens::{self, NewRunnerToken, TokenRef};
+use std::time::Duration;
 
 fn new(name: &str) -> NewRunnerToken {
     NewRunnerToken {
@@ -98,5 +101,47 @@ async fn a_live_name_is_taken_until_its_token_is_revoked() {
         vec![first.id, second.id]
     );
     assert!(listed.iter().all(|t| t.revoked_at.is_some()));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn revoking_a_token_hands_its_runners_jobs_back_without_using_an_attempt() {
+    let db = TestDb::new().await;
+    let queue = db.queue();
+    let (token, _) = tokens::create(&db.pool, &new("lab-1"))
+        .await
+        .unwrap()
+        .expect("created");
+    let runner = common::register_runner(&db.pool, &["m"], &["m"]).await;
+    assert!(tokens::bind_runner(&db.pool, token.id, runner)
+        .await
+        .unwrap());
+    let mut one_shot = common::batch_job("m");
+    one_shot.max_attempts = 1;
+    let id = queue.enqueue(one_shot).await.unwrap();
+    let held = queue
+        .claim(runner, &common::models(&["m"]), 1, Duration::from_secs(300))
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 1);
+
+    tokens::revoke(&db.pool, &TokenRef::Id(token.id))
+        .await
+        .unwrap()
+        .expect("revoked");
+    assert_eq!(
+        queue.reap_expired().await.unwrap(),
+        1,
+        "the lease expired at once"
+    );
+    let job = queue.get(id).await.unwrap().expect("the job");
+    assert_eq!(job.state, JobState::Queued, "{job:?}");
+    assert_eq!(
+        (job.attempt, job.max_attempts),
+        (1, 2),
+        "its only attempt is given back"
+    );
+    let state = runners::state(&db.pool, runner).await.unwrap();
+    assert_eq!(state, Some(runners::RunnerState::Dead));
     db.drop().await;
 }

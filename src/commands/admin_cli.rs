@@ -177,7 +177,8 @@ pub enum RunnerTokensCommand {
     /// Revokes a token by its id or name: its runner is cut off at its next call.
     Revoke {
         /// The token's id or name.
-        token: String,
+        #[arg(value_name = "TOKEN")]
+        which: String,
         #[command(flatten)]
         client: AdminClientArgs,
     },
@@ -406,8 +407,8 @@ async fn runner_tokens(command: RunnerTokensCommand) -> anyhow::Result<()> {
         RunnerTokensCommand::List { client } => {
             list(&client, Method::GET, "/runner-tokens", &columns).await
         }
-        RunnerTokensCommand::Revoke { token, client } => {
-            let path = format!("/runner-tokens/{}/revoke", encode(&token));
+        RunnerTokensCommand::Revoke { which, client } => {
+            let path = format!("/runner-tokens/{}/revoke", encode(&which));
             let value = AdminClient::new(&client)?
                 .call(Method::POST, &path, None)
                 .await?;

@@ -1,6 +1,8 @@
-//! `fallow bench e2e`: the same workload through the full stack (HTTP → Postgres → runner →
-//! Redis → SSE) and through the engine in-process, side by side. The ratio is the price of
-//! the queue; a fresh schema keeps the run apart from real data.
+//! `fallow bench e2e`: the same workload through the engine in-process and through the full
+//! stack (HTTP → Postgres → runner → Redis → SSE) twice, side by side: with a direct runner,
+//! and with a gateway runner that reaches the control plane through the api's runner API.
+//! The ratios are the price of the queue and of the gateway; fresh schemas keep the run
+//! apart from real data.
 
 use crate::cli::BenchE2eArgs;
 use anyhow::Context;
@@ -9,10 +11,11 @@ use fallow_engine::llm::EngineRequest;
 use fallow_engine::prompt::encode_chat;
 use fallow_engine::runtime::{self, LoadOptions, LoadedModel};
 use fallow_protocol::job::{ChatMessage, GenerateRequest, Role, Sampling};
-use fallow_runner::control_plane::Direct;
+use fallow_runner::control_plane::{ControlPlane, Direct, Gateway};
 use fallow_runner::worker::{self, ModelOffer, RunnerConfig, WarmPolicy};
 use fallow_scheduler::clock::Clock;
 use fallow_scheduler::queue::Queue;
+use fallow_scheduler::runners::tokens::{self, NewRunnerToken};
 use fallow_scheduler::stream::TokenRelay;
 use futures::StreamExt;
 use std::sync::Arc;
@@ -62,71 +65,145 @@ pub async fn e2e(args: BenchE2eArgs) -> anyhow::Result<()> {
     )
     .context("opening the model")?;
 
-    let (pool, schema) = fallow_scheduler::db::fresh_schema(&args.database_url).await?;
-    let queue = Queue::new(pool, Clock::system());
-    let relay = TokenRelay::connect(&args.redis_url).await?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let runner = tokio::spawn(worker::run(
-        Arc::new(Direct::new(queue.clone(), relay.clone())),
-        vec![offer],
-        RunnerConfig {
-            slots: max_conc,
-            ..RunnerConfig::default()
-        },
-        stopped(stop_rx.clone()),
-    ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let state = AppState::new(
-        queue,
-        relay,
-        ApiConfig {
-            auth: false,
-            ..ApiConfig::default()
-        },
-    );
-    let api = tokio::spawn(fallow_api::serve(listener, state, stopped(stop_rx)));
-    wait_for_model(&base, &model_id).await?;
+    // Two stacks, each on a fresh schema: one whose runner reaches Postgres and Redis
+    // directly, one whose runner goes through the api's runner API with a runner token.
+    let direct = Stack::start(&args, &offer, Transport::Direct, max_conc).await?;
+    let gateway = Stack::start(&args, &offer, Transport::Gateway, max_conc).await?;
+    for stack in [&direct, &gateway] {
+        wait_for_model(&stack.base, &model_id).await?;
+    }
 
     println!(
-        "schema {schema}; {} generated tokens per request",
-        args.max_tokens
+        "schemas {} (direct), {} (gateway); {} generated tokens per request",
+        direct.schema, gateway.schema, args.max_tokens
     );
     println!(
-        "{:>11} {:>18} {:>15} {:>7} {:>22} {:>19}",
+        "{:>11} {:>12} {:>12} {:>13} {:>7} {:>7} {:>16} {:>16} {:>17}",
         "concurrency",
-        "in-process tok/s",
-        "stack tok/s",
-        "ratio",
-        "TTFT p50 in-process ms",
-        "TTFT p50 stack ms"
+        "engine tok/s",
+        "direct tok/s",
+        "gateway tok/s",
+        "d/e",
+        "g/d",
+        "TTFT p50 eng ms",
+        "TTFT p50 dir ms",
+        "TTFT p50 gw ms"
     );
     for &conc in &args.concurrency {
-        // Interleaved rounds, so machine noise hits both sides alike.
-        let (mut engine, mut stack) = (Measured::default(), Measured::default());
+        // Interleaved rounds, so machine noise hits every side alike.
+        let mut engine = Measured::default();
+        let (mut through_direct, mut through_gateway) = (Measured::default(), Measured::default());
         for _ in 0..args.rounds.max(1) {
             engine.add(tokio::task::block_in_place(|| {
                 run_in_process(&mut in_process, conc, args.max_tokens)
             })?);
-            stack.add(run_through_stack(&base, &model_id, conc, args.max_tokens).await?);
+            through_direct
+                .add(run_through_stack(&direct.base, &model_id, conc, args.max_tokens).await?);
+            through_gateway
+                .add(run_through_stack(&gateway.base, &model_id, conc, args.max_tokens).await?);
         }
+        let ratio = |a: &Measured, b: &Measured| a.tokens_per_s() / b.tokens_per_s().max(1e-9);
         println!(
-            "{:>11} {:>18.1} {:>15.1} {:>6.2}x {:>22.1} {:>19.1}",
+            "{:>11} {:>12.1} {:>12.1} {:>13.1} {:>6.2}x {:>6.2}x {:>16.1} {:>16.1} {:>17.1}",
             conc,
             engine.tokens_per_s(),
-            stack.tokens_per_s(),
-            stack.tokens_per_s() / engine.tokens_per_s().max(1e-9),
+            through_direct.tokens_per_s(),
+            through_gateway.tokens_per_s(),
+            ratio(&through_direct, &engine),
+            ratio(&through_gateway, &through_direct),
             engine.ttft_p50_ms(),
-            stack.ttft_p50_ms()
+            through_direct.ttft_p50_ms(),
+            through_gateway.ttft_p50_ms()
         );
     }
-    let _ = stop_tx.send(true);
-    let _ = api.await;
-    let _ = runner.await;
+    gateway.stop().await;
+    direct.stop().await;
     Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Direct,
+    Gateway,
+}
+
+/// An api and one runner on their own schema, in this process.
+struct Stack {
+    base: String,
+    schema: String,
+    stop_api: tokio::sync::watch::Sender<bool>,
+    stop_runner: tokio::sync::watch::Sender<bool>,
+    api: tokio::task::JoinHandle<std::io::Result<()>>,
+    runner: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Stack {
+    async fn start(
+        args: &BenchE2eArgs,
+        offer: &ModelOffer,
+        transport: Transport,
+        slots: usize,
+    ) -> anyhow::Result<Stack> {
+        let (pool, schema) = fallow_scheduler::db::fresh_schema(&args.database_url).await?;
+        let queue = Queue::new(pool.clone(), Clock::system());
+        let relay = TokenRelay::connect(&args.redis_url).await?;
+        let (stop_api, api_stopped) = tokio::sync::watch::channel(false);
+        let (stop_runner, runner_stopped) = tokio::sync::watch::channel(false);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let state = AppState::new(
+            queue.clone(),
+            relay.clone(),
+            ApiConfig {
+                auth: false,
+                ..ApiConfig::default()
+            },
+        );
+        let api = tokio::spawn(fallow_api::serve(listener, state, stopped(api_stopped)));
+        let plane: Arc<dyn ControlPlane> = match transport {
+            Transport::Direct => Arc::new(Direct::new(queue, relay)),
+            Transport::Gateway => {
+                let new = NewRunnerToken {
+                    name: "bench".into(),
+                    pool: None,
+                    models: None,
+                };
+                let (_, token) = tokens::create(&pool, &new)
+                    .await?
+                    .context("creating the bench's runner token")?;
+                Arc::new(Gateway::new(&base, token)?)
+            }
+        };
+        let runner = tokio::spawn(worker::run(
+            plane,
+            vec![offer.clone()],
+            RunnerConfig {
+                slots,
+                ..RunnerConfig::default()
+            },
+            stopped(runner_stopped),
+        ));
+        Ok(Stack {
+            base,
+            schema,
+            stop_api,
+            stop_runner,
+            api,
+            runner,
+        })
+    }
+
+    /// The runner first: a gateway runner deregisters through the api.
+    async fn stop(self) {
+        let _ = self.stop_runner.send(true);
+        let _ = self.runner.await;
+        let _ = self.stop_api.send(true);
+        let _ = self.api.await;
+    }
+}
+
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
 }
 
 fn prompt_for(i: usize) -> String {

@@ -5,10 +5,13 @@ The stack is real processes on loopback: `fallow api` (with API keys and an admi
 with no database or Redis URL in its environment. Its answers are compared with a direct
 runner's (the session's `fallow dev` stack) at temperature 0."""
 
+import json
 import os
+import re
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +20,9 @@ import httpx
 import openai
 import pytest
 
+from net_proxy import PausableProxy
+from test_batch import assert_each_custom_id_once, jsonl, result_lines, upload, wait_final
+from test_operators import chromium_dom
 from conftest import FALLOW, MODEL_ID, MODEL_PATH, PG_ADMIN_URL, REDIS_URL, ROOT, free_port, psql, spawn, stop_process, wait_for
 
 ADMIN = "gateway-admin-token-for-tests"
@@ -37,10 +43,14 @@ class GatewayStack:
 
     def start(self):
         psql(f'CREATE DATABASE "{self.database}"')
-        self.api = spawn("api", self, "--listen", f"127.0.0.1:{self.port}", "--auth",
-                         "--admin-token", ADMIN)
+        store = str(self.token_dir / "store")
+        self.api_args = ["--listen", f"127.0.0.1:{self.port}", "--auth", "--admin-token", ADMIN,
+                         "--store-dir", store]
+        self.api = spawn("api", self, *self.api_args)
         self.procs.append(self.api)
-        self.procs.append(spawn("scheduler", self))
+        self.procs.append(spawn("scheduler", self, "--store-dir", store))
+        # The stack's runner reaches the api through a proxy that can cut its network.
+        self.proxy = PausableProxy(self.port)
         wait_for(lambda: self._up(), timeout=60)
         self.key = subprocess.run(
             [FALLOW, "admin", "keys", "create", "--tenant", "gw", "--url", self.base_url, "--token", ADMIN],
@@ -63,7 +73,24 @@ class GatewayStack:
             check=True, capture_output=True, text=True, cwd=ROOT)
         return out.stdout.strip()
 
-    def start_runner(self, token, *extra):
+    def restart_api(self, down_for=2.0, graceful=False):
+        """Kills the api process (no goodbye to anyone), or stops it with SIGTERM, and starts
+        it again on its port; returns how long it took to exit."""
+        asked = time.time()
+        if graceful:
+            self.api.terminate()
+        else:
+            self.api.kill()
+        self.api.wait(timeout=60)
+        took = time.time() - asked
+        time.sleep(down_for)
+        self.procs.remove(self.api)
+        self.api = spawn("api", self, *self.api_args)
+        self.procs.append(self.api)
+        wait_for(lambda: self._up(), timeout=60)
+        return took
+
+    def start_runner(self, token, *extra, via_proxy=True):
         path = self.token_dir / f"token-{uuid.uuid4().hex[:8]}"
         path.write_text(token + "\n")
         path.chmod(stat.S_IRUSR | stat.S_IWUSR)
@@ -72,7 +99,8 @@ class GatewayStack:
                if not k.startswith("FALLOW_") and "DATABASE" not in k and "REDIS" not in k}
         log = open(ROOT / "target" / f"e2e-{self.database}-gateway-{time.time_ns()}.log", "w")
         proc = subprocess.Popen(
-            [FALLOW, "runner", "--control-plane", self.base_url, "--runner-token-file", str(path),
+            [FALLOW, "runner", "--control-plane", self.proxy.url if via_proxy else self.base_url,
+             "--runner-token-file", str(path),
              "--model", str(MODEL_PATH), "--kv-cache-mb", "128", *extra],
             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         self.procs.append(proc)
@@ -93,6 +121,7 @@ class GatewayStack:
     def stop(self):
         for proc in reversed(self.procs):
             stop_process(proc)
+        self.proxy.close()
         psql(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
 
 
@@ -138,6 +167,12 @@ def test_operators_see_the_runners_transport_and_token(gateway):
     assert [(r["transport"], r["token"]) for r in runners] == [("gateway", "lab-1")]
     tokens = gateway.admin("GET", "/runner-tokens").json()["data"]
     assert tokens[0]["runner_id"] == runners[0]["id"]
+    dom = chromium_dom(f"{gateway.base_url}/dashboard#token={ADMIN}", 2000)
+    assert f'<td>{runners[0]["id"]}</td>' in dom and "<td>gateway</td><td>lab-1</td>" in dom, dom[-3000:]
+    # The runner's calls, counted by call and status, and its claims timed.
+    metrics = httpx.get(f"{gateway.base_url}/metrics", timeout=10).text
+    assert re.search(r'fallow:runner_api_requests_total\{call="heartbeat",status="200"\} [1-9]', metrics), metrics
+    assert re.search(r'fallow:runner_api_claim_seconds_count\{outcome="jobs"\} [1-9]', metrics), metrics
 
 
 def test_a_report_on_a_job_the_runner_does_not_hold_is_refused_and_changes_nothing(gateway, gw_client):
@@ -191,3 +226,203 @@ def test_malformed_or_oversized_event_batches_get_a_400_naming_the_field(gateway
                    timeout=30)
     assert r.status_code == 400, r.text
     assert gateway.models(), "the api stays up"
+
+
+def test_a_batch_of_200_lines_gets_each_line_answered_exactly_once(gateway, gw_client):
+    n = 200
+    f = upload(gw_client, jsonl(n, max_tokens=2, prefix="gw"))
+    batch = gw_client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    batch = wait_final(gw_client, batch.id, timeout=600)
+    assert batch.status == "completed", batch
+    out, err = result_lines(gw_client, batch)
+    assert_each_custom_id_once(out, err, n, prefix="gw")
+    assert (batch.request_counts.completed, len(err)) == (n, 0)
+
+
+LONG_BODY = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Write a very long story."}],
+             "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+
+
+def reference_text(gateway):
+    r = httpx.post(f"{gateway.base_url}/v1/chat/completions", json=LONG_BODY,
+                   headers={"Authorization": f"Bearer {gateway.key}"}, timeout=180)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def sse_events(lines):
+    """(data, id) of each whole server-sent event: one ends at its blank line."""
+    data, event_id = None, None
+    for line in lines:
+        if line == "":
+            if data is not None:
+                yield data, event_id
+            data, event_id = None, None
+        elif line.startswith("id:"):
+            event_id = line[3:].strip()
+        elif line.startswith("data:"):
+            data = line[5:].strip()
+
+
+def read_sse(lines, on_content=None):
+    """The content of a chat completion's SSE lines, the id of the last whole event, the
+    completion id and the longest wait between content chunks; `on_content(k)` runs after the
+    k-th content chunk."""
+    text, last_id, completion_id, chunks, longest, at = "", None, None, 0, 0.0, time.time()
+    for data, event_id in sse_events(lines):
+        if data == "[DONE]":
+            continue
+        chunk = json.loads(data)
+        assert "error" not in chunk, chunk
+        completion_id, last_id = chunk["id"], event_id or last_id
+        for c in chunk["choices"]:
+            content = c["delta"].get("content") or ""
+            if content:
+                text += content
+                chunks += 1
+                longest, at = max(longest, time.time() - at), time.time()
+                if on_content:
+                    on_content(chunks)
+    return text, last_id, completion_id, longest
+
+
+def job_of(gateway, completion_id):
+    job_id = str(uuid.UUID(completion_id.removeprefix("chatcmpl-")))
+    jobs = gateway.admin("GET", "/jobs", params={"limit": 1000}).json()["data"]
+    return next(j for j in jobs if j["id"] == job_id)
+
+
+def test_a_runner_that_loses_the_network_for_10_s_loses_and_repeats_nothing(gateway):
+    want = reference_text(gateway)
+
+    def cut(k):
+        if k == 3:
+            gateway.proxy.pause()
+            time.sleep(10)
+            gateway.proxy.resume()
+
+    headers = {"Authorization": f"Bearer {gateway.key}"}
+    with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions", json={**LONG_BODY, "stream": True},
+                      headers=headers, timeout=180) as r:
+        assert r.status_code == 200, r.read()
+        text, _, completion_id, longest = read_sse(r.iter_lines(), cut)
+    assert text == want, "every token once, in order"
+    job = job_of(gateway, completion_id)
+    assert (job["state"], job["attempt"]) == ("succeeded", 1), "the runner kept its job through the cut"
+    assert gateway.runner.poll() is None, "the runner is still up"
+
+
+def test_a_stream_survives_an_api_restart_for_a_client_that_resumes(gateway):
+    want = reference_text(gateway)
+    headers = {"Authorization": f"Bearer {gateway.key}"}
+
+    lines = []
+    try:
+        with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions",
+                          json={**LONG_BODY, "stream": True}, headers=headers, timeout=180) as r:
+            assert r.status_code == 200, r.read()
+            content = 0
+            for line in r.iter_lines():
+                lines.append(line)
+                if line.startswith("data: ") and '"content":"' in line and '"content":""' not in line:
+                    content += 1
+                    if content == 3:
+                        threading.Thread(target=gateway.restart_api, daemon=True).start()
+    except httpx.HTTPError:
+        pass  # the api went away mid-stream
+    seen = read_sse(lines)
+    text, last_id, completion_id, _ = seen
+    assert text and last_id and completion_id, "tokens came before the api went away"
+    wait_for(lambda: gateway._up() and gateway.api.poll() is None, timeout=60)
+    with httpx.stream("GET", f"{gateway.base_url}/v1/chat/completions/{completion_id}/stream",
+                      headers={**headers, "Last-Event-ID": last_id}, timeout=180) as r:
+        assert r.status_code == 200, r.read()
+        rest, _, _, _ = read_sse(r.iter_lines())
+    assert text + rest == want, "the resumed stream goes on where the client stopped"
+    job = job_of(gateway, completion_id)
+    assert (job["state"], job["attempt"]) == ("succeeded", 1), "the runner kept its job through the restart"
+    assert gateway.runner.poll() is None, "the runner is still up"
+
+
+def test_an_api_with_gateway_runners_connected_shuts_down_at_once_and_they_come_back(gateway, gw_client):
+    # A runner's notice stream never ends on its own: the api ends it when it shuts down.
+    took = gateway.restart_api(down_for=0, graceful=True)
+    assert took < 5, f"the api took {took:.1f} s to shut down"
+    done = gw_client.chat.completions.create(model=MODEL_ID, messages=HI, max_tokens=4)
+    assert done.choices[0].message.content
+    assert gateway.runner.poll() is None
+
+
+def test_a_gateway_runner_whose_owner_returns_hands_its_stream_to_another_runner_seamlessly(gateway):
+    want = reference_text(gateway)
+    probe = gateway.token_dir / "owner-active"
+    owned = gateway.start_runner(gateway.create_token("lab-owned", "--models", MODEL_ID),
+                                 "--owner-probe", f"file:{probe}", "--owner-grace-seconds", "2")
+    first = runner_with_token(gateway, "lab-1")["id"]
+    try:
+        second = wait_for(lambda: runner_with_token(gateway, "lab-owned"), timeout=120)["id"]
+        wait_for(lambda: gateway.admin("GET", f"/runners/{second}").json()["warm"] == [MODEL_ID], timeout=60)
+        assert gateway.admin("POST", f"/runners/{first}/cordon").status_code == 200
+
+        def owner_returns(k):
+            if k == 3:
+                probe.touch()
+                wait_for(lambda: gateway.admin("GET", f"/runners/{second}").json()["state"] == "yielded",
+                         timeout=10, every=0.05)
+                assert gateway.admin("POST", f"/runners/{first}/resume").status_code == 200
+
+        headers = {"Authorization": f"Bearer {gateway.key}"}
+        with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions",
+                          json={**LONG_BODY, "stream": True}, headers=headers, timeout=180) as r:
+            assert r.status_code == 200, r.read()
+            text, _, completion_id, _ = read_sse(r.iter_lines(), owner_returns)
+        assert text == want, "the stream went on on the other runner, as if uninterrupted"
+        job = job_of(gateway, completion_id)
+        assert (job["state"], job["runner_id"], job["attempt"]) == ("succeeded", first, 2), job
+    finally:
+        gateway.admin("POST", f"/runners/{first}/resume")
+        stop_process(owned)
+
+
+def runner_with_token(gateway, name):
+    return next((r for r in gateway.admin("GET", "/runners").json()["data"]
+                 if r["token"] == name and r["state"] != "dead"), None)
+
+
+def test_a_revoked_runner_stops_and_its_stream_finishes_on_another_runner(gateway):
+    """Last of the module's tests: it revokes the stack's runner token."""
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Write a very long story."}],
+            "max_tokens": 400, "ignore_eos": True, "temperature": 0}
+    headers = {"Authorization": f"Bearer {gateway.key}"}
+    url = f"{gateway.base_url}/v1/chat/completions"
+    want = httpx.post(url, json=body, headers=headers, timeout=180).json()["choices"][0]["message"]["content"]
+    first = runner_with_token(gateway, "lab-1")["id"]
+
+    text, chunks, second = "", 0, None
+    with httpx.stream("POST", url, json={**body, "stream": True}, headers=headers, timeout=180) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: "):])
+            assert "error" not in chunk, chunk
+            job_id = str(uuid.UUID(chunk["id"].removeprefix("chatcmpl-")))
+            for c in chunk["choices"]:
+                text += c["delta"].get("content") or ""
+                chunks += bool(c["delta"].get("content"))
+            if chunks == 3 and second is None:
+                subprocess.run([FALLOW, "admin", "runner-tokens", "revoke", "lab-1", "--url", gateway.base_url,
+                                "--token", ADMIN], check=True, capture_output=True, cwd=ROOT)
+                # A revoked token is refused on its next call.
+                assert gateway.runner_api("POST", "/heartbeat", gateway.token,
+                                          json={"in_flight": 0}).status_code == 401
+                second = gateway.start_runner(gateway.create_token("lab-2", "--models", MODEL_ID),
+                                              via_proxy=False)
+    assert gateway.runner.wait(timeout=30) == 78, "the revoked runner stopped, saying why (EX_CONFIG)"
+    assert text == want, "the stream went on on the second runner, as if uninterrupted"
+    jobs = gateway.admin("GET", "/jobs", params={"limit": 1000}).json()["data"]
+    job = next(j for j in jobs if j["id"] == job_id)
+    assert job["state"] == "succeeded", job
+    assert job["runner_id"] != first and job["attempt"] == 2, job
+    runners = {r["id"]: r["state"] for r in gateway.admin("GET", "/runners").json()["data"]}
+    assert runners[first] == "dead" and runners[job["runner_id"]] == "active", runners

@@ -113,6 +113,8 @@ pub async fn revoke(
                 "No live runner token with id or name {which:?} (unknown or already revoked)."
             ))
         })?;
+    // At once through this process; through the others within their cache's second.
+    state.runner_api().tokens.clear();
     tracing::info!(token = %record.name, "runner token revoked by an operator");
     Ok(Json(record))
 }

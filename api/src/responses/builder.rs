@@ -175,7 +175,8 @@ impl ResponseBuilder {
                         "The runner serving this response was lost after it had sent tokens; retry the request.",
                     ));
                 }
-                if !continues {
+                // The same attempt's start again is a retried append: nothing starts over.
+                if !continues && self.attempt != Some(*attempt) {
                     self.position.restart();
                 }
                 self.attempt = Some(*attempt);

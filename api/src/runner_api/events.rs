@@ -1,6 +1,7 @@
 //! `POST /runner/v1/events`: one engine step's events for all the caller's jobs, appended to
-//! their Redis streams in one pipelined round trip, in order. Events for a job the caller
-//! does not hold are refused (listed in the answer) and the rest go ahead. Which runner
+//! their Redis streams in one pipelined round trip, in order, after the jobs whose first
+//! tokens they carry are marked `streamed` in Postgres. Events for a job the caller
+//! does not hold are refused (listed in the answer) and the rest go ahead. That a runner
 //! holds a job is looked up once and trusted for a few seconds, so a step costs no query.
 
 use super::auth::Runner;
@@ -9,15 +10,15 @@ use crate::extract::ApiJson;
 use crate::state::AppState;
 use axum::extract::State;
 use axum::Json;
-use fallow_scheduler::runner_wire::{Append, MAX_EVENTS_PER_APPEND};
-use serde::Serialize;
+use fallow_scheduler::runner_wire::{Append, Appended, MAX_EVENTS_PER_APPEND};
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-/// How long a job's holder is trusted without asking Postgres again. A job changes holder
-/// only when its lease expires, which takes far longer.
+/// How long a job's holder is trusted without asking Postgres again, when it is the caller.
+/// A job leaves its holder only when its lease expires or is revoked; a refusal is never
+/// taken from the cache.
 const HOLDER_TTL: Duration = Duration::from_secs(5);
 
 /// The largest stream cap a runner may ask for: far beyond any request's entries.
@@ -47,27 +48,19 @@ impl HolderCache {
     }
 }
 
-#[derive(Debug, Serialize)]
-pub struct Appended {
-    pub appended: usize,
-    /// Jobs whose events were refused: not (or no longer) running on this runner.
-    pub refused: Vec<Uuid>,
-}
-
 pub async fn append(
     State(state): State<AppState>,
     runner: Runner,
-    ApiJson(Append { events }): ApiJson<Append>,
+    ApiJson(Append { streamed, events }): ApiJson<Append>,
 ) -> Result<Json<Appended>, ApiError> {
     let id = runner.id(&state).await?;
-    if events.len() > MAX_EVENTS_PER_APPEND {
-        return Err(ApiError::invalid(
-            "events",
-            format!(
-                "{} events in one append; the limit is {MAX_EVENTS_PER_APPEND}",
-                events.len()
-            ),
-        ));
+    for (param, len) in [("events", events.len()), ("streamed", streamed.len())] {
+        if len > MAX_EVENTS_PER_APPEND {
+            return Err(ApiError::invalid(
+                param,
+                format!("{len} {param} in one append; the limit is {MAX_EVENTS_PER_APPEND}"),
+            ));
+        }
     }
     let holders = &state.runner_api().holders;
     let mut held = HashSet::new();
@@ -75,8 +68,10 @@ pub async fn append(
     let jobs: HashSet<Uuid> = events.iter().map(|e| e.job).collect();
     for job in jobs {
         let holder = match holders.get(job) {
-            Some(holder) => Some(holder),
-            None => {
+            Some(holder) if holder == id => Some(holder),
+            // Unknown, or cached as another runner's: the job may have moved here since
+            // (a continuation), so Postgres answers.
+            _ => {
                 let holder = state.queue().holder(job).await?;
                 if let Some(holder) = holder {
                     holders.put(job, holder);
@@ -95,6 +90,11 @@ pub async fn append(
     for event in events.into_iter().filter(|e| held.contains(&e.job)) {
         caps.insert(event.job, event.cap.map(|cap| cap.min(MAX_CAP)));
         accepted.push((event.job, event.event));
+    }
+    // The marks before the tokens: fenced by this runner as holder in the statement itself.
+    if !streamed.is_empty() {
+        let marks: Vec<(Uuid, i32)> = streamed.iter().map(|m| (m.job, m.attempt)).collect();
+        state.queue().mark_all_streamed(&marks, Some(id)).await?;
     }
     state
         .relay()

@@ -1,10 +1,11 @@
-//! The runner API's queue calls: claim (a long poll woken by `NOTIFY`), lease renewal with
-//! checkpoints, and the ends of a job (complete, fail, release, cancelled) and its
-//! `streamed` mark. Each end is fenced by `(id, attempt)` as for a direct runner, and is
+//! The runner API's queue calls: claim (a long poll woken by `NOTIFY`, its answer replayed
+//! to a runner that asks again with the same claim id), lease renewal with
+//! checkpoints, and the ends of a job (complete, fail, release, cancelled). Each end is fenced by `(id, attempt)` as for a direct runner, and is
 //! accepted only for a job the calling runner holds: a report on another runner's job gets
 //! a 409 and changes nothing.
 
 use super::auth::Runner;
+use super::metered;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::state::AppState;
@@ -13,8 +14,9 @@ use axum::Json;
 use fallow_scheduler::queue::ClaimScope;
 use fallow_scheduler::runner_wire::{
     Cancelled, Claim, Claimed, Committed, Complete, Fail, Outcome, Release, Renew, Renewed,
-    Streamed, MAX_CLAIM_WAIT_MS,
+    MAX_CLAIM_WAIT_MS,
 };
+use fallow_scheduler::runners::claim_replay;
 use std::time::Duration;
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -51,12 +53,28 @@ pub async fn claim(
         cold: &cold,
         cold_after: Duration::from_millis(claim.cold_after_ms),
     };
+    // Asked again after a lost answer: the same jobs.
+    if let Some(claim_id) = claim.claim_id {
+        if let Some(jobs) = claim_replay::recall(state.relay(), id, claim_id).await? {
+            return Ok(Json(Claimed { jobs }));
+        }
+    }
     let deadline = Instant::now() + Duration::from_millis(claim.wait_ms.min(MAX_CLAIM_WAIT_MS));
     let queue = state.queue();
+    let started = Instant::now();
     loop {
         let jobs = queue.claim_in(id, &scope, claim.limit, lease).await?;
         let now = Instant::now();
         if !jobs.is_empty() || now >= deadline {
+            let outcome = if jobs.is_empty() { "empty" } else { "jobs" };
+            metrics::histogram!(metered::CLAIM_SECONDS, "outcome" => outcome)
+                .record((now - started).as_secs_f64());
+            if let (Some(claim_id), false) = (claim.claim_id, jobs.is_empty()) {
+                let kept = claim_replay::remember(state.relay(), id, claim_id, &jobs, lease);
+                if let Err(e) = kept.await {
+                    tracing::warn!(error = %e, "keeping a claim's answer failed; a lost answer will not be replayed");
+                }
+            }
             return Ok(Json(Claimed { jobs }));
         }
         queue.wait_for_work((deadline - now).min(CLAIM_POLL)).await;
@@ -167,15 +185,4 @@ pub async fn release(
         .release(job, body.attempt, body.progress.as_ref())
         .await?;
     Ok(Json(Outcome { outcome }))
-}
-
-pub async fn streamed(
-    State(state): State<AppState>,
-    runner: Runner,
-    Path(job): Path<String>,
-    ApiJson(body): ApiJson<Streamed>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let (_, job) = holding(&state, &runner, &job).await?;
-    state.queue().mark_streamed(job, body.attempt).await?;
-    Ok(Json(serde_json::json!({})))
 }

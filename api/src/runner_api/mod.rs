@@ -7,12 +7,14 @@
 //! - [`jobs`]: claim (a long poll), lease renewal, and each job's end, for its holder only.
 //! - [`events`]: a step's events for all the runner's jobs, in one call.
 //! - [`notices`]: cancellations and state changes, pushed as server-sent events.
+//! - [`metered`]: every call counted by call and status.
 //!
 //! The bodies are [`fallow_scheduler::runner_wire`]'s.
 
 pub mod auth;
 mod events;
 mod jobs;
+pub mod metered;
 mod notices;
 mod registry;
 
@@ -25,11 +27,36 @@ use axum::Router;
 /// client's request.
 const BODY_LIMIT: usize = 64 << 20;
 
-/// What the api keeps for the runner API: recently seen tokens and job holders.
+/// What the api keeps for the runner API: recently seen tokens and job holders, and whether
+/// the api is shutting down.
 #[derive(Default)]
 pub struct RunnerApiCaches {
     pub tokens: auth::TokenCache,
     pub holders: events::HolderCache,
+    pub closing: Closing,
+}
+
+/// Set when the api begins to shut down: the runners' notice streams, which never end on
+/// their own, end then, so the graceful shutdown does not wait on them.
+pub struct Closing(tokio::sync::watch::Sender<bool>);
+
+impl Default for Closing {
+    fn default() -> Self {
+        Closing(tokio::sync::watch::channel(false).0)
+    }
+}
+
+impl Closing {
+    pub fn close(&self) {
+        self.0.send_replace(true);
+    }
+    /// Resolves once the api is shutting down.
+    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.0.subscribe();
+        async move {
+            let _ = rx.wait_for(|closing| *closing).await;
+        }
+    }
 }
 
 /// The runner API's routes, to be nested under [`fallow_scheduler::runner_wire::BASE_PATH`].
@@ -53,8 +80,8 @@ pub fn routes() -> Router<AppState> {
         .route("/jobs/{id}/cancelled", post(jobs::cancelled))
         .route("/jobs/{id}/fail", post(jobs::fail))
         .route("/jobs/{id}/release", post(jobs::release))
-        .route("/jobs/{id}/streamed", post(jobs::streamed))
         .route("/events", post(events::append))
         .route("/notices", get(notices::notices))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .route_layer(axum::middleware::from_fn(metered::count))
 }

@@ -21,9 +21,13 @@ pub async fn notices(
     let mut cancels = state.relay().cancel_signals();
     let mut hints = runners::state_hints(state.queue().pool().clone(), id);
     let queue = state.queue().clone();
+    let closed = state.runner_api().closing.closed();
     let stream = async_stream_notices(move |send: NoticeSink| async move {
+        tokio::pin!(closed);
         loop {
             let notice = tokio::select! {
+                // The api is shutting down: the runner reconnects to another.
+                () = &mut closed => return,
                 Some(job) = cancels.recv() => {
                     // Every runner hears every cancel; this one is told only of its own jobs.
                     match queue.holder(job).await {

@@ -15,6 +15,7 @@ mod local_mode;
 mod ops;
 mod rate_limits;
 mod responses;
+mod runner_api;
 mod runner_tokens;
 mod streams;
 mod tools;

@@ -189,16 +189,21 @@ impl ControlPlane for Direct {
         .boxed()
     }
 
-    fn mark_streamed(&self, job: Uuid, attempt: i32) -> BoxFuture<'_, PlaneResult<()>> {
-        async move { Ok(self.queue.mark_streamed(job, attempt).await?) }.boxed()
-    }
-
     fn append<'a>(
         &'a self,
+        streamed: &'a [(Uuid, i32)],
         events: &'a [(Uuid, JobEvent)],
         caps: StreamCaps<'a>,
-    ) -> BoxFuture<'a, PlaneResult<()>> {
-        async move { Ok(self.relay.append_capped(events, caps).await?) }.boxed()
+    ) -> BoxFuture<'a, PlaneResult<Vec<Uuid>>> {
+        // Redis does not fence: a stale attempt's events are told apart by their readers.
+        async move {
+            if !streamed.is_empty() {
+                self.queue.mark_all_streamed(streamed, None).await?;
+            }
+            self.relay.append_capped(events, caps).await?;
+            Ok(Vec::new())
+        }
+        .boxed()
     }
 
     fn cancel_signals(&self) -> mpsc::Receiver<Uuid> {

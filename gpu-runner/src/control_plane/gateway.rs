@@ -4,11 +4,11 @@
 //!
 //! A claim is a long poll that the api wakes on `NOTIFY`. Cancellations and operators'
 //! state changes arrive on one server-sent event stream (`/notices`), reconnected with
-//! backoff. A step's events are retried in order while the api is unreachable, for up to
-//! [`APPEND_PATIENCE`]; the engine keeps stepping meanwhile, its outputs waiting in the
-//! worker's queue. Reports the fence refuses (`lease_not_held`) read as a stale report, as
-//! they do for a direct runner.
+//! backoff. A step's events are tried once, with a short time limit: the worker's uplink
+//! retries them in order while the api is unreachable. Reports the fence refuses
+//! (`lease_not_held`) read as a stale report, as they do for a direct runner.
 
+use super::backoff::Backoff;
 use super::{ControlPlane, PlaneError, PlaneResult, StreamCaps};
 use fallow_protocol::job::{Completion, JobEvent, Progress};
 use fallow_scheduler::queue::{Checkpoint, ClaimScope, ClaimedJob, FailOutcome, LeaseRenewal};
@@ -25,8 +25,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-/// How long one step's events are retried while the api is unreachable.
-pub const APPEND_PATIENCE: Duration = Duration::from_secs(45);
+/// How long one try at appending a step's events may take: a connection that stopped
+/// forwarding is given up, and the uplink tries again on a fresh one.
+const APPEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a claim waits at the api for work before it answers with none.
 const CLAIM_WAIT: Duration = Duration::from_secs(5);
@@ -94,7 +95,8 @@ impl Gateway {
         request
     }
 
-    /// One call: `body` as JSON (or none), the answer as `T`.
+    /// One call: `body` as JSON (or none), the answer as `T`; `wait` is how long the api
+    /// may hold it on top of the usual time limit.
     async fn call<T: DeserializeOwned>(
         &self,
         method: Method,
@@ -102,20 +104,29 @@ impl Gateway {
         body: Option<&(impl Serialize + Sync)>,
         wait: Duration,
     ) -> PlaneResult<T> {
-        let mut request = self.request(method, path).timeout(CALL_TIMEOUT + wait);
+        self.call_within(method, path, body, CALL_TIMEOUT + wait)
+            .await
+    }
+
+    /// One call that must be answered within `limit`.
+    async fn call_within<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&(impl Serialize + Sync)>,
+        limit: Duration,
+    ) -> PlaneResult<T> {
+        let mut request = self.request(method, path).timeout(limit);
         if let Some(body) = body {
             request = request.json(body);
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| PlaneError::Unavailable(format!("{path}: {e}")))?;
+        let response = request.send().await.map_err(|e| unavailable(path, &e))?;
         let status = response.status();
         if status.is_success() {
             return response
                 .json()
                 .await
-                .map_err(|e| PlaneError::Unavailable(format!("{path}: reading the answer: {e}")));
+                .map_err(|e| unavailable(&format!("{path}: reading the answer"), &e));
         }
         let text = response.text().await.unwrap_or_default();
         Err(self.refusal(path, status, &text))
@@ -131,6 +142,9 @@ impl Gateway {
                 PlaneError::UnknownRunner(self.runner_id().unwrap_or_default())
             }
             (StatusCode::CONFLICT, "lease_not_held") => PlaneError::Fenced,
+            (StatusCode::UNAUTHORIZED, _) | (StatusCode::CONFLICT, "runner_replaced") => {
+                PlaneError::Revoked(format!("{path}: {message}"))
+            }
             (s, _) if s.is_server_error() || s == StatusCode::TOO_MANY_REQUESTS => {
                 PlaneError::Unavailable(format!("{path}: {status}: {message}"))
             }
@@ -203,7 +217,7 @@ impl Gateway {
             // Whatever was missed meanwhile: the state is read again, and heartbeats
             // report cancellations too.
             let _ = states.try_send(());
-            tokio::time::sleep(backoff.next()).await;
+            tokio::time::sleep(backoff.delay()).await;
         }
     }
 
@@ -212,7 +226,7 @@ impl Gateway {
             .request(Method::GET, "/notices")
             .send()
             .await
-            .map_err(|e| PlaneError::Unavailable(format!("/notices: {e}")))?;
+            .map_err(|e| unavailable("/notices", &e))?;
         if !response.status().is_success() {
             let status = response.status();
             let text = response.text().await.unwrap_or_default();
@@ -222,7 +236,7 @@ impl Gateway {
         while let Some(chunk) = response
             .chunk()
             .await
-            .map_err(|e| PlaneError::Unavailable(format!("/notices: {e}")))?
+            .map_err(|e| unavailable("/notices", &e))?
         {
             buffer.push_str(&String::from_utf8_lossy(&chunk));
             while let Some(end) = buffer.find("\n\n") {
@@ -244,27 +258,16 @@ impl Gateway {
     }
 }
 
-/// Exponential backoff with jitter, from 100 ms to 5 s.
-#[derive(Default)]
-struct Backoff {
-    tries: u32,
-}
-
-impl Backoff {
-    fn next(&mut self) -> Duration {
-        let base = 100u64.saturating_mul(1 << self.tries.min(6)).min(5_000);
-        self.tries += 1;
-        // Jitter from the clock's nanoseconds: enough to spread reconnecting runners.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| u64::from(d.subsec_nanos()))
-            .unwrap_or(0);
-        Duration::from_millis(base / 2 + nanos % (base / 2 + 1))
+/// A failed request, with every cause: reqwest's own message hides why (a certificate
+/// that is not trusted, a refused connection).
+fn unavailable(path: &str, error: &reqwest::Error) -> PlaneError {
+    let mut message = format!("{path}: {error}");
+    let mut cause = std::error::Error::source(error);
+    while let Some(e) = cause {
+        message.push_str(&format!(": {e}"));
+        cause = e.source();
     }
-
-    fn reset(&mut self) {
-        self.tries = 0;
-    }
+    PlaneError::Unavailable(message)
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -419,11 +422,25 @@ impl ControlPlane for Gateway {
                 limit,
                 lease_ms: millis(lease),
                 wait_ms: millis(CLAIM_WAIT),
+                claim_id: Some(Uuid::new_v4()),
             };
-            let claimed: wire::Claimed = self
-                .call(Method::POST, "/claim", Some(&body), CLAIM_WAIT)
-                .await?;
-            Ok(claimed.jobs)
+            // A lost answer is asked for again under the same claim id, which gets the jobs
+            // it claimed, for as long as their leases last.
+            let started = tokio::time::Instant::now();
+            let mut backoff = Backoff::default();
+            loop {
+                let answer = self
+                    .call::<wire::Claimed>(Method::POST, "/claim", Some(&body), CLAIM_WAIT)
+                    .await;
+                match answer {
+                    Ok(claimed) => return Ok(claimed.jobs),
+                    Err(PlaneError::Unavailable(e)) if started.elapsed() < lease => {
+                        tracing::warn!(error = %e, "a claim went unanswered; asking again");
+                        tokio::time::sleep(backoff.delay()).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
         }
         .boxed()
     }
@@ -525,22 +542,18 @@ impl ControlPlane for Gateway {
         .boxed()
     }
 
-    fn mark_streamed(&self, job: Uuid, attempt: i32) -> BoxFuture<'_, PlaneResult<()>> {
-        async move {
-            let body = wire::Streamed { attempt };
-            self.report(job, "streamed", &body, |_: serde_json::Value| (), ())
-                .await
-        }
-        .boxed()
-    }
-
     fn append<'a>(
         &'a self,
+        streamed: &'a [(Uuid, i32)],
         events: &'a [(Uuid, JobEvent)],
         caps: StreamCaps<'a>,
-    ) -> BoxFuture<'a, PlaneResult<()>> {
+    ) -> BoxFuture<'a, PlaneResult<Vec<Uuid>>> {
         async move {
             let body = wire::Append {
+                streamed: streamed
+                    .iter()
+                    .map(|&(job, attempt)| wire::JobAttempt { job, attempt })
+                    .collect(),
                 events: events
                     .iter()
                     .map(|(job, event)| wire::StepEvent {
@@ -550,28 +563,10 @@ impl ControlPlane for Gateway {
                     })
                     .collect(),
             };
-            let started = tokio::time::Instant::now();
-            let mut backoff = Backoff::default();
-            loop {
-                match self.post::<serde_json::Value>("/events", &body).await {
-                    Ok(answer) => {
-                        if let Some(refused) =
-                            answer["refused"].as_array().filter(|r| !r.is_empty())
-                        {
-                            tracing::warn!(
-                                ?refused,
-                                "the api refused events for jobs this runner no longer holds"
-                            );
-                        }
-                        return Ok(());
-                    }
-                    Err(PlaneError::Unavailable(e)) if started.elapsed() < APPEND_PATIENCE => {
-                        tracing::warn!(error = %e, "appending a step's events failed; retrying");
-                        tokio::time::sleep(backoff.next()).await;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+            let answer: wire::Appended = self
+                .call_within(Method::POST, "/events", Some(&body), APPEND_TIMEOUT)
+                .await?;
+            Ok(answer.refused)
         }
         .boxed()
     }

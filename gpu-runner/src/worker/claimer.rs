@@ -8,7 +8,7 @@
 //! have waited `cold_after`.
 
 use super::models::ClaimModels;
-use crate::control_plane::ControlPlane;
+use crate::control_plane::{ControlPlane, PlaneError};
 use fallow_scheduler::queue::{ClaimScope, ClaimedJob};
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,6 +60,11 @@ impl ClaimLoop {
                 .await
             {
                 Ok(jobs) => jobs,
+                // The worker stops at its next heartbeat; claiming again cannot succeed.
+                Err(e @ PlaneError::Revoked(_)) => {
+                    tracing::warn!(error = %e, "claiming stopped");
+                    return;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "claiming jobs failed; retrying");
                     drop(first);

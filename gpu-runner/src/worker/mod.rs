@@ -26,6 +26,7 @@ mod residency;
 mod runner_state;
 mod telemetry;
 mod upkeep;
+mod uplink;
 
 pub use engine_host::{HostOptions, PanicHook, DEFAULT_PREPARE_TIMEOUT};
 pub use lending::{LendingError, LendingWindows};
@@ -33,7 +34,7 @@ pub use neighbour_bench::{noisy_neighbour, Latency, NeighbourRound};
 pub use offer::{ModelOffer, WarmPolicy};
 pub use owner::OwnerProbe;
 
-use crate::control_plane::ControlPlane;
+use crate::control_plane::{ControlPlane, PlaneError};
 use claimer::{ClaimLoop, Claimed};
 use engine_host::{HostCommand, HostEvent};
 use fallow_protocol::job::{GenerateRequest, JobEvent};
@@ -43,6 +44,7 @@ use in_flight::{InFlight, InFlightTable};
 use models::{Admission, EngineKey, LoadDone, Loaded, Models};
 use runner_state::RunnerState;
 use std::future::Future;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -216,6 +218,7 @@ pub async fn run(
         .run(claim_tx),
     );
     let mut cancels = plane.cancel_signals();
+    let (uplink, mut uplink_news) = uplink::Uplink::start(plane.clone());
     let mut heartbeat = tokio::time::interval(config.heartbeat_every.min(MAX_HEARTBEAT_EVERY));
     let mut models_tick = tokio::time::interval(MODELS_TICK);
     let mut worker = Worker {
@@ -229,17 +232,20 @@ pub async fn run(
         pool_max_share: config.pool_max_share,
         completing: completing::Completing::default(),
         drain_deadline: None,
+        revoked: AtomicBool::new(false),
+        uplink,
     };
     worker.models_changed().await;
     worker.check_pool_turn().await;
     tokio::pin!(shutdown);
-    loop {
+    while !worker.revoked() {
         tokio::select! {
             _ = &mut shutdown => break,
             Some(claimed) = claim_rx.recv() => worker.start(claimed).await,
             Some((engine, event)) = host_rx.recv() => worker.on_engine_event(engine, event).await,
             Some(done) = loads_rx.recv() => worker.on_load(done).await,
             Some(job) = cancels.recv() => worker.cancel(job).await,
+            Some(news) = uplink_news.recv() => worker.on_uplink(news),
             Some(active) = owner_changed(&mut owner) => worker.on_owner(active).await,
             Some(()) = hints.recv() => worker.refresh_state().await,
             _ = heartbeat.tick() => worker.heartbeat().await,
@@ -248,6 +254,15 @@ pub async fn run(
         }
     }
     claim_task.abort();
+    if worker.revoked() {
+        // Nothing this runner reports counts any more: the control plane already handed its
+        // jobs to other runners. Stop computing them, and stop.
+        worker.abort_all();
+        return Err(PlaneError::Revoked(
+            "its token was revoked, or another runner registered with it".into(),
+        )
+        .into());
+    }
     // Claimed but not started: back at once, without waiting for their leases to expire.
     while let Ok(Claimed { job, .. }) = claim_rx.try_recv() {
         let message = "The runner shut down.";
@@ -271,6 +286,7 @@ pub async fn run(
     worker
         .hand_back_all("runner_shutdown", "The runner shut down.")
         .await;
+    worker.uplink.flush().await;
     if let Err(e) = plane.deregister(runner_id).await {
         tracing::warn!(error = %e, "deregistering the runner failed");
     }
@@ -334,6 +350,10 @@ struct Worker {
     completing: completing::Completing,
     /// When an operator's drain with a deadline hands back what is still held.
     drain_deadline: Option<tokio::time::Instant>,
+    /// Set once the control plane says this runner's token no longer admits it.
+    revoked: AtomicBool,
+    /// Where every step's events leave, in order.
+    uplink: uplink::Uplink,
 }
 
 impl Worker {
@@ -462,6 +482,7 @@ impl Worker {
             },
         )])
         .await;
+        self.uplink.flush().await;
         if let Err(e) = self
             .plane
             .mark_cancelled(job_id, job.attempt, &partial)
@@ -477,6 +498,7 @@ impl Worker {
         // that already carried tokens: its client sees the rest follow, or an error once no
         // attempt is left.
         if let Some(progress) = job.progress().filter(|_| retryable) {
+            self.uplink.flush().await; // what reached the stream is what continues
             match self
                 .plane
                 .fail_and_continue(job.job_id, job.attempt, message, &progress)
@@ -512,19 +534,27 @@ impl Worker {
     }
 
     async fn fail_job(&self, job_id: Uuid, attempt: i32, message: &str, retryable: bool) {
+        self.uplink.flush().await; // the job's events first
         if let Err(e) = self.plane.fail(job_id, attempt, message, retryable).await {
             tracing::warn!(%job_id, error = %e, "failing a job failed");
         }
     }
 
-    async fn append(&self, events: &[(Uuid, JobEvent)]) {
-        if events.is_empty() {
-            return;
-        }
-        let table = &self.table;
-        let caps = |job| table.stream_entries(job);
-        if let Err(e) = self.plane.append(events, &caps).await {
-            tracing::warn!(error = %e, "appending to the token relay failed");
-        }
+    /// Queues events for their streams, in order (see [`uplink`]).
+    async fn append(&self, events: &[(Uuid, JobEvent)]) -> uplink::Sent {
+        self.send_step(Vec::new(), events.to_vec()).await
+    }
+
+    /// Queues a step: its first tokens' `streamed` marks, then its events.
+    async fn send_step(
+        &self,
+        marks: Vec<(Uuid, i32)>,
+        events: Vec<(Uuid, JobEvent)>,
+    ) -> uplink::Sent {
+        let caps = events
+            .iter()
+            .filter_map(|(job, _)| Some((*job, self.table.stream_entries(*job)?)))
+            .collect();
+        self.uplink.send(marks, events, caps).await
     }
 }

@@ -1,6 +1,7 @@
 //! What the engines report, turned into the job's stream and its end: admissions, rejections,
-//! a step's outputs (appended to Redis in one pipelined round trip, finished jobs completed
-//! in Postgres fenced by `(id, attempt)`), tokenization answers, and an engine's failure.
+//! a step's outputs (queued on the uplink as one append for all jobs; finished jobs
+//! completed once their `Final` has left, fenced by `(id, attempt)`), tokenization answers,
+//! and an engine's failure.
 
 use super::completing::{self, RetryPolicy};
 use super::engine_host::HostEvent;
@@ -106,40 +107,42 @@ impl Worker {
                 done.push((job, completion));
             }
         }
-        // Recorded before the tokens leave: once a client has seen tokens, the reaper must not
-        // hand the job to another runner (the client would see two attempts spliced).
-        if !first_tokens.is_empty() {
-            let marks = first_tokens
-                .iter()
-                .map(|&(job_id, attempt)| self.plane.mark_streamed(job_id, attempt));
-            for (result, (job_id, _)) in futures::future::join_all(marks)
-                .await
-                .into_iter()
-                .zip(&first_tokens)
-            {
-                if let Err(e) = result {
-                    tracing::warn!(%job_id, error = %e, "marking a job streamed failed");
-                }
-            }
-        }
-        self.append(&events).await;
+        // The first tokens' `streamed` marks leave before the tokens do: once a client has
+        // seen tokens, the reaper must not hand the job to another runner (the client would
+        // see two attempts spliced).
+        let sent = self.send_step(first_tokens, events).await;
         let finished_any = !done.is_empty();
-        for (job, completion) in done {
+        if finished_any {
             let plane = self.plane.clone();
-            // Held (and its lease renewed) until the completion commits or is refused.
-            let held = self.completing.hold(job.job_id, job.attempt);
-            // Completing off the loop keeps the next step's tokens flowing.
+            // Held (and their leases renewed) until the completions commit or are refused.
+            let held: Vec<_> = done
+                .iter()
+                .map(|(job, _)| self.completing.hold(job.job_id, job.attempt))
+                .collect();
+            // Completing off the loop keeps the next step's tokens flowing; each completion
+            // follows its `Final` into the stream.
             tokio::spawn(async move {
-                let commit = || plane.complete(job.job_id, job.attempt, &completion);
-                match completing::until_settled(RetryPolicy::default(), commit).await {
-                    Ok(true) => tracing::debug!(job_id = %job.job_id, "job completed"),
-                    Ok(false) => tracing::info!(job_id = %job.job_id, "stale completion ignored"),
-                    Err(e) => {
-                        tracing::error!(job_id = %job.job_id, error = %e, "completing failed for good")
+                let _ = sent.await;
+                let commits = done.iter().map(|(job, completion)| {
+                    let plane = plane.clone();
+                    async move {
+                        let commit = || plane.complete(job.job_id, job.attempt, completion);
+                        let outcome =
+                            completing::until_settled(RetryPolicy::default(), commit).await;
+                        (job.job_id, outcome)
+                    }
+                });
+                for (job_id, outcome) in futures::future::join_all(commits).await {
+                    match outcome {
+                        Ok(true) => tracing::debug!(%job_id, "job completed"),
+                        Ok(false) => tracing::info!(%job_id, "stale completion ignored"),
+                        Err(e) => {
+                            tracing::error!(%job_id, error = %e, "completing failed for good")
+                        }
                     }
                 }
                 drop(held);
-                drop(job);
+                drop(done);
             });
         }
         if finished_any {
@@ -162,7 +165,9 @@ impl Worker {
                 completion: completion.clone(),
             },
         )])
-        .await;
+        .await
+        .await
+        .ok();
         match self
             .plane
             .complete(job.job_id, job.attempt, &completion)

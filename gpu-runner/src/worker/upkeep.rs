@@ -2,15 +2,17 @@
 //! each job's checkpoint, cancellations, the registry state), an operator's state hint, the
 //! runner's own state reports (`yielded`, `active`, `drained`), operators' eviction
 //! requests, the owner probe's verdict (a yield also unloads every model, freeing the
-//! device's memory), and handing jobs back to the queue when the runner steps aside or
-//! shuts down.
+//! device's memory), handing jobs back to the queue when the runner steps aside or shuts
+//! down, and stopping when the control plane no longer admits the runner.
 
 use super::engine_host::HostCommand;
+use super::uplink::News;
 use super::{telemetry, Worker, POOL_MESSAGE, YIELD_MESSAGE};
 use crate::control_plane::PlaneError;
 use fallow_protocol::job::{JobEvent, Progress};
 use fallow_scheduler::queue::{Checkpoint, FailOutcome};
 use fallow_scheduler::runners;
+use std::sync::atomic::Ordering;
 use uuid::Uuid;
 
 impl Worker {
@@ -37,7 +39,13 @@ impl Worker {
                     tracing::warn!(error = %e, "registering again failed");
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "runner heartbeat failed"),
+            Err(e) => {
+                self.notice(&e);
+                tracing::warn!(error = %e, "runner heartbeat failed");
+            }
+        }
+        if self.revoked() {
+            return;
         }
         self.take_evictions().await;
         self.count_replicas().await;
@@ -56,7 +64,46 @@ impl Worker {
                     self.drop_lost(job);
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "renewing leases failed"),
+            Err(e) => {
+                self.notice(&e);
+                tracing::warn!(error = %e, "renewing leases failed");
+            }
+        }
+    }
+
+    /// Takes note of a failed call: a revoked (or replaced) runner must stop.
+    pub(super) fn notice(&self, error: &PlaneError) {
+        if matches!(error, PlaneError::Revoked(_)) {
+            self.revoked.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the control plane said this runner's token no longer admits it.
+    pub(super) fn revoked(&self) -> bool {
+        self.revoked.load(Ordering::Relaxed)
+    }
+
+    /// Drops every held job from its engine without reporting anything: used once revoked,
+    /// when the control plane has already handed the jobs to other runners.
+    pub(super) fn abort_all(&mut self) {
+        for id in self.table.requests() {
+            if let Some(job) = self.table.remove(id) {
+                self.abort_in_engine(&job.model, id);
+                tracing::warn!(job_id = %job.job_id, "revoked: dropped a job");
+            }
+        }
+    }
+
+    /// What the uplink found: jobs the control plane no longer gives this runner, or whose
+    /// events could not be delivered, are dropped; a revoked runner stops.
+    pub(super) fn on_uplink(&mut self, news: News) {
+        match news {
+            News::Refused(jobs) | News::Undelivered(jobs) => {
+                for job in jobs {
+                    self.drop_lost(job);
+                }
+            }
+            News::Revoked => self.revoked.store(true, Ordering::Relaxed),
         }
     }
 
@@ -218,6 +265,9 @@ impl Worker {
             } else {
                 POOL_MESSAGE
             };
+            // `yielded` first: a claim already on its way (a gateway's long poll) then
+            // cannot take back the jobs handed back next.
+            self.reconcile().await;
             self.hand_back_all("runner_yielded", message).await;
             // The owner needs the device's memory too, not only its time.
             self.models.unload_all("yield");
@@ -266,6 +316,7 @@ impl Worker {
         code: &str,
         message: &str,
     ) {
+        self.uplink.flush().await; // the job's events first: its progress is what they hold
         match self.plane.release(job_id, attempt, progress).await {
             Ok(FailOutcome::Requeued) => {
                 tracing::info!(%job_id, continues = progress.is_some(), "job handed back to the queue");

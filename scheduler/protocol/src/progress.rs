@@ -64,9 +64,17 @@ impl Progress {
     ) -> Option<Progress> {
         let mut progress: Option<Progress> = None;
         let mut positions = StreamPositions::new(n);
+        let mut last_attempt = None;
         for event in events {
             match event {
-                JobEvent::Started { continues, .. } => {
+                JobEvent::Started {
+                    attempt, continues, ..
+                } => {
+                    // The same attempt's start again is an append its runner retried.
+                    let again = last_attempt.replace(*attempt) == Some(*attempt);
+                    if again {
+                        continue;
+                    }
                     if !continues || progress.is_none() {
                         if *continues {
                             return None; // what it continued was trimmed away
@@ -177,6 +185,21 @@ mod tests {
         assert_eq!(p.choices[0].token_ids, [1]);
         assert_eq!(p.choices[1].text, "x", "the other choice is whole");
         assert_eq!(p.usage.completion_tokens, 2);
+    }
+
+    #[test]
+    fn an_append_its_runner_retried_counts_once() {
+        let events = [
+            started(1, false),
+            delta_at(0, "He", &[1], 0, 0),
+            // Appends that timed out after they landed, sent again.
+            started(1, false),
+            delta_at(0, "llo", &[2], 1, 2),
+            delta_at(0, "llo", &[2], 1, 2),
+        ];
+        let p = Progress::from_events(1, &events).expect("progress");
+        assert_eq!(p.choices[0].text, "Hello");
+        assert_eq!(p.choices[0].token_ids, [1, 2]);
     }
 
     #[test]

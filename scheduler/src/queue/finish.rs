@@ -155,9 +155,21 @@ impl Queue {
     /// retried from scratch (fenced). Call it *before* appending the first delta: if the
     /// runner dies in between, the job fails rather than being replayed to the client.
     pub async fn mark_streamed(&self, id: Uuid, attempt: i32) -> Result<(), SchedulerError> {
+        self.mark_all_streamed(&[(id, attempt)], None).await
+    }
+
+    /// [`mark_streamed`](Self::mark_streamed) for a step's jobs in one statement; with
+    /// `runner`, only the jobs that runner holds.
+    pub async fn mark_all_streamed(
+        &self,
+        jobs: &[(Uuid, i32)],
+        runner: Option<Uuid>,
+    ) -> Result<(), SchedulerError> {
+        let (ids, attempts): (Vec<Uuid>, Vec<i32>) = jobs.iter().copied().unzip();
         sqlx::query(include_str!("queries/mark_streamed.sql"))
-            .bind(id)
-            .bind(attempt)
+            .bind(ids)
+            .bind(attempts)
+            .bind(runner)
             .execute(&self.pool)
             .await?;
         Ok(())
