@@ -384,6 +384,54 @@ def test_a_gateway_runner_whose_owner_returns_hands_its_stream_to_another_runner
         stop_process(owned)
 
 
+def test_a_runner_cut_off_from_the_api_still_frees_the_device_when_its_owner_returns(gateway):
+    """The owner's return needs no network: the engine stops and the models unload at once;
+    the jobs go back once the api can be reached again, and finish on another runner."""
+    want = reference_text(gateway)
+    probe = gateway.token_dir / "owner-active-cut"
+    metrics = f"127.0.0.1:{free_port()}"
+    owned = gateway.start_runner(gateway.create_token("lab-cut", "--models", MODEL_ID),
+                                 "--owner-probe", f"file:{probe}", "--owner-grace-seconds", "2",
+                                 "--metrics-listen", metrics)
+    first = runner_with_token(gateway, "lab-1")["id"]
+    resident = re.compile(r'^fallow:model_resident_bytes\{[^}]*\} (\S+)$', re.M)
+
+    def resident_bytes():
+        return sum(float(v) for v in resident.findall(httpx.get(f"http://{metrics}/metrics", timeout=5).text))
+
+    try:
+        second = wait_for(lambda: runner_with_token(gateway, "lab-cut"), timeout=120)["id"]
+        wait_for(lambda: gateway.admin("GET", f"/runners/{second}").json()["warm"] == [MODEL_ID], timeout=60)
+        assert gateway.admin("POST", f"/runners/{first}/cordon").status_code == 200
+        freed = {}
+
+        def cut_then_owner_returns(k):
+            if k == 3:
+                gateway.proxy.pause()
+                probe.touch()
+                touched = time.time()
+                wait_for(lambda: resident_bytes() == 0, timeout=10, every=0.05)
+                freed["after"] = time.time() - touched
+                time.sleep(3)
+                gateway.proxy.resume()
+                assert gateway.admin("POST", f"/runners/{first}/resume").status_code == 200
+
+        headers = {"Authorization": f"Bearer {gateway.key}"}
+        with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions",
+                          json={**LONG_BODY, "stream": True}, headers=headers, timeout=180) as r:
+            assert r.status_code == 200, r.read()
+            text, _, completion_id, _ = read_sse(r.iter_lines(), cut_then_owner_returns)
+        assert freed["after"] < 2.0, f"the models were unloaded {freed['after']:.1f} s after the owner returned"
+        assert text == want, "the stream went on on the other runner, as if uninterrupted"
+        job = job_of(gateway, completion_id)
+        assert (job["state"], job["runner_id"], job["attempt"]) == ("succeeded", first, 2), job
+        assert gateway.admin("GET", f"/runners/{second}").json()["state"] == "yielded"
+    finally:
+        gateway.proxy.resume()
+        gateway.admin("POST", f"/runners/{first}/resume")
+        stop_process(owned)
+
+
 def runner_with_token(gateway, name):
     return next((r for r in gateway.admin("GET", "/runners").json()["data"]
                  if r["token"] == name and r["state"] != "dead"), None)

@@ -6,6 +6,7 @@
 //! down, and stopping when the control plane no longer admits the runner.
 
 use super::engine_host::HostCommand;
+use super::in_flight::InFlight;
 use super::uplink::News;
 use super::{telemetry, Worker, POOL_MESSAGE, YIELD_MESSAGE};
 use crate::control_plane::PlaneError;
@@ -13,7 +14,12 @@ use fallow_protocol::job::{JobEvent, Progress};
 use fallow_scheduler::queue::{Checkpoint, FailOutcome};
 use fallow_scheduler::runners;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 use uuid::Uuid;
+
+/// How long a heartbeat may wait for the control plane before the upkeep gives up this
+/// round (the next comes a few seconds later).
+const HEARTBEAT_BUDGET: Duration = Duration::from_secs(5);
 
 impl Worker {
     pub(super) async fn heartbeat(&mut self) {
@@ -31,7 +37,13 @@ impl Worker {
                 }),
         );
         let plane = self.plane.clone();
-        match plane.heartbeat(self.runner_id, leases.len() as i32).await {
+        let beat = plane.heartbeat(self.runner_id, leases.len() as i32);
+        // A control plane out of reach is given up on quickly: the loop has an owner to
+        // watch and steps to send meanwhile.
+        let beat = tokio::time::timeout(HEARTBEAT_BUDGET, beat)
+            .await
+            .unwrap_or_else(|_| Err(PlaneError::Unavailable("the heartbeat timed out".into())));
+        match beat {
             Ok(state) => self.set_registry(state).await,
             Err(PlaneError::UnknownRunner(_)) => {
                 tracing::warn!(runner_id = %self.runner_id, "the registry forgot this runner; registering again");
@@ -42,10 +54,11 @@ impl Worker {
             Err(e) => {
                 self.notice(&e);
                 tracing::warn!(error = %e, "runner heartbeat failed");
+                // The rest of the upkeep would wait on the same unreachable control plane.
+                if matches!(e, PlaneError::Unavailable(_)) || self.revoked() {
+                    return;
+                }
             }
-        }
-        if self.revoked() {
-            return;
         }
         self.take_evictions().await;
         self.count_replicas().await;
@@ -265,12 +278,14 @@ impl Worker {
             } else {
                 POOL_MESSAGE
             };
-            // `yielded` first: a claim already on its way (a gateway's long poll) then
-            // cannot take back the jobs handed back next.
-            self.reconcile().await;
-            self.hand_back_all("runner_yielded", message).await;
-            // The owner needs the device's memory too, not only its time.
+            // The device first: the owner gets its time and memory at once, whatever the
+            // network to the control plane does meanwhile.
+            let leaving = self.leave_engines();
             self.models.unload_all("yield");
+            // `yielded` before the jobs go back: a claim already on its way (a gateway's
+            // long poll) then cannot take them back.
+            self.reconcile().await;
+            self.release_all(leaving, "runner_yielded", message).await;
             self.models_changed().await;
         } else if !was_lent && lent {
             self.models.preload_later();
@@ -283,24 +298,40 @@ impl Worker {
     /// the runner is shutting down. The job leaves the table before its engine request is
     /// aborted, so the progress is exactly what reached its stream.
     pub(super) async fn hand_back_all(&mut self, code: &str, message: &str) {
+        let leaving = self.leave_engines();
+        self.release_all(leaving, code, message).await;
+    }
+
+    /// Takes every held job out of the table and its engine, without a word to the control
+    /// plane yet.
+    fn leave_engines(&mut self) -> Vec<InFlight> {
+        let mut leaving = Vec::new();
         for id in self.table.requests() {
             if let Some(job) = self.table.remove(id) {
                 self.abort_in_engine(&job.model, id);
-                let streamed = job.streamed && job.client_streams;
-                let progress = job.progress();
-                if progress.is_some() {
-                    telemetry::record_continuation(&job.model, code);
-                }
-                self.release(
-                    job.job_id,
-                    job.attempt,
-                    streamed,
-                    progress.as_ref(),
-                    code,
-                    message,
-                )
-                .await;
+                leaving.push(job);
             }
+        }
+        leaving
+    }
+
+    /// Hands jobs that left their engines back to the queue, each with its progress.
+    async fn release_all(&mut self, jobs: Vec<InFlight>, code: &str, message: &str) {
+        for job in jobs {
+            let streamed = job.streamed && job.client_streams;
+            let progress = job.progress();
+            if progress.is_some() {
+                telemetry::record_continuation(&job.model, code);
+            }
+            self.release(
+                job.job_id,
+                job.attempt,
+                streamed,
+                progress.as_ref(),
+                code,
+                message,
+            )
+            .await;
         }
     }
 
