@@ -22,7 +22,7 @@ struct Inner {
     config: ApiConfig,
     catalog: ModelCatalog,
     metrics: Option<PrometheusHandle>,
-    runner_api: crate::runner_api::RunnerApiCaches,
+    runner_api: crate::runner_api::RunnerApiState,
 }
 
 impl AppState {
@@ -63,7 +63,7 @@ impl AppState {
     pub fn metrics(&self) -> Option<&PrometheusHandle> {
         self.inner.metrics.as_ref()
     }
-    pub fn runner_api(&self) -> &crate::runner_api::RunnerApiCaches {
+    pub fn runner_api(&self) -> &crate::runner_api::RunnerApiState {
         &self.inner.runner_api
     }
 }

@@ -23,3 +23,16 @@ pub enum SchedulerError {
     #[error("object store: {0}")]
     Store(#[from] crate::store::StoreError),
 }
+
+/// An error with every cause behind it: some `Display`s say only "service error" (the S3
+/// SDK) or "error sending request" (reqwest), and the source chain says what went wrong.
+pub fn describe(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

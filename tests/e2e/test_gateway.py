@@ -307,6 +307,7 @@ def test_a_runner_that_loses_the_network_for_10_s_loses_and_repeats_nothing(gate
         assert r.status_code == 200, r.read()
         text, _, completion_id, longest = read_sse(r.iter_lines(), cut)
     assert text == want, "every token once, in order"
+    assert longest >= 8, f"the cut held the stream back (longest wait {longest:.1f} s)"
     job = job_of(gateway, completion_id)
     assert (job["state"], job["attempt"]) == ("succeeded", 1), "the runner kept its job through the cut"
     assert gateway.runner.poll() is None, "the runner is still up"
@@ -353,17 +354,37 @@ def test_an_api_with_gateway_runners_connected_shuts_down_at_once_and_they_come_
     assert gateway.runner.poll() is None
 
 
+def owned_runner(gateway, name, probe, *extra):
+    """A second gateway runner, watching the owner `probe`, warm and ready; the stack's own
+    runner cordoned, so a new job goes to the second. Returns (process, first id, second id)."""
+    owned = gateway.start_runner(gateway.create_token(name, "--models", MODEL_ID),
+                                 "--owner-probe", f"file:{probe}", "--owner-grace-seconds", "2", *extra)
+    first = runner_with_token(gateway, "lab-1")["id"]
+    try:
+        second = wait_for(lambda: runner_with_token(gateway, name), timeout=120)["id"]
+        wait_for(lambda: gateway.admin("GET", f"/runners/{second}").json()["warm"] == [MODEL_ID], timeout=60)
+        assert gateway.admin("POST", f"/runners/{first}/cordon").status_code == 200
+    except BaseException:
+        stop_process(owned)
+        raise
+    return owned, first, second
+
+
+def stream_long(gateway, on_content):
+    """Streams the long request; returns its text and completion id."""
+    headers = {"Authorization": f"Bearer {gateway.key}"}
+    with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions",
+                      json={**LONG_BODY, "stream": True}, headers=headers, timeout=180) as r:
+        assert r.status_code == 200, r.read()
+        text, _, completion_id, _ = read_sse(r.iter_lines(), on_content)
+    return text, completion_id
+
+
 def test_a_gateway_runner_whose_owner_returns_hands_its_stream_to_another_runner_seamlessly(gateway):
     want = reference_text(gateway)
     probe = gateway.token_dir / "owner-active"
-    owned = gateway.start_runner(gateway.create_token("lab-owned", "--models", MODEL_ID),
-                                 "--owner-probe", f"file:{probe}", "--owner-grace-seconds", "2")
-    first = runner_with_token(gateway, "lab-1")["id"]
+    owned, first, second = owned_runner(gateway, "lab-owned", probe)
     try:
-        second = wait_for(lambda: runner_with_token(gateway, "lab-owned"), timeout=120)["id"]
-        wait_for(lambda: gateway.admin("GET", f"/runners/{second}").json()["warm"] == [MODEL_ID], timeout=60)
-        assert gateway.admin("POST", f"/runners/{first}/cordon").status_code == 200
-
         def owner_returns(k):
             if k == 3:
                 probe.touch()
@@ -371,11 +392,7 @@ def test_a_gateway_runner_whose_owner_returns_hands_its_stream_to_another_runner
                          timeout=10, every=0.05)
                 assert gateway.admin("POST", f"/runners/{first}/resume").status_code == 200
 
-        headers = {"Authorization": f"Bearer {gateway.key}"}
-        with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions",
-                          json={**LONG_BODY, "stream": True}, headers=headers, timeout=180) as r:
-            assert r.status_code == 200, r.read()
-            text, _, completion_id, _ = read_sse(r.iter_lines(), owner_returns)
+        text, completion_id = stream_long(gateway, owner_returns)
         assert text == want, "the stream went on on the other runner, as if uninterrupted"
         job = job_of(gateway, completion_id)
         assert (job["state"], job["runner_id"], job["attempt"]) == ("succeeded", first, 2), job
@@ -390,19 +407,13 @@ def test_a_runner_cut_off_from_the_api_still_frees_the_device_when_its_owner_ret
     want = reference_text(gateway)
     probe = gateway.token_dir / "owner-active-cut"
     metrics = f"127.0.0.1:{free_port()}"
-    owned = gateway.start_runner(gateway.create_token("lab-cut", "--models", MODEL_ID),
-                                 "--owner-probe", f"file:{probe}", "--owner-grace-seconds", "2",
-                                 "--metrics-listen", metrics)
-    first = runner_with_token(gateway, "lab-1")["id"]
     resident = re.compile(r'^fallow:model_resident_bytes\{[^}]*\} (\S+)$', re.M)
 
     def resident_bytes():
         return sum(float(v) for v in resident.findall(httpx.get(f"http://{metrics}/metrics", timeout=5).text))
 
+    owned, first, second = owned_runner(gateway, "lab-cut", probe, "--metrics-listen", metrics)
     try:
-        second = wait_for(lambda: runner_with_token(gateway, "lab-cut"), timeout=120)["id"]
-        wait_for(lambda: gateway.admin("GET", f"/runners/{second}").json()["warm"] == [MODEL_ID], timeout=60)
-        assert gateway.admin("POST", f"/runners/{first}/cordon").status_code == 200
         freed = {}
 
         def cut_then_owner_returns(k):
@@ -416,11 +427,7 @@ def test_a_runner_cut_off_from_the_api_still_frees_the_device_when_its_owner_ret
                 gateway.proxy.resume()
                 assert gateway.admin("POST", f"/runners/{first}/resume").status_code == 200
 
-        headers = {"Authorization": f"Bearer {gateway.key}"}
-        with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions",
-                          json={**LONG_BODY, "stream": True}, headers=headers, timeout=180) as r:
-            assert r.status_code == 200, r.read()
-            text, _, completion_id, _ = read_sse(r.iter_lines(), cut_then_owner_returns)
+        text, completion_id = stream_long(gateway, cut_then_owner_returns)
         assert freed["after"] < 2.0, f"the models were unloaded {freed['after']:.1f} s after the owner returned"
         assert text == want, "the stream went on on the other runner, as if uninterrupted"
         job = job_of(gateway, completion_id)

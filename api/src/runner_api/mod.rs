@@ -30,7 +30,7 @@ const BODY_LIMIT: usize = 64 << 20;
 /// What the api keeps for the runner API: recently seen tokens and job holders, and whether
 /// the api is shutting down.
 #[derive(Default)]
-pub struct RunnerApiCaches {
+pub struct RunnerApiState {
     pub tokens: auth::TokenCache,
     pub holders: events::HolderCache,
     pub closing: Closing,

@@ -8,9 +8,10 @@
 //! retries them in order while the api is unreachable. Reports the fence refuses
 //! (`lease_not_held`) read as a stale report, as they do for a direct runner.
 
-use super::backoff::Backoff;
+use super::backoff::{while_unavailable, Backoff};
 use super::{ControlPlane, PlaneError, PlaneResult, StreamCaps};
 use fallow_protocol::job::{Completion, JobEvent, Progress};
+use fallow_scheduler::error::describe;
 use fallow_scheduler::queue::{Checkpoint, ClaimScope, ClaimedJob, FailOutcome, LeaseRenewal};
 use fallow_scheduler::runner_wire as wire;
 use fallow_scheduler::runners::{RunnerInfo, RunnerState};
@@ -261,13 +262,7 @@ impl Gateway {
 /// A failed request, with every cause: reqwest's own message hides why (a certificate
 /// that is not trusted, a refused connection).
 fn unavailable(path: &str, error: &reqwest::Error) -> PlaneError {
-    let mut message = format!("{path}: {error}");
-    let mut cause = std::error::Error::source(error);
-    while let Some(e) = cause {
-        message.push_str(&format!(": {e}"));
-        cause = e.source();
-    }
-    PlaneError::Unavailable(message)
+    PlaneError::Unavailable(format!("{path}: {}", describe(error)))
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -426,21 +421,11 @@ impl ControlPlane for Gateway {
             };
             // A lost answer is asked for again under the same claim id, which gets the jobs
             // it claimed, for as long as their leases last.
-            let started = tokio::time::Instant::now();
-            let mut backoff = Backoff::default();
-            loop {
-                let answer = self
-                    .call::<wire::Claimed>(Method::POST, "/claim", Some(&body), CLAIM_WAIT)
-                    .await;
-                match answer {
-                    Ok(claimed) => return Ok(claimed.jobs),
-                    Err(PlaneError::Unavailable(e)) if started.elapsed() < lease => {
-                        tracing::warn!(error = %e, "a claim went unanswered; asking again");
-                        tokio::time::sleep(backoff.delay()).await;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+            let ask = || {
+                self.call::<wire::Claimed>(Method::POST, "/claim", Some(&body), CLAIM_WAIT)
+                    .boxed()
+            };
+            Ok(while_unavailable(lease, ask).await?.jobs)
         }
         .boxed()
     }

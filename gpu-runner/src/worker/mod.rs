@@ -44,7 +44,6 @@ use in_flight::{InFlight, InFlightTable};
 use models::{Admission, EngineKey, LoadDone, Loaded, Models};
 use runner_state::RunnerState;
 use std::future::Future;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -232,13 +231,13 @@ pub async fn run(
         pool_max_share: config.pool_max_share,
         completing: completing::Completing::default(),
         drain_deadline: None,
-        revoked: AtomicBool::new(false),
+        revoked: false,
         uplink,
     };
     worker.models_changed().await;
     worker.check_pool_turn().await;
     tokio::pin!(shutdown);
-    while !worker.revoked() {
+    while !worker.revoked {
         tokio::select! {
             _ = &mut shutdown => break,
             Some(claimed) = claim_rx.recv() => worker.start(claimed).await,
@@ -254,10 +253,12 @@ pub async fn run(
         }
     }
     claim_task.abort();
-    if worker.revoked() {
+    if worker.revoked {
         // Nothing this runner reports counts any more: the control plane already handed its
         // jobs to other runners. Stop computing them, and stop.
-        worker.abort_all();
+        for job in worker.leave_engines() {
+            tracing::warn!(job_id = %job.job_id, "revoked: dropped a job");
+        }
         return Err(PlaneError::Revoked(
             "its token was revoked, or another runner registered with it".into(),
         )
@@ -351,7 +352,7 @@ struct Worker {
     /// When an operator's drain with a deadline hands back what is still held.
     drain_deadline: Option<tokio::time::Instant>,
     /// Set once the control plane says this runner's token no longer admits it.
-    revoked: AtomicBool,
+    revoked: bool,
     /// Where every step's events leave, in order.
     uplink: uplink::Uplink,
 }

@@ -159,15 +159,11 @@ impl Worker {
         let Some(job) = self.table.remove(id) else {
             return;
         };
-        self.append(&[(
-            job.job_id,
-            JobEvent::Final {
-                completion: completion.clone(),
-            },
-        )])
-        .await
-        .await
-        .ok();
+        let final_event = JobEvent::Final {
+            completion: completion.clone(),
+        };
+        let sent = self.append(&[(job.job_id, final_event)]).await;
+        let _ = sent.await; // the completion follows its `Final`
         match self
             .plane
             .complete(job.job_id, job.attempt, &completion)

@@ -3,7 +3,7 @@
 //! runner's own state reports (`yielded`, `active`, `drained`), operators' eviction
 //! requests, the owner probe's verdict (a yield also unloads every model, freeing the
 //! device's memory), handing jobs back to the queue when the runner steps aside or shuts
-//! down, and stopping when the control plane no longer admits the runner.
+//! down, and noting when the control plane no longer admits the runner.
 
 use super::engine_host::HostCommand;
 use super::in_flight::InFlight;
@@ -13,7 +13,6 @@ use crate::control_plane::PlaneError;
 use fallow_protocol::job::{JobEvent, Progress};
 use fallow_scheduler::queue::{Checkpoint, FailOutcome};
 use fallow_scheduler::runners;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -55,7 +54,7 @@ impl Worker {
                 self.notice(&e);
                 tracing::warn!(error = %e, "runner heartbeat failed");
                 // The rest of the upkeep would wait on the same unreachable control plane.
-                if matches!(e, PlaneError::Unavailable(_)) || self.revoked() {
+                if matches!(e, PlaneError::Unavailable(_)) || self.revoked {
                     return;
                 }
             }
@@ -85,26 +84,8 @@ impl Worker {
     }
 
     /// Takes note of a failed call: a revoked (or replaced) runner must stop.
-    pub(super) fn notice(&self, error: &PlaneError) {
-        if matches!(error, PlaneError::Revoked(_)) {
-            self.revoked.store(true, Ordering::Relaxed);
-        }
-    }
-
-    /// Whether the control plane said this runner's token no longer admits it.
-    pub(super) fn revoked(&self) -> bool {
-        self.revoked.load(Ordering::Relaxed)
-    }
-
-    /// Drops every held job from its engine without reporting anything: used once revoked,
-    /// when the control plane has already handed the jobs to other runners.
-    pub(super) fn abort_all(&mut self) {
-        for id in self.table.requests() {
-            if let Some(job) = self.table.remove(id) {
-                self.abort_in_engine(&job.model, id);
-                tracing::warn!(job_id = %job.job_id, "revoked: dropped a job");
-            }
-        }
+    fn notice(&mut self, error: &PlaneError) {
+        self.revoked |= matches!(error, PlaneError::Revoked(_));
     }
 
     /// What the uplink found: jobs the control plane no longer gives this runner, or whose
@@ -116,7 +97,7 @@ impl Worker {
                     self.drop_lost(job);
                 }
             }
-            News::Revoked => self.revoked.store(true, Ordering::Relaxed),
+            News::Revoked => self.revoked = true,
         }
     }
 
@@ -304,7 +285,7 @@ impl Worker {
 
     /// Takes every held job out of the table and its engine, without a word to the control
     /// plane yet.
-    fn leave_engines(&mut self) -> Vec<InFlight> {
+    pub(super) fn leave_engines(&mut self) -> Vec<InFlight> {
         let mut leaving = Vec::new();
         for id in self.table.requests() {
             if let Some(job) = self.table.remove(id) {

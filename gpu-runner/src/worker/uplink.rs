@@ -10,15 +10,13 @@
 //! A report that must follow the events (a completion, a hand-back) waits for them: a
 //! completion for its step's events, anything else for a [`Uplink::flush`].
 
-use crate::control_plane::backoff::Backoff;
-use crate::control_plane::{ControlPlane, PlaneError, PlaneResult};
+use crate::control_plane::backoff::while_unavailable;
+use crate::control_plane::{ControlPlane, PlaneError};
 use fallow_protocol::job::JobEvent;
-use futures::future::BoxFuture;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
 use uuid::Uuid;
 
 /// How long a step's events are retried while the control plane is unreachable. Longer
@@ -149,7 +147,7 @@ impl Sender {
         if !events.is_empty() || !marks.is_empty() {
             let cap = |job| caps.get(&job).copied();
             let plane = self.plane.clone();
-            match patiently(|| plane.append(&marks, &events, &cap)).await {
+            match while_unavailable(PATIENCE, || plane.append(&marks, &events, &cap)).await {
                 Ok(refused) if refused.is_empty() => {}
                 Ok(refused) => {
                     tracing::warn!(
@@ -181,68 +179,7 @@ impl Sender {
     }
 }
 
-/// `call` again while the control plane is unavailable, with backoff, for up to
-/// [`PATIENCE`].
-async fn patiently<'a, T>(
-    mut call: impl FnMut() -> BoxFuture<'a, PlaneResult<T>>,
-) -> PlaneResult<T> {
-    let started = Instant::now();
-    let mut backoff = Backoff::default();
-    loop {
-        match call().await {
-            Err(PlaneError::Unavailable(e)) if started.elapsed() < PATIENCE => {
-                tracing::warn!(error = %e, "the control plane is unavailable; retrying");
-                tokio::time::sleep(backoff.delay()).await;
-            }
-            other => return other,
-        }
-    }
-}
-
 fn distinct(jobs: impl Iterator<Item = Uuid>) -> Vec<Uuid> {
     let mut seen = HashSet::new();
     jobs.filter(|job| seen.insert(*job)).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use futures::FutureExt;
-    use std::sync::atomic::{AtomicU32, Ordering};
-
-    #[tokio::test(start_paused = true)]
-    async fn an_unavailable_control_plane_is_asked_again_until_it_answers() {
-        let tries = AtomicU32::new(0);
-        let answer = patiently(|| {
-            let n = tries.fetch_add(1, Ordering::Relaxed);
-            async move {
-                if n < 3 {
-                    Err(PlaneError::Unavailable("connection refused".into()))
-                } else {
-                    Ok(n)
-                }
-            }
-            .boxed()
-        })
-        .await;
-        assert_eq!(answer.ok(), Some(3));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn patience_runs_out_and_a_refusal_is_final() {
-        let started = Instant::now();
-        let answer: PlaneResult<()> =
-            patiently(|| async { Err(PlaneError::Unavailable("down".into())) }.boxed()).await;
-        assert!(matches!(answer, Err(PlaneError::Unavailable(_))));
-        assert!(started.elapsed() >= PATIENCE);
-
-        let tries = AtomicU32::new(0);
-        let answer: PlaneResult<()> = patiently(|| {
-            tries.fetch_add(1, Ordering::Relaxed);
-            async { Err(PlaneError::Revoked("401".into())) }.boxed()
-        })
-        .await;
-        assert!(matches!(answer, Err(PlaneError::Revoked(_))));
-        assert_eq!(tries.load(Ordering::Relaxed), 1, "not asked again");
-    }
 }

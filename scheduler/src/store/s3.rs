@@ -8,6 +8,7 @@
 //! `/tmp` path: another local user could otherwise read tenants' files or plant a link.
 
 use super::{ObjectReader, StoreError};
+use crate::error::describe;
 use aws_config::BehaviorVersion;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
@@ -143,18 +144,6 @@ impl S3Store {
             .map_err(|e| StoreError::S3(describe(&e)))?;
         Ok(())
     }
-}
-
-/// The SDK's `Display` says only "service error"; the source chain says what went wrong.
-fn describe(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// A directory only this user may enter, removed when the last clone of the store goes.
