@@ -102,6 +102,10 @@ pub struct Claim {
     /// ([`crate::runners::claim_replay`]).
     #[serde(default)]
     pub claim_id: Option<Uuid>,
+    /// Set when this is the same claim asked again: only then can there be an answer to
+    /// replay, so a first ask costs no lookup.
+    #[serde(default)]
+    pub again: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

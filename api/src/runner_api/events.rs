@@ -2,7 +2,8 @@
 //! their Redis streams in one pipelined round trip, in order, after the jobs whose first
 //! tokens they carry are marked `streamed` in Postgres. Events for a job the caller
 //! does not hold are refused (listed in the answer) and the rest go ahead. That a runner
-//! holds a job is looked up once and trusted for a few seconds, so a step costs no query.
+//! holds a job is known from its claim, or looked up once, and trusted for a few seconds,
+//! so a step costs no query.
 
 use super::auth::Runner;
 use crate::error::ApiError;
@@ -39,7 +40,8 @@ impl HolderCache {
             .map(|(runner, _)| *runner)
     }
 
-    fn put(&self, job: Uuid, runner: Uuid) {
+    /// Notes that `runner` holds `job`, as just looked up or claimed.
+    pub(super) fn put(&self, job: Uuid, runner: Uuid) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if entries.len() > 100_000 {
             entries.retain(|_, (_, at)| at.elapsed() < HOLDER_TTL);
@@ -63,26 +65,28 @@ pub async fn append(
         }
     }
     let holders = &state.runner_api().holders;
-    let mut held = HashSet::new();
-    let mut refused = Vec::new();
     let jobs: HashSet<Uuid> = events.iter().map(|e| e.job).collect();
-    for job in jobs {
-        let holder = match holders.get(job) {
-            Some(holder) if holder == id => Some(holder),
-            // Unknown, or cached as another runner's: the job may have moved here since
-            // (a continuation), so Postgres answers.
-            _ => {
-                let holder = state.queue().holder(job).await?;
-                if let Some(holder) = holder {
+    // Unknown, or cached as another runner's: the job may have moved here since (a
+    // continuation), so Postgres answers, for all such jobs in one statement.
+    let (mut held, unsure): (HashSet<Uuid>, HashSet<Uuid>) = jobs
+        .into_iter()
+        .partition(|job| holders.get(*job) == Some(id));
+    let mut refused = Vec::new();
+    if !unsure.is_empty() {
+        let unsure: Vec<Uuid> = unsure.into_iter().collect();
+        let found = state.queue().holders(&unsure).await?;
+        for job in unsure {
+            match found.get(&job) {
+                Some(&holder) if holder == id => {
                     holders.put(job, holder);
+                    held.insert(job);
                 }
-                holder
+                Some(&holder) => {
+                    holders.put(job, holder);
+                    refused.push(job);
+                }
+                None => refused.push(job),
             }
-        };
-        if holder == Some(id) {
-            held.insert(job);
-        } else {
-            refused.push(job);
         }
     }
     let mut caps = HashMap::new();

@@ -11,7 +11,7 @@ use crate::extract::ApiJson;
 use crate::state::AppState;
 use axum::extract::{Path, State};
 use axum::Json;
-use fallow_scheduler::queue::ClaimScope;
+use fallow_scheduler::queue::{ClaimScope, ClaimedJob};
 use fallow_scheduler::runner_wire::{
     Cancelled, Claim, Claimed, Committed, Complete, Fail, Outcome, Release, Renew, Renewed,
     MAX_CLAIM_WAIT_MS,
@@ -54,9 +54,9 @@ pub async fn claim(
         cold_after: Duration::from_millis(claim.cold_after_ms),
     };
     // Asked again after a lost answer: the same jobs.
-    if let Some(claim_id) = claim.claim_id {
+    if let (Some(claim_id), true) = (claim.claim_id, claim.again) {
         if let Some(jobs) = claim_replay::recall(state.relay(), id, claim_id).await? {
-            return Ok(Json(Claimed { jobs }));
+            return Ok(Json(holding_now(&state, id, jobs)));
         }
     }
     let deadline = Instant::now() + Duration::from_millis(claim.wait_ms.min(MAX_CLAIM_WAIT_MS));
@@ -75,10 +75,20 @@ pub async fn claim(
                     tracing::warn!(error = %e, "keeping a claim's answer failed; a lost answer will not be replayed");
                 }
             }
-            return Ok(Json(Claimed { jobs }));
+            return Ok(Json(holding_now(&state, id, jobs)));
         }
         queue.wait_for_work((deadline - now).min(CLAIM_POLL)).await;
     }
+}
+
+/// The claimed jobs' answer, once the api knows they are the runner's: their first
+/// events then need no lookup, which would delay the first tokens.
+fn holding_now(state: &AppState, runner: Uuid, jobs: Vec<ClaimedJob>) -> Claimed {
+    let holders = &state.runner_api().holders;
+    for job in &jobs {
+        holders.put(job.id, runner);
+    }
+    Claimed { jobs }
 }
 
 pub async fn renew(

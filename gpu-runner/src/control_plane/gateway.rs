@@ -410,7 +410,7 @@ impl ControlPlane for Gateway {
         lease: Duration,
     ) -> BoxFuture<'a, PlaneResult<Vec<ClaimedJob>>> {
         async move {
-            let body = wire::Claim {
+            let mut body = wire::Claim {
                 warm: scope.warm.to_vec(),
                 cold: scope.cold.to_vec(),
                 cold_after_ms: millis(scope.cold_after),
@@ -418,12 +418,18 @@ impl ControlPlane for Gateway {
                 lease_ms: millis(lease),
                 wait_ms: millis(CLAIM_WAIT),
                 claim_id: Some(Uuid::new_v4()),
+                again: false,
             };
             // A lost answer is asked for again under the same claim id, which gets the jobs
             // it claimed, for as long as their leases last.
             let ask = || {
-                self.call::<wire::Claimed>(Method::POST, "/claim", Some(&body), CLAIM_WAIT)
-                    .boxed()
+                let this = body.clone();
+                body.again = true;
+                async move {
+                    self.call::<wire::Claimed>(Method::POST, "/claim", Some(&this), CLAIM_WAIT)
+                        .await
+                }
+                .boxed()
             };
             Ok(while_unavailable(lease, ask).await?.jobs)
         }

@@ -5,6 +5,7 @@
 use super::{notify_queued, FailOutcome, Queue};
 use crate::SchedulerError;
 use fallow_protocol::job::{Completion, Progress};
+use std::collections::HashMap;
 use uuid::Uuid;
 
 impl Queue {
@@ -144,11 +145,17 @@ impl Queue {
     /// The runner holding a running job, if it runs: the runner API lets a runner report
     /// only on its own jobs.
     pub async fn holder(&self, id: Uuid) -> Result<Option<Uuid>, SchedulerError> {
-        Ok(sqlx::query_scalar(include_str!("queries/holder.sql"))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?
-            .flatten())
+        Ok(self.holders(&[id]).await?.remove(&id))
+    }
+
+    /// [`holder`](Self::holder) for many jobs in one statement: the running ones, each
+    /// with its runner.
+    pub async fn holders(&self, ids: &[Uuid]) -> Result<HashMap<Uuid, Uuid>, SchedulerError> {
+        let rows: Vec<(Uuid, Uuid)> = sqlx::query_as(include_str!("queries/holders.sql"))
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().collect())
     }
 
     /// Marks that an interactive job has sent tokens to its client, so it must not be
