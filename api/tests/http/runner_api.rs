@@ -40,9 +40,9 @@ async fn a_claim_asked_again_with_its_id_gets_the_same_jobs_and_claims_no_more()
         let (client, url) = (app.client.clone(), app.url("/v1/chat/completions"));
         tokio::spawn(async move { client.post(url).json(&chat_body()).send().await });
     }
-    let claim = |claim_id: Uuid| {
+    let claim = |claim_id: Uuid, again: bool| {
         let body = json!({"warm": [MODEL], "limit": 1, "lease_ms": 30_000, "wait_ms": 5_000,
-                          "claim_id": claim_id});
+                          "claim_id": claim_id, "again": again});
         let request = app
             .client
             .post(app.url("/runner/v1/claim"))
@@ -72,18 +72,18 @@ async fn a_claim_asked_again_with_its_id_gets_the_same_jobs_and_claims_no_more()
     };
 
     let (first, second) = (Uuid::new_v4(), Uuid::new_v4());
-    let claimed = claim(first).await;
+    let claimed = claim(first, false).await;
     assert_eq!(claimed.len(), 1, "{claimed:?}");
     assert_eq!(
-        claim(first).await,
+        claim(first, true).await,
         claimed,
         "asked again: the same job, same attempt"
     );
-    let other = claim(second).await;
+    let other = claim(second, false).await;
     assert_eq!(other.len(), 1, "{other:?}");
     assert_ne!(other, claimed, "a new claim takes the other job");
     assert_eq!(
-        claim(first).await,
+        claim(first, true).await,
         claimed,
         "the first answer is kept for the lease"
     );
