@@ -64,7 +64,7 @@ from transformers import (
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(ROOT, "gpu-runner", "tests", "fixtures", "tiny")
+OUT = os.path.join(ROOT, "gpu-runner", "engine", "tests", "fixtures", "tiny")
 SEED = 20261129
 VOCAB_TARGET = 320
 N_GREEDY = 8

@@ -123,6 +123,7 @@ fn run_round(
         model
             .engine
             .add_request(EngineRequest {
+                adapter: None,
                 id: *next_id,
                 prompt,
                 sampling,

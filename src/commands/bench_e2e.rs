@@ -226,6 +226,7 @@ fn run_in_process(
         model
             .engine
             .add_request(EngineRequest {
+                adapter: None,
                 id: i as u64,
                 prompt,
                 sampling: request.sampling,

@@ -44,6 +44,7 @@ fn stream_to_stdout(
 ) -> anyhow::Result<String> {
     engine
         .add_request(EngineRequest {
+            adapter: None,
             id: 1,
             prompt,
             sampling,

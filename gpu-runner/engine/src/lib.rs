@@ -17,6 +17,7 @@
 //!   a request's one automaton ([`stop_strings`]); [`stop_regex`]: `stop_regex` matching.
 //! - [`grammar`]: constrained decoding (llguidance): a constraint → per-sequence token masks.
 //! - [`llm`]: the engine loop tying them together.
+//! - [`lora`]: LoRA adapters (PEFT), applied per sequence within a mixed batch.
 //! - [`prompt`]: a request's prompt (chat messages through the template, raw text, token ids)
 //!   → token ids, and tokenize/detokenize answers.
 //! - [`runtime`]: the one place that wires a model's parts; [`footprint`]: what a model will
@@ -37,6 +38,7 @@ pub mod gguf;
 pub mod grammar;
 pub mod kv;
 pub mod llm;
+pub mod lora;
 pub mod model;
 pub mod prompt;
 pub mod quant;

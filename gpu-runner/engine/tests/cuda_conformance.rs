@@ -229,6 +229,7 @@ fn decode_step<'a>(tokens: &'a [u32], pos: usize, tables: &'a [Vec<u32>]) -> Vec
         .iter()
         .zip(tables)
         .map(|(token, table)| SeqSlice {
+            adapter: None,
             tokens: std::slice::from_ref(token),
             start_pos: pos,
             block_table: table,
@@ -263,6 +264,7 @@ fn chunked_prefill_then_decodes_diff(
     steps.extend((23..26).map(|p| (p, &tokens[p..p + 1])));
     for (start, chunk) in steps {
         let batch = [SeqSlice {
+            adapter: None,
             tokens: chunk,
             start_pos: start,
             block_table: &blocks,
@@ -321,6 +323,7 @@ fn a_mixed_batch_gives_each_sequence_its_own_logits() {
         let blocks = table(0, p.len());
         alone.push(
             cuda.forward(&[SeqSlice {
+                adapter: None,
                 tokens: p,
                 start_pos: 0,
                 block_table: &blocks,
@@ -336,18 +339,21 @@ fn a_mixed_batch_gives_each_sequence_its_own_logits() {
     let first = cuda
         .forward(&[
             SeqSlice {
+                adapter: None,
                 tokens: &prompts[0][..4],
                 start_pos: 0,
                 block_table: &tables[0],
                 logits: LogitsMode::All,
             },
             SeqSlice {
+                adapter: None,
                 tokens: &prompts[1][..6],
                 start_pos: 0,
                 block_table: &tables[1],
                 logits: LogitsMode::All,
             },
             SeqSlice {
+                adapter: None,
                 tokens: &prompts[2][..1],
                 start_pos: 0,
                 block_table: &tables[2],
@@ -358,18 +364,21 @@ fn a_mixed_batch_gives_each_sequence_its_own_logits() {
     let second = cuda
         .forward(&[
             SeqSlice {
+                adapter: None,
                 tokens: &prompts[0][4..],
                 start_pos: 4,
                 block_table: &tables[0],
                 logits: LogitsMode::Last,
             },
             SeqSlice {
+                adapter: None,
                 tokens: &prompts[1][6..],
                 start_pos: 6,
                 block_table: &tables[1],
                 logits: LogitsMode::All,
             },
             SeqSlice {
+                adapter: None,
                 tokens: &prompts[2][1..],
                 start_pos: 1,
                 block_table: &tables[2],
@@ -635,6 +644,7 @@ fn follows_llama_cpp_exact_math(
             let blocks = table(0, tokens.len());
             let logits = cuda
                 .forward(&[SeqSlice {
+                    adapter: None,
                     tokens: &tokens,
                     start_pos: 0,
                     block_table: &blocks,
@@ -674,6 +684,7 @@ fn decoding_follows_llama_cpp(
             let blocks = table(0, len);
             let mut rows = cuda
                 .forward(&[SeqSlice {
+                    adapter: None,
                     tokens: &case.prompt_ids,
                     start_pos: 0,
                     block_table: &blocks,
@@ -684,6 +695,7 @@ fn decoding_follows_llama_cpp(
                 let token = [case.greedy_ids[i]];
                 rows.extend(
                     cuda.forward(&[SeqSlice {
+                        adapter: None,
                         tokens: &token,
                         start_pos: case.prompt_ids.len() + i,
                         block_table: &blocks,
@@ -882,6 +894,7 @@ fn generate_all(device: Device, prompts: &[Vec<u32>], path: &std::path::Path) ->
                 n: 1,
                 priority: 0,
                 resume: None,
+                adapter: None,
             })
             .expect("request accepted");
     }
@@ -952,6 +965,7 @@ fn greedy_tokens_picked_on_the_device_are_the_argmax_of_the_logits() {
             .zip(&tables)
             .enumerate()
             .map(|(i, (p, t))| SeqSlice {
+                adapter: None,
                 tokens: p,
                 start_pos: 0,
                 block_table: t,
@@ -1014,6 +1028,7 @@ fn tokens_drawn_on_the_device_are_the_host_definitions_draws_from_the_same_logit
                 .zip(&tables)
                 .zip(&draws)
                 .map(|((p, t), d)| SeqSlice {
+                    adapter: None,
                     tokens: p,
                     start_pos: 0,
                     block_table: t,
@@ -1103,6 +1118,7 @@ fn masked_draws_on_the_device_pick_what_the_host_picks_under_the_same_masks() {
         let batch = |drawn: bool| -> Vec<SeqSlice<'_>> {
             (0..4)
                 .map(|s| SeqSlice {
+                    adapter: None,
                     tokens: if step == 0 {
                         &prompts[s][..]
                     } else {
@@ -1169,6 +1185,7 @@ fn the_gemv_kernel_and_cublas_give_the_same_decode_logits() {
             .iter()
             .zip(&tables)
             .map(|(p, t)| SeqSlice {
+                adapter: None,
                 tokens: &p[..2],
                 start_pos: 0,
                 block_table: t,
@@ -1180,6 +1197,7 @@ fn the_gemv_kernel_and_cublas_give_the_same_decode_logits() {
             .iter()
             .zip(&tables)
             .map(|(p, t)| SeqSlice {
+                adapter: None,
                 tokens: &p[2..],
                 start_pos: 2,
                 block_table: t,
@@ -1208,6 +1226,7 @@ fn staggered_decodes(
         .expect("a variant");
     for table in tables {
         cuda.forward(&[SeqSlice {
+            adapter: None,
             tokens: prompt,
             start_pos: 0,
             block_table: table,
@@ -1223,6 +1242,7 @@ fn staggered_decodes(
             .zip(tables)
             .enumerate()
             .map(|(s, (token, table))| SeqSlice {
+                adapter: None,
                 tokens: std::slice::from_ref(token),
                 start_pos: prompt.len() + rows - 1 - s,
                 block_table: table,
@@ -1351,6 +1371,7 @@ fn long_context_decodes_split_over_the_keys_equal_unsplit_ones() {
             cuda.update_options(|o| o.debug.split_attention = split)
                 .expect("split or not");
             cuda.forward(&[SeqSlice {
+                adapter: None,
                 tokens: &prompt,
                 start_pos: 0,
                 block_table: &blocks,
@@ -1362,6 +1383,7 @@ fn long_context_decodes_split_over_the_keys_equal_unsplit_ones() {
             for step in 0..4 {
                 let logits = cuda
                     .forward(&[SeqSlice {
+                        adapter: None,
                         tokens: std::slice::from_ref(&token),
                         start_pos: prompt.len() + step,
                         block_table: &blocks,
@@ -1401,6 +1423,7 @@ fn tensor_core_prefill_attention_matches_the_f32_kernel_over_a_long_prompt() {
                 all.extend(
                     backend
                         .forward(&[SeqSlice {
+                            adapter: None,
                             tokens: &prompt[start..end],
                             start_pos: start,
                             block_table: &blocks,
@@ -1414,6 +1437,7 @@ fn tensor_core_prefill_attention_matches_the_f32_kernel_over_a_long_prompt() {
                 all.extend(
                     backend
                         .forward(&[SeqSlice {
+                            adapter: None,
                             tokens: &token,
                             start_pos: prompt.len() + step as usize,
                             block_table: &blocks,
@@ -1525,6 +1549,7 @@ fn mixed_steps(backend: &mut dyn Backend, vocab: u32) -> Vec<f32> {
     let mut all = Vec::new();
     all.extend(
         cuda.forward(&[SeqSlice {
+            adapter: None,
             tokens: &prompt_a,
             start_pos: 0,
             block_table: &table_a,
@@ -1536,12 +1561,14 @@ fn mixed_steps(backend: &mut dyn Backend, vocab: u32) -> Vec<f32> {
     all.extend(
         cuda.forward(&[
             SeqSlice {
+                adapter: None,
                 tokens: &next,
                 start_pos: prompt_a.len(),
                 block_table: &table_a,
                 logits: LogitsMode::Last,
             },
             SeqSlice {
+                adapter: None,
                 tokens: &prompt_b,
                 start_pos: 0,
                 block_table: &table_b,
@@ -1555,12 +1582,14 @@ fn mixed_steps(backend: &mut dyn Backend, vocab: u32) -> Vec<f32> {
         all.extend(
             cuda.forward(&[
                 SeqSlice {
+                    adapter: None,
                     tokens: &tokens[..1],
                     start_pos: prompt_a.len() + 1 + step as usize,
                     block_table: &table_a,
                     logits: LogitsMode::Last,
                 },
                 SeqSlice {
+                    adapter: None,
                     tokens: &tokens[1..],
                     start_pos: prompt_b.len() + step as usize,
                     block_table: &table_b,
@@ -1574,6 +1603,7 @@ fn mixed_steps(backend: &mut dyn Backend, vocab: u32) -> Vec<f32> {
         let token = [(step * 13 + 7) % vocab];
         all.extend(
             cuda.forward(&[SeqSlice {
+                adapter: None,
                 tokens: &token,
                 start_pos: prompt_a.len() + 9 + step as usize,
                 block_table: &table_a,

@@ -87,6 +87,7 @@ fn check(sampling: Sampling) {
     };
     let (mut alone, prompts) = engine(&path, 64 << 20, 4, 64);
     let target = |sampling: &Sampling| EngineRequest {
+        adapter: None,
         id: 0,
         prompt: prompts[1].clone(),
         sampling: sampling.clone(),
@@ -110,6 +111,7 @@ fn check(sampling: Sampling) {
             other.seed = sampling.seed.map(|s| s + id);
             other.max_tokens = Some(10 + 4 * (id as u32 % 5));
             EngineRequest {
+                adapter: None,
                 id,
                 prompt,
                 sampling: other,

@@ -72,6 +72,7 @@ fn a_choice_returns_the_hidden_state_that_produced_its_last_token() {
         &mut first,
         vec![
             EngineRequest {
+                adapter: None,
                 id: 1,
                 prompt: prompt.clone(),
                 sampling: greedy(6, true),
@@ -80,6 +81,7 @@ fn a_choice_returns_the_hidden_state_that_produced_its_last_token() {
                 resume: None,
             },
             EngineRequest {
+                adapter: None,
                 id: 2,
                 prompt: prompt.clone(),
                 sampling: greedy(6, false),
@@ -130,6 +132,7 @@ fn a_choice_returns_the_hidden_state_that_produced_its_last_token() {
     let again = run(
         &mut second,
         vec![EngineRequest {
+            adapter: None,
             id: 3,
             prompt: replay,
             sampling: greedy(1, true),

@@ -128,6 +128,7 @@ fn first_position_distributions_agree(model: &str, fixture_name: &str) {
     for case in &cases {
         let blocks: Vec<u32> = (0..case.prompt_ids.len().div_ceil(16) as u32).collect();
         let batch = [SeqSlice {
+            adapter: None,
             tokens: &case.prompt_ids,
             start_pos: 0,
             block_table: &blocks,
@@ -172,6 +173,7 @@ fn greedy_decoding_follows_llama_cpp(model: &str, fixture_name: &str) {
             ..Sampling::default()
         };
         let request = EngineRequest {
+            adapter: None,
             id: i as u64,
             prompt: case.prompt_ids.clone(),
             sampling,

@@ -129,6 +129,7 @@ fn assert_resumes_identically(
 
 fn request(id: u64, prompt: Vec<u32>, sampling: Sampling, n: u32) -> EngineRequest {
     EngineRequest {
+        adapter: None,
         id,
         prompt,
         sampling,

@@ -120,6 +120,7 @@ fn assert_logits_match(name: &str) {
         let table = blocks(0, tokens.len());
         let got = backend
             .forward(&[SeqSlice {
+                adapter: None,
                 tokens,
                 start_pos: 0,
                 block_table: &table,
@@ -157,6 +158,7 @@ fn greedy(backend: &mut CpuBackend, prompt: &[u32], n: usize) -> Vec<u32> {
     for _ in 0..n {
         let logits = backend
             .forward(&[SeqSlice {
+                adapter: None,
                 tokens: &step,
                 start_pos,
                 block_table: &table,
@@ -231,6 +233,7 @@ fn all_sequences_in_one_batch_match_transformers_as_when_run_alone() {
             .iter()
             .zip(&tables)
             .map(|(tokens, table)| SeqSlice {
+                adapter: None,
                 tokens,
                 start_pos: 0,
                 block_table: table,
@@ -264,6 +267,7 @@ fn prefill_in_chunks_across_block_boundaries_matches_transformers() {
             for (c, chunk) in tokens.chunks(CHUNK).enumerate() {
                 let rows = backend
                     .forward(&[SeqSlice {
+                        adapter: None,
                         tokens: chunk,
                         start_pos: c * CHUNK,
                         block_table: &table,

@@ -304,6 +304,7 @@ impl Shared {
         let prepared = self
             .preparer
             .prepare(EngineRequest {
+                adapter: None,
                 id,
                 prompt,
                 sampling: request.sampling,

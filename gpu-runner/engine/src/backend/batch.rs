@@ -90,6 +90,14 @@ fn validate_seq(
     if seq.tokens.is_empty() {
         return invalid("no tokens".into());
     }
+    if let Some(adapter) = seq.adapter {
+        if !adapter.fits(config) {
+            return invalid(format!(
+                "LoRA adapter `{}` was built for another base model",
+                adapter.name
+            ));
+        }
+    }
     if let Some(&bad) = seq
         .tokens
         .iter()

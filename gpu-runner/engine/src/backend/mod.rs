@@ -7,6 +7,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod step_masks;
 
+use crate::lora::LoraAdapter;
 use crate::model::ModelConfig;
 use crate::sampler::{mask_disallowed, Sampled, TokenDraw};
 pub use step_masks::{NoMasks, ReadyMasks, StepMasks};
@@ -62,6 +63,8 @@ pub struct SeqSlice<'a> {
     /// Physical KV block ids covering positions `0 .. start_pos + tokens.len()`, in order.
     pub block_table: &'a [u32],
     pub logits: LogitsMode,
+    /// The LoRA adapter applied to this sequence's rows, if any (see [`crate::lora`]).
+    pub adapter: Option<&'a LoraAdapter>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +92,11 @@ pub trait Backend: Send {
     /// with, for the next step to reuse (a 16-sequence step of a 262k vocabulary is 16 MiB:
     /// allocating it afresh meant zeroing fresh pages every step). By default dropped.
     fn recycle_logits(&mut self, _logits: Vec<f32>) {}
+
+    /// Whether [`SeqSlice::adapter`] is applied (the engine refuses adapters otherwise).
+    fn serves_adapters(&self) -> bool {
+        false
+    }
 
     /// Whether `forward_step` draws [`LogitsMode::Draw`] and [`LogitsMode::DrawMasked`]
     /// sequences where the logits are (the engine sends them only to such a backend; the

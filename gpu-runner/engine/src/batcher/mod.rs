@@ -22,7 +22,7 @@ mod sequence;
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::kv::BlockManager;
+use crate::kv::{BlockHash, BlockManager};
 use sequence::{SeqKey, Sequence};
 
 /// The batcher's name for one sequence (one choice of one request).
@@ -127,6 +127,20 @@ impl Batcher {
         priority: i32,
         arrival: u64,
     ) -> Result<(), BatcherError> {
+        self.add_in(id, tokens, max_len, priority, arrival, None)
+    }
+
+    /// [`Batcher::add`] within a prefix-cache namespace (see [`crate::kv::BlockTable::in_namespace`]):
+    /// the sequence shares cached blocks only with sequences of the same namespace.
+    pub fn add_in(
+        &mut self,
+        id: SeqId,
+        tokens: Vec<u32>,
+        max_len: usize,
+        priority: i32,
+        arrival: u64,
+        namespace: Option<BlockHash>,
+    ) -> Result<(), BatcherError> {
         if self.seqs.contains_key(&id) {
             return Err(BatcherError::Duplicate(id));
         }
@@ -148,7 +162,7 @@ impl Batcher {
             arrival,
             id,
         };
-        self.seqs.insert(id, Sequence::new(key, tokens));
+        self.seqs.insert(id, Sequence::new(key, tokens, namespace));
         self.waiting.insert(key);
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! The batcher's record of one sequence.
 
 use super::SeqId;
-use crate::kv::BlockTable;
+use crate::kv::{BlockHash, BlockTable};
 
 /// Orders sequences by importance: lower priority value first, then earlier arrival, then
 /// id. The least important running sequence is the last one, the preemption victim.
@@ -26,12 +26,12 @@ pub(super) struct Sequence {
 }
 
 impl Sequence {
-    pub(super) fn new(key: SeqKey, tokens: Vec<u32>) -> Self {
+    pub(super) fn new(key: SeqKey, tokens: Vec<u32>, namespace: Option<BlockHash>) -> Self {
         Sequence {
             key,
             tokens,
             num_computed: 0,
-            table: BlockTable::new(),
+            table: BlockTable::in_namespace(namespace),
             cached_prompt_tokens: None,
             num_preemptions: 0,
         }

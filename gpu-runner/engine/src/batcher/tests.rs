@@ -75,6 +75,45 @@ fn a_shared_prompt_prefix_is_served_from_the_cache() {
 }
 
 #[test]
+fn a_prefix_is_shared_only_within_its_namespace() {
+    use crate::kv::hash::namespace_root;
+    let mut b = batcher(64, 4, 8, 64);
+    let (first, second) = (Some(namespace_root(1)), Some(namespace_root(2)));
+    b.add(1, prompt(17, 0), 40, 0, 0).unwrap();
+    b.add_in(2, prompt(17, 0), 40, 0, 1, first).unwrap();
+    run_step(&mut b);
+    b.add(3, prompt(17, 0), 40, 0, 2).unwrap();
+    b.add_in(4, prompt(17, 0), 40, 0, 3, first).unwrap();
+    b.add_in(5, prompt(17, 0), 40, 0, 4, second).unwrap();
+    run_step(&mut b);
+    assert_eq!(
+        b.cached_prompt_tokens(2),
+        Some(0),
+        "not from the base's blocks"
+    );
+    assert_eq!(
+        b.cached_prompt_tokens(3),
+        Some(16),
+        "the base from the base"
+    );
+    assert_eq!(
+        b.cached_prompt_tokens(4),
+        Some(16),
+        "an adapter from its own"
+    );
+    assert_eq!(
+        b.cached_prompt_tokens(5),
+        Some(0),
+        "not from another adapter's"
+    );
+    assert_eq!(
+        b.block_table(2).unwrap()[..4],
+        b.block_table(4).unwrap()[..4]
+    );
+    b.check_consistency().unwrap();
+}
+
+#[test]
 fn running_out_of_blocks_preempts_the_youngest_which_later_recovers() {
     // 6 blocks of 4: two sequences of 8 tokens fill 3 blocks each at 12 tokens; the next
     // block either needs goes to the older one.

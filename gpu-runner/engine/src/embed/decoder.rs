@@ -98,6 +98,7 @@ impl Decoder {
                 .iter()
                 .zip(&tables)
                 .map(|(ids, table)| SeqSlice {
+                    adapter: None,
                     tokens: ids,
                     start_pos: 0,
                     block_table: table,

@@ -81,7 +81,7 @@ impl BlockManager {
             return 0;
         }
         let max_blocks = (tokens.len() - 1) / self.block_size;
-        let mut parent = None;
+        let mut parent = table.root;
         for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
             let hash = block_hash(parent, chunk);
             let Some(block) = self.lookup(hash, parent, chunk) else {
@@ -154,7 +154,7 @@ impl BlockManager {
         let full = (computed.len() / self.block_size).min(table.len());
         for index in table.hashes.len()..full {
             let tokens = &computed[index * self.block_size..(index + 1) * self.block_size];
-            let parent = table.hashes.last().copied();
+            let parent = table.last_hash();
             let hash = block_hash(parent, tokens);
             table.hashes.push(hash);
             let block = table.blocks[index];

@@ -10,11 +10,27 @@ use super::hash::BlockHash;
 pub struct BlockTable {
     pub(super) blocks: Vec<u32>,
     pub(super) hashes: Vec<BlockHash>,
+    /// The parent hash of the first block: `None`, or a namespace (a LoRA adapter's) whose
+    /// sequences share cached blocks only among themselves.
+    pub(super) root: Option<BlockHash>,
 }
 
 impl BlockTable {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty table whose blocks are named under `root` (see [`super::hash::namespace_root`]).
+    pub fn in_namespace(root: Option<BlockHash>) -> Self {
+        BlockTable {
+            root,
+            ..Self::default()
+        }
+    }
+
+    /// The parent hash of the next block to be named.
+    pub(super) fn last_hash(&self) -> Option<BlockHash> {
+        self.hashes.last().copied().or(self.root)
     }
 
     /// Physical block ids, block `i` covering positions `i*block_size .. (i+1)*block_size`.

@@ -17,6 +17,15 @@ pub fn block_hash(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
     hasher.finish()
 }
 
+/// The root of a namespace's chain (a LoRA adapter's, by its id): its blocks hash apart
+/// from the base model's and every other namespace's.
+pub fn namespace_root(id: u64) -> BlockHash {
+    let mut hasher = std::hash::DefaultHasher::new();
+    "fallow-kv-namespace".hash(&mut hasher);
+    id.hash(&mut hasher);
+    hasher.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -27,6 +36,14 @@ mod tests {
             block_hash(Some(7), &[1, 2, 3]),
             block_hash(Some(7), &[1, 2, 3])
         );
+    }
+
+    #[test]
+    fn a_namespace_changes_every_block_hash() {
+        let (a, b) = (namespace_root(1), namespace_root(2));
+        assert_ne!(a, b);
+        assert_ne!(block_hash(None, &[1, 2]), block_hash(Some(a), &[1, 2]));
+        assert_ne!(block_hash(Some(a), &[1, 2]), block_hash(Some(b), &[1, 2]));
     }
 
     #[test]

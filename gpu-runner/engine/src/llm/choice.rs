@@ -28,6 +28,8 @@ pub(super) struct Choice {
     /// `return_hidden_states`: the hidden state of the last position run, kept each step.
     pub want_hidden: bool,
     pub hidden: Vec<f32>,
+    /// The request's LoRA adapter, applied to this choice's rows.
+    pub adapter: Option<std::sync::Arc<crate::lora::LoraAdapter>>,
 }
 
 /// What one token adds to a choice's output.

@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex};
 use crate::backend::{Backend, LogitsMode, SeqSlice, StepOutput};
 use crate::batcher::{Batcher, BatcherConfig, ScheduledStep, SeqId};
 use crate::grammar::{GrammarSlot, SeqGrammar};
+use crate::kv::hash::namespace_root;
 use crate::kv::BlockManager;
 use crate::sampler::{Sampler, SeqSampler};
 use crate::stop::{StopConditions, StopMatcher};
@@ -166,6 +167,21 @@ impl LlmEngine {
         if self.requests.contains_key(&request.id) {
             return Err(EngineError::DuplicateRequest(request.id));
         }
+        if let Some(adapter) = &request.adapter {
+            if !self.backend.serves_adapters() {
+                return Err(EngineError::InvalidRequest(
+                    "LoRA adapters are not served by the CUDA backend yet; this model runs on \
+                     CUDA"
+                        .into(),
+                ));
+            }
+            if !adapter.fits(self.backend.config()) {
+                return Err(EngineError::InvalidRequest(format!(
+                    "the LoRA adapter `{}` was built for a model of another shape",
+                    adapter.name
+                )));
+            }
+        }
         if request.sampling.return_hidden_states && self.backend.hidden_rows().is_none() {
             return Err(EngineError::InvalidRequest(
                 "`return_hidden_states` is served by the CPU backend only; this model runs on \
@@ -196,6 +212,7 @@ impl LlmEngine {
             grammar,
             stop_regexes,
             stop_strings,
+            adapter: request.adapter,
         };
         self.start_choices(request.id, request.n, request.resume.as_ref(), &mut state)?;
         self.requests.insert(request.id, state);
@@ -258,6 +275,7 @@ impl LlmEngine {
             keep_stop: params.no_stop_trim,
             want_hidden: params.return_hidden_states,
             hidden: Vec::new(),
+            adapter: state.adapter.clone(),
         };
         choice.replay(&self.tokenizer, generated)?;
         let seq = self.next_seq;
@@ -267,8 +285,16 @@ impl LlmEngine {
         let mut tokens = Vec::with_capacity(state.prompt.len() + generated.len());
         tokens.extend_from_slice(&state.prompt);
         tokens.extend_from_slice(generated);
+        let namespace = state.adapter.as_ref().map(|a| namespace_root(a.id()));
         self.batcher
-            .add(seq, tokens, max_len, state.priority, state.arrival)
+            .add_in(
+                seq,
+                tokens,
+                max_len,
+                state.priority,
+                state.arrival,
+                namespace,
+            )
             .map_err(|e| EngineError::ContextLengthExceeded(e.to_string()))?;
         self.choices.insert(seq, choice);
         state.live.push(seq);
@@ -402,8 +428,17 @@ impl LlmEngine {
                 _ => LogitsMode::Last,
             })
             .collect();
+        // Held here, not borrowed from the choices, which the grammars borrow mutably below.
+        let adapters: Vec<_> = step
+            .seqs
+            .iter()
+            .map(|entry| {
+                let choice = self.choices.get(&entry.seq_id);
+                choice.and_then(|c| c.adapter.clone())
+            })
+            .collect();
         let mut slices = Vec::with_capacity(step.seqs.len());
-        for (entry, &mode) in step.seqs.iter().zip(&modes) {
+        for ((entry, &mode), adapter) in step.seqs.iter().zip(&modes).zip(&adapters) {
             let missing =
                 || EngineError::Internal(format!("scheduled unknown sequence {}", entry.seq_id));
             let tokens = self.batcher.tokens(entry.seq_id).ok_or_else(missing)?;
@@ -413,6 +448,7 @@ impl LlmEngine {
                 start_pos: entry.start,
                 block_table,
                 logits: mode,
+                adapter: adapter.as_deref(),
             });
         }
         // The grammars whose masks the step needs, in batch order (the backend takes the

@@ -8,6 +8,7 @@ use fallow_protocol::job::{Sampling, Usage};
 use super::EngineError;
 use crate::batcher::SeqId;
 use crate::grammar::SeqGrammar;
+use crate::lora::LoraAdapter;
 use crate::stop_regex::StopRegexes;
 use crate::stop_strings::StopStrings;
 
@@ -24,6 +25,8 @@ pub struct EngineRequest {
     pub priority: i32,
     /// Progress of an earlier attempt this request continues; `None` for a fresh request.
     pub resume: Option<Resume>,
+    /// The LoRA adapter to run the request through (`None`: the base model).
+    pub adapter: Option<Arc<LoraAdapter>>,
 }
 
 /// What an earlier attempt generated, per choice (index = choice index; `len() == n`).
@@ -161,6 +164,7 @@ pub(super) struct RequestState {
     pub stop_regexes: StopRegexes,
     /// The stop strings' automaton, built once and shared by the choices.
     pub stop_strings: Arc<StopStrings>,
+    pub adapter: Option<Arc<LoraAdapter>>,
 }
 
 impl RequestState {

@@ -166,6 +166,7 @@ fn greedy(max_tokens: u32) -> Sampling {
 
 fn request(id: u64, prompt: Vec<u32>, sampling: Sampling) -> EngineRequest {
     EngineRequest {
+        adapter: None,
         id,
         prompt,
         sampling,

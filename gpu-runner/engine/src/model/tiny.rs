@@ -191,23 +191,11 @@ fn hf_config(arch: Arch) -> Value {
 }
 
 fn write_safetensors(path: &Path, tensors: &[Tensor]) -> std::io::Result<()> {
-    let mut header = serde_json::Map::new();
-    let mut offset = 0usize;
-    for t in tensors {
-        let len = t.data.len() * 4;
-        header.insert(
-            t.hf.clone(),
-            json!({"dtype": "F32", "shape": t.shape, "data_offsets": [offset, offset + len]}),
-        );
-        offset += len;
-    }
-    let header = serde_json::to_vec(&Value::Object(header))?;
-    let mut out = (header.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&header);
-    for t in tensors {
-        out.extend(t.data.iter().flat_map(|v| v.to_le_bytes()));
-    }
-    std::fs::write(path, out)
+    let refs: Vec<(&str, &[usize], &[f32])> = tensors
+        .iter()
+        .map(|t| (t.hf.as_str(), t.shape.as_slice(), t.data.as_slice()))
+        .collect();
+    crate::lora::random::write_safetensors(path, &refs)
 }
 
 /// llama.cpp's `LlamaModel.permute`: within each head, rows `(i, i + d/2)` become

@@ -31,6 +31,7 @@ fn all_logits(b: &mut CpuBackend, chunks: &[usize]) -> Vec<f32> {
     let mut out = Vec::new();
     for &n in chunks {
         let slice = SeqSlice {
+            adapter: None,
             tokens: &TOKENS[pos..pos + n],
             start_pos: pos,
             block_table: &table,

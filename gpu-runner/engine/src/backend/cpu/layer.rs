@@ -6,18 +6,25 @@ use super::attention::{groups_to_rows, paged_attention, AttnParams};
 use super::ops;
 use super::CpuBackend;
 use crate::backend::SeqSlice;
+use crate::lora::apply::StepAdapters;
+use crate::lora::Target;
 use crate::model::Activation;
 use crate::quant::QMatrix;
 
 impl CpuBackend {
     /// Runs block `layer` in place on `scratch.x`.
-    pub(super) fn run_layer(&mut self, layer: usize, batch: &[SeqSlice<'_>]) {
-        self.attention_block(layer, batch);
-        self.ffn_block(layer);
+    pub(super) fn run_layer(
+        &mut self,
+        layer: usize,
+        batch: &[SeqSlice<'_>],
+        adapters: &StepAdapters<'_>,
+    ) {
+        self.attention_block(layer, batch, adapters);
+        self.ffn_block(layer, adapters);
     }
 
     /// Norm, Q/K/V projections (+ bias, + per-head norms) and RoPE into `scratch.q/k/v`.
-    fn project_qkv(&mut self, layer: usize) {
+    fn project_qkv(&mut self, layer: usize, adapters: &StepAdapters<'_>) {
         let c = &self.config;
         let w = &self.weights.layers[layer];
         let s = &mut self.scratch;
@@ -35,6 +42,11 @@ impl CpuBackend {
             n,
             &mut [&mut s.q, &mut s.k, &mut s.v],
         );
+        if !adapters.is_empty() {
+            adapters.apply(layer, Target::Q, &s.xn, &mut s.q);
+            adapters.apply(layer, Target::K, &s.xn, &mut s.k);
+            adapters.apply(layer, Target::V, &s.xn, &mut s.v);
+        }
         for (x, b) in [(&mut s.q, &w.bq), (&mut s.k, &w.bk), (&mut s.v, &w.bv)] {
             if let Some(b) = b {
                 ops::add_bias_rows(x, b);
@@ -68,8 +80,13 @@ impl CpuBackend {
         }
     }
 
-    fn attention_block(&mut self, layer: usize, batch: &[SeqSlice<'_>]) {
-        self.project_qkv(layer);
+    fn attention_block(
+        &mut self,
+        layer: usize,
+        batch: &[SeqSlice<'_>],
+        adapters: &StepAdapters<'_>,
+    ) {
+        self.project_qkv(layer, adapters);
         self.store_kv(layer, batch);
         let c = &self.config;
         let w = &self.weights.layers[layer];
@@ -105,13 +122,14 @@ impl CpuBackend {
 
         s.proj.resize(n * c.hidden, 0.0);
         w.wo.matmul(&s.attn, n, &mut s.proj);
+        adapters.apply(layer, Target::O, &s.attn, &mut s.proj);
         if let Some(norm) = &w.post_attn_norm {
             ops::rms_norm_rows_inplace(&mut s.proj, norm, c.rms_eps);
         }
         ops::add_inplace(&mut s.x, &s.proj);
     }
 
-    fn ffn_block(&mut self, layer: usize) {
+    fn ffn_block(&mut self, layer: usize, adapters: &StepAdapters<'_>) {
         let c = &self.config;
         let w = &self.weights.layers[layer];
         let s = &mut self.scratch;
@@ -127,12 +145,17 @@ impl CpuBackend {
             n,
             &mut [&mut s.gate, &mut s.up],
         );
+        if !adapters.is_empty() {
+            adapters.apply(layer, Target::Gate, &s.xn, &mut s.gate);
+            adapters.apply(layer, Target::Up, &s.xn, &mut s.up);
+        }
         match c.activation {
             Activation::Silu => ops::swiglu(&mut s.gate, &s.up),
             Activation::GeluTanh => ops::geglu_tanh(&mut s.gate, &s.up),
         }
         s.proj.resize(n * h, 0.0);
         w.w_down.matmul(&s.gate, n, &mut s.proj);
+        adapters.apply(layer, Target::Down, &s.gate, &mut s.proj);
         if let Some(norm) = &w.post_ffn_norm {
             ops::rms_norm_rows_inplace(&mut s.proj, norm, c.rms_eps);
         }

@@ -28,6 +28,7 @@ use self::kv_pool::KvPool;
 use self::rope::RopeTable;
 use super::batch::BatchLayout;
 use super::{Backend, BackendError, SeqSlice};
+use crate::lora::apply::StepAdapters;
 use crate::model::{ModelArtifacts, ModelConfig, Weights};
 
 /// Activations of one step, kept between steps to avoid reallocating.
@@ -176,6 +177,10 @@ impl Backend for CpuBackend {
         Some(self.scratch.xn.get(..n).unwrap_or_default())
     }
 
+    fn serves_adapters(&self) -> bool {
+        true
+    }
+
     fn recycle_logits(&mut self, logits: Vec<f32>) {
         self.scratch.spare_logits = logits;
     }
@@ -204,8 +209,14 @@ impl Backend for CpuBackend {
                 .rope_local
                 .fill(&self.inv_freq_local, &self.layout.positions);
         }
+        let adapters = StepAdapters::new(
+            batch
+                .iter()
+                .zip(self.layout.offsets.windows(2))
+                .map(|(seq, rows)| (seq.adapter, rows[0]..rows[1])),
+        );
         for layer in 0..self.config.n_layers {
-            self.run_layer(layer, batch);
+            self.run_layer(layer, batch, &adapters);
         }
         Ok(self.logits())
     }

@@ -62,6 +62,7 @@ fn teacher_forced(
 ) -> Vec<Vec<f32>> {
     let table: Vec<u32> = (0..b.num_blocks() as u32).collect();
     let first = SeqSlice {
+        adapter: None,
         tokens: prompt,
         start_pos: 0,
         block_table: &table,
@@ -73,6 +74,7 @@ fn teacher_forced(
     let rest = &greedy[..greedy.len().saturating_sub(1)];
     if !rest.is_empty() {
         let tail = SeqSlice {
+            adapter: None,
             tokens: rest,
             start_pos: prompt.len(),
             block_table: &table,
@@ -183,6 +185,7 @@ fn gemma3_270m_matches_llama_cpp_at_every_position() {
     let tokens = ids(&fixture["tokens"]);
     let table = [0, 1, 2, 3];
     let slice = SeqSlice {
+        adapter: None,
         tokens: &tokens,
         start_pos: 0,
         block_table: &table,

@@ -43,6 +43,7 @@ fn run_chunked(b: &mut CpuBackend, tokens: &[u32], chunks: &[usize], table: &[u3
     let mut last = Vec::new();
     for &n in chunks {
         let slice = SeqSlice {
+            adapter: None,
             tokens: &tokens[pos..pos + n],
             start_pos: pos,
             block_table: table,
@@ -111,12 +112,14 @@ fn batched_sequences_get_the_same_logits_as_alone() {
     let (ta2, tb2): (Vec<u32>, Vec<u32>) = ((20..24).collect(), (30..34).collect());
     let batch = [
         SeqSlice {
+            adapter: None,
             tokens: &other,
             start_pos: 0,
             block_table: &tb2,
             logits: LogitsMode::All,
         },
         SeqSlice {
+            adapter: None,
             tokens: &PROMPT,
             start_pos: 0,
             block_table: &ta2,
@@ -139,24 +142,28 @@ fn invalid_batches_are_rejected_without_panicking() {
     let huge_token = [u32::MAX];
     let cases: [SeqSlice<'_>; 4] = [
         SeqSlice {
+            adapter: None,
             tokens: &PROMPT,
             start_pos: 0,
             block_table: &short_table,
             logits: LogitsMode::Last,
         },
         SeqSlice {
+            adapter: None,
             tokens: &PROMPT,
             start_pos: 0,
             block_table: &bad_block,
             logits: LogitsMode::Last,
         },
         SeqSlice {
+            adapter: None,
             tokens: &huge_token,
             start_pos: 0,
             block_table: &short_table,
             logits: LogitsMode::Last,
         },
         SeqSlice {
+            adapter: None,
             tokens: &PROMPT,
             start_pos: usize::MAX - 3,
             block_table: &short_table,
@@ -260,6 +267,7 @@ fn greedy_answer_to_the_capital_of_france_names_paris() {
         let next = argmax(&logits) as u32;
         text.push_str(&vocab.tokens[next as usize].replace('Ġ', " "));
         let slice = SeqSlice {
+            adapter: None,
             tokens: &[next],
             start_pos: pos,
             block_table: &table,

@@ -173,6 +173,7 @@ mod tests {
             .iter()
             .zip(tables)
             .map(|(&p, t)| SeqSlice {
+                adapter: None,
                 tokens: &TOKEN,
                 start_pos: p,
                 block_table: Box::leak(t.clone().into_boxed_slice()),

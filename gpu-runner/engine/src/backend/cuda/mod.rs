@@ -373,6 +373,11 @@ impl Backend for CudaBackend {
         batch: &[SeqSlice<'_>],
         masks: &mut dyn StepMasks,
     ) -> Result<StepOutput, BackendError> {
+        if batch.iter().any(|s| s.adapter.is_some()) {
+            return Err(BackendError::InvalidBatch(
+                "LoRA adapters are not served by the CUDA backend yet".into(),
+            ));
+        }
         self.layout
             .build(batch, &self.config, self.block_size, self.num_blocks)?;
         if self.layout.n_tokens() == 0 {

@@ -255,6 +255,7 @@ mod tests {
         let positions = [5usize, 2, 9];
         let batch: Vec<SeqSlice<'_>> = (0..3)
             .map(|s| SeqSlice {
+                adapter: None,
                 tokens: &tokens[s],
                 start_pos: positions[s],
                 block_table: &tables[s],
@@ -299,12 +300,14 @@ mod tests {
         let next = [9u32];
         let batch = [
             SeqSlice {
+                adapter: None,
                 tokens: &prompt,
                 start_pos: 0,
                 block_table: &tables[0],
                 logits: LogitsMode::All,
             },
             SeqSlice {
+                adapter: None,
                 tokens: &next,
                 start_pos: 3,
                 block_table: &tables[1],
@@ -329,12 +332,14 @@ mod tests {
         let next = [9u32];
         let batch = [
             SeqSlice {
+                adapter: None,
                 tokens: &next,
                 start_pos: 2,
                 block_table: &tables[1],
                 logits: LogitsMode::Last,
             },
             SeqSlice {
+                adapter: None,
                 tokens: &prompt,
                 start_pos: 3,
                 block_table: &tables[0],

@@ -1,0 +1,320 @@
+//! Reads a PEFT LoRA directory (`adapter_config.json` + `adapter_model.safetensors`) into a
+//! [`LoraAdapter`] for one base model, refusing what Fallow cannot apply exactly: DoRA,
+//! `fan_in_fan_out`, trained biases, `modules_to_save`, per-module rank or alpha patterns,
+//! and embedding or LM-head targets.
+//!
+//! The scaling (`alpha / r`, or `alpha / √r` with rank-stabilised LoRA) is folded into B.
+//! Llama-architecture GGUF bases store Q/K rows permuted for interleaved RoPE, so B's rows
+//! of those projections are permuted the same way here.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::{LayerLora, LoraAdapter, LoraError, LoraPair, Target};
+use crate::model::safetensors::SafetensorsFile;
+use crate::model::{ModelConfig, RopeStyle};
+
+/// The adapter's configuration, as far as it changes what the weights mean.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeftConfig {
+    pub rank: usize,
+    pub scaling: f32,
+    pub targets: Vec<Target>,
+}
+
+/// Reads and checks `dir`'s adapter for the base `config`.
+pub fn load(dir: &Path, name: &str, config: &ModelConfig) -> Result<LoraAdapter, LoraError> {
+    let read = |path: &Path, why: String| LoraError::Read {
+        path: path.display().to_string(),
+        why,
+    };
+    let config_path = dir.join("adapter_config.json");
+    let text =
+        std::fs::read_to_string(&config_path).map_err(|e| read(&config_path, e.to_string()))?;
+    let json: Value = serde_json::from_str(&text)
+        .map_err(|e| LoraError::Malformed(format!("adapter_config.json: {e}")))?;
+    let peft = parse_config(&json)?;
+    let weights_path = dir.join("adapter_model.safetensors");
+    if !weights_path.is_file() && dir.join("adapter_model.bin").is_file() {
+        return Err(LoraError::Unsupported(
+            "a pickled adapter_model.bin (save it as safetensors)".into(),
+        ));
+    }
+    let file = SafetensorsFile::open(&weights_path).map_err(|e| match e {
+        crate::model::ModelError::Io { source, .. } => read(&weights_path, source.to_string()),
+        other => LoraError::Malformed(format!("adapter_model.safetensors: {other}")),
+    })?;
+    let layers = read_pairs(&file, &peft, config)?;
+    Ok(LoraAdapter::new(
+        name,
+        config,
+        peft.rank,
+        peft.targets,
+        layers,
+    ))
+}
+
+/// Checks `adapter_config.json` and extracts rank, scaling and targets.
+pub fn parse_config(json: &Value) -> Result<PeftConfig, LoraError> {
+    let unsupported = |what: &str| Err(LoraError::Unsupported(what.into()));
+    let truthy = |key: &str| json.get(key).is_some_and(|v| v.as_bool() == Some(true));
+    let non_empty = |key: &str| match json.get(key) {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(m)) => !m.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(_) => true,
+    };
+    match json.get("peft_type").and_then(Value::as_str) {
+        None | Some("LORA") => {}
+        Some(other) => return unsupported(&format!("peft_type {other} (only LORA)")),
+    }
+    if truthy("use_dora") {
+        return unsupported("DoRA (use_dora)");
+    }
+    if truthy("fan_in_fan_out") {
+        return unsupported("fan_in_fan_out");
+    }
+    if non_empty("modules_to_save") {
+        return unsupported("modules_to_save");
+    }
+    if non_empty("rank_pattern") || non_empty("alpha_pattern") {
+        return unsupported("per-module rank_pattern or alpha_pattern");
+    }
+    for key in ["lora_bias", "use_qalora", "use_bdlora"] {
+        if truthy(key) {
+            return unsupported(key);
+        }
+    }
+    for key in [
+        "layer_replication",
+        "trainable_token_indices",
+        "target_parameters",
+    ] {
+        if non_empty(key) {
+            return unsupported(key);
+        }
+    }
+    match json.get("bias").and_then(Value::as_str) {
+        None | Some("none") => {}
+        Some(other) => return unsupported(&format!("trained biases (bias = {other})")),
+    }
+    let rank = json
+        .get("r")
+        .and_then(Value::as_u64)
+        .filter(|&r| r > 0)
+        .ok_or_else(|| LoraError::Malformed("`r` must be a positive integer".into()))?
+        as usize;
+    let alpha = match json.get("lora_alpha") {
+        None | Some(Value::Null) => rank as f64,
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| LoraError::Malformed("`lora_alpha` must be a number".into()))?,
+    };
+    let scaling = if truthy("use_rslora") {
+        alpha / (rank as f64).sqrt()
+    } else {
+        alpha / rank as f64
+    } as f32;
+    let targets = parse_targets(json.get("target_modules"))?;
+    Ok(PeftConfig {
+        rank,
+        scaling,
+        targets,
+    })
+}
+
+fn parse_targets(value: Option<&Value>) -> Result<Vec<Target>, LoraError> {
+    let names: Vec<&str> = match value {
+        Some(Value::String(s)) if s == "all-linear" => {
+            return Ok(Target::ALL.to_vec());
+        }
+        Some(Value::String(s)) => vec![s.as_str()],
+        Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).collect(),
+        _ => {
+            return Err(LoraError::Malformed(
+                "`target_modules` must list module names".into(),
+            ))
+        }
+    };
+    let mut targets = Vec::new();
+    for name in names {
+        let target = match Target::parse(name) {
+            Some(t) => t,
+            None if ["embed_tokens", "lm_head", "wte", "tok_embeddings"].contains(&name) => {
+                return Err(LoraError::Unsupported(format!(
+                    "an embedding or LM-head target ({name})"
+                )))
+            }
+            None => {
+                return Err(LoraError::Unsupported(format!(
+                    "target module `{name}` (supported: q_proj, k_proj, v_proj, o_proj, \
+                     gate_proj, up_proj, down_proj)"
+                )))
+            }
+        };
+        if !targets.contains(&target) {
+            targets.push(target);
+        }
+    }
+    if targets.is_empty() {
+        return Err(LoraError::Malformed("`target_modules` is empty".into()));
+    }
+    Ok(targets)
+}
+
+/// Where a tensor goes: layer, projection, and whether it is A.
+fn place(name: &str) -> Result<(usize, Target, bool), LoraError> {
+    let unexpected = || LoraError::Malformed(format!("unexpected tensor `{name}`"));
+    if ["embed_tokens", "lm_head", "lora_embedding"]
+        .iter()
+        .any(|s| name.contains(s))
+    {
+        return Err(LoraError::Unsupported(format!(
+            "embedding or LM-head weights (`{name}`)"
+        )));
+    }
+    if name.contains("lora_magnitude_vector") {
+        return Err(LoraError::Unsupported("DoRA magnitude vectors".into()));
+    }
+    let rest = name
+        .split_once("layers.")
+        .map(|(_, rest)| rest)
+        .ok_or_else(unexpected)?;
+    let (layer, rest) = rest.split_once('.').ok_or_else(unexpected)?;
+    let layer: usize = layer.parse().map_err(|_| unexpected())?;
+    let parts: Vec<&str> = rest.split('.').collect();
+    let [.., module, which, "weight"] = parts.as_slice() else {
+        return Err(unexpected());
+    };
+    let target = Target::parse(module)
+        .ok_or_else(|| LoraError::Unsupported(format!("target module `{module}` in `{name}`")))?;
+    match *which {
+        "lora_A" => Ok((layer, target, true)),
+        "lora_B" => Ok((layer, target, false)),
+        _ => Err(unexpected()),
+    }
+}
+
+fn read_pairs(
+    file: &SafetensorsFile,
+    peft: &PeftConfig,
+    config: &ModelConfig,
+) -> Result<Vec<LayerLora>, LoraError> {
+    type Halves = (Option<Vec<f32>>, Option<Vec<f32>>);
+    let mut halves: std::collections::BTreeMap<(usize, usize), (Target, Halves)> =
+        Default::default();
+    let mismatch = |why: String| Err(LoraError::Mismatch(why));
+    for (name, entry) in &file.tensors {
+        let (layer, target, is_a) = place(name)?;
+        if layer >= config.n_layers {
+            return mismatch(format!(
+                "`{name}` is for layer {layer}, the base has {} layers",
+                config.n_layers
+            ));
+        }
+        if !peft.targets.contains(&target) {
+            return Err(LoraError::Malformed(format!(
+                "`{name}` targets {} which target_modules does not list",
+                target.hf_name()
+            )));
+        }
+        let (in_dim, out_dim) = target.dims(config);
+        let expected = if is_a {
+            [peft.rank, in_dim]
+        } else {
+            [out_dim, peft.rank]
+        };
+        if entry.shape != expected {
+            return mismatch(format!(
+                "`{name}` has shape {:?}, the base needs {expected:?} (rank {})",
+                entry.shape, peft.rank
+            ));
+        }
+        let values = file
+            .vector(name)
+            .map_err(|e| LoraError::Malformed(e.to_string()))?;
+        if values.iter().any(|v| !v.is_finite()) {
+            return Err(LoraError::Malformed(format!(
+                "`{name}` holds NaN or infinity"
+            )));
+        }
+        let slot = halves
+            .entry((layer, target as usize))
+            .or_insert((target, (None, None)));
+        if is_a {
+            slot.1 .0 = Some(values);
+        } else {
+            slot.1 .1 = Some(values);
+        }
+    }
+    if halves.is_empty() {
+        return Err(LoraError::Malformed("no LoRA weights in the file".into()));
+    }
+    let mut layers = vec![LayerLora::default(); config.n_layers];
+    for ((layer, _), (target, (a, b))) in halves {
+        let (Some(a), Some(b)) = (a, b) else {
+            return Err(LoraError::Malformed(format!(
+                "layer {layer} {} has only one of lora_A and lora_B",
+                target.hf_name()
+            )));
+        };
+        let (in_dim, out_dim) = target.dims(config);
+        let b_t = scaled_transpose(
+            &b,
+            out_dim,
+            peft.rank,
+            peft.scaling,
+            row_order(target, config),
+        );
+        layers[layer].set(
+            target,
+            LoraPair {
+                rank: peft.rank,
+                in_dim,
+                out_dim,
+                a,
+                b_t,
+            },
+        );
+    }
+    Ok(layers)
+}
+
+/// For each output row of the base as loaded, the row of the Hugging Face projection it
+/// holds: the identity, except for Q/K of bases stored for interleaved RoPE.
+fn row_order(target: Target, config: &ModelConfig) -> Option<usize> {
+    match (config.rope_style, target) {
+        (RopeStyle::Interleaved, Target::Q) => Some(config.n_heads),
+        (RopeStyle::Interleaved, Target::K) => Some(config.n_kv_heads),
+        _ => None,
+    }
+}
+
+/// `b` (`out × rank`) transposed to `rank × out` and scaled; with `heads`, output rows are
+/// permuted as llama.cpp's converter permutes Q/K (within each head, HF rows `i` and
+/// `i + d/2` become rows `2i` and `2i + 1`).
+fn scaled_transpose(
+    b: &[f32],
+    out: usize,
+    rank: usize,
+    scaling: f32,
+    heads: Option<usize>,
+) -> Vec<f32> {
+    let source_row = |row: usize| match heads {
+        None => row,
+        Some(n) => {
+            let d = out / n;
+            let (head, within) = (row / d, row % d);
+            head * d + (within % 2) * (d / 2) + within / 2
+        }
+    };
+    let mut b_t = vec![0f32; rank * out];
+    for row in 0..out {
+        let src = &b[source_row(row) * rank..][..rank];
+        for (r, &v) in src.iter().enumerate() {
+            b_t[r * out + row] = v * scaling;
+        }
+    }
+    b_t
+}
