@@ -108,6 +108,18 @@ pub struct ServiceArgs {
     /// `;reasoning_parser=NAME`. Repeatable.
     #[arg(long = "model", env = "FALLOW_MODELS", value_delimiter = ',')]
     pub models: Vec<String>,
+    /// A LoRA adapter to serve over a model: `NAME=PATH` (a PEFT adapter directory),
+    /// optionally followed by `;base=MODEL` (needed when the runner serves several models).
+    /// Clients ask for `MODEL:NAME`. Repeatable.
+    #[arg(long = "lora", env = "FALLOW_LORAS", value_delimiter = ',')]
+    pub loras: Vec<String>,
+    /// A directory whose adapters requests may name by `lora_path` (a path inside it).
+    #[arg(long, env = "FALLOW_LORA_DIR")]
+    pub lora_dir: Option<PathBuf>,
+    /// Memory (MiB) the runner's LoRA adapters may take (default 1024); the least recently
+    /// used idle adapter leaves first.
+    #[arg(long, env = "FALLOW_LORA_MEMORY_MB")]
+    pub lora_memory_mb: Option<u64>,
     /// Require API keys.
     #[arg(long, overrides_with = "no_auth")]
     pub auth: bool,
@@ -360,6 +372,29 @@ pub enum BenchCommand {
     /// One stream's inter-token latency alone and beside a tenant sending 8 MB prompts,
     /// 300-entry logit_bias and fresh json_schemas.
     Neighbour(BenchNeighbourArgs),
+    /// Writes a random PEFT LoRA adapter for a model (for benchmarks and tests).
+    RandomLora(BenchRandomLoraArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchRandomLoraArgs {
+    /// The base model (a GGUF file or an HF directory).
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub model: PathBuf,
+    /// The adapter directory to write.
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 8)]
+    pub rank: usize,
+    /// Target modules, comma separated: q, k, v, o, gate, up, down.
+    #[arg(long, value_delimiter = ',', default_value = "q,k,v,o,gate,up,down")]
+    pub targets: Vec<String>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// How far the adapter moves the model's outputs; 0 writes B = 0, an adapter that
+    /// changes nothing.
+    #[arg(long, default_value_t = 1.0)]
+    pub strength: f32,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -434,6 +469,16 @@ pub struct BenchEngineArgs {
     /// Nucleus sampling mass (with `--temperature` above 0).
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
+    /// Also run every concurrency with this many different random LoRA adapters, comma
+    /// separated (sequence i runs adapter i mod N), and print each against the base alone.
+    #[arg(long, value_delimiter = ',')]
+    pub loras: Vec<usize>,
+    /// The rank of the benchmark's adapters.
+    #[arg(long, default_value_t = 8)]
+    pub lora_rank: usize,
+    /// The benchmark adapters' target modules.
+    #[arg(long, value_delimiter = ',', default_value = "q,k,v,o,gate,up,down")]
+    pub lora_targets: Vec<String>,
 }
 
 #[cfg(test)]

@@ -3,6 +3,10 @@
 //! and the defaults beneath them. Secrets (database passwords, the admin token) are never
 //! printed; `secrets.rs` checks the admin token and masks URLs.
 
+mod loras;
+
+pub use loras::{lora_settings, LoraArg};
+
 use crate::cli::{CudaArgs, ServiceArgs};
 use anyhow::Context;
 use fallow_api::parsers::reasoning::REASONING_PARSERS;
@@ -24,6 +28,9 @@ pub struct FileConfig {
     pub control_plane: Option<String>,
     pub runner_token_file: Option<PathBuf>,
     pub models: Option<Vec<String>>,
+    pub loras: Option<Vec<String>>,
+    pub lora_dir: Option<PathBuf>,
+    pub lora_memory_mb: Option<u64>,
     pub auth: Option<bool>,
     pub slots: Option<usize>,
     pub device: Option<String>,
@@ -232,6 +239,10 @@ pub struct Settings {
     /// A gateway runner's way to the control plane; `None`: Postgres and Redis directly.
     pub control_plane: Option<ControlPlaneSettings>,
     pub models: Vec<ModelSpec>,
+    /// LoRA adapters to serve over the models (bases checked once the models are known).
+    pub loras: Vec<LoraArg>,
+    pub lora_dir: Option<PathBuf>,
+    pub lora_memory_mb: Option<u64>,
     /// `None` = the command's own default (dev: off, api: on).
     pub auth: Option<bool>,
     pub slots: usize,
@@ -337,6 +348,16 @@ impl Settings {
                 .iter()
                 .map(|m| ModelSpec::parse(m))
                 .collect::<anyhow::Result<_>>()?,
+            loras: if args.loras.is_empty() {
+                file.loras.clone().unwrap_or_default()
+            } else {
+                args.loras.clone()
+            }
+            .iter()
+            .map(|l| LoraArg::parse(l))
+            .collect::<anyhow::Result<_>>()?,
+            lora_dir: args.lora_dir.clone().or(file.lora_dir.clone()),
+            lora_memory_mb: args.lora_memory_mb.or(file.lora_memory_mb),
             auth,
             slots: args.slots.or(file.slots).unwrap_or(16),
             device: match args.device.clone().or(file.device) {

@@ -264,6 +264,7 @@ mod tests {
             task: Default::default(),
             embed: None,
             progress: None,
+            adapter: None,
         };
         assert_eq!(estimate_tokens(&request), 3 + 20);
     }

@@ -90,6 +90,12 @@ pub struct ModelEntry {
     /// only values `dimensions` may ask for; empty for a model that declares none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub matryoshka_dimensions: Vec<u32>,
+    /// A LoRA adapter's base model (its id is then `BASE:NAME`); `None` for a base model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// A base model whose runner reads adapters by path (`lora_path`) from a `--lora-dir`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lora_dir: bool,
 }
 
 /// What a model answers: chat and (legacy) completions, or embeddings.

@@ -24,6 +24,8 @@ fn info() -> RunnerInfo {
             kind: Default::default(),
             dimensions: None,
             matryoshka_dimensions: Vec::new(),
+            parent: None,
+            lora_dir: false,
         }],
         warm: vec!["m".into()],
         pool: runners::DEFAULT_POOL.into(),

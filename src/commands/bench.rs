@@ -1,14 +1,18 @@
 //! `fallow bench engine`: prefill tokens/s, decode tokens/s and aggregate tokens/s of the
 //! engine alone at several concurrencies, and the process's peak RSS. With
 //! `--json-schema FILE` each concurrency also runs under that schema (constrained
-//! decoding), right after its unconstrained run, and the decode ratio is printed.
+//! decoding), right after its unconstrained run, and the decode ratio is printed. With
+//! `--loras 1,4,16` each concurrency also runs with that many different random LoRA
+//! adapters (sequence i on adapter i mod N), and the aggregate ratio to the base is printed.
 
 use crate::cli::BenchEngineArgs;
 use crate::config::CudaFile;
 use anyhow::Context;
 use fallow_engine::llm::EngineRequest;
+use fallow_engine::lora::LoraAdapter;
 use fallow_engine::runtime::{self, LoadOptions, LoadedModel};
 use fallow_protocol::job::{Constraint, Sampling};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// One measured round.
@@ -75,12 +79,35 @@ pub fn engine(args: BenchEngineArgs) -> anyhow::Result<()> {
         "generated",
         "CPU ms/tok"
     );
+    let adapter_sets = match args.loras.iter().max() {
+        Some(&most) => {
+            let Some(config) = model.engine.preparer().adapter_base().cloned() else {
+                anyhow::bail!("--loras: this backend serves no LoRA adapters");
+            };
+            let targets = super::bench_lora::targets(&args.lora_targets)?;
+            let all = super::bench_lora::random_adapters(&config, most, args.lora_rank, &targets)?;
+            args.loras.iter().map(|&n| all[..n].to_vec()).collect()
+        }
+        None => Vec::new(),
+    };
     let mut next_id = 0u64;
     for &conc in &args.concurrency {
-        let free = run_round(&mut model, &args, conc, None, &mut next_id)?;
+        let free = run_round(&mut model, &args, conc, None, &[], &mut next_id)?;
         print_round(conc, "none", &free);
+        for adapters in adapter_sets.iter().filter(|set| !set.is_empty()) {
+            let with = run_round(&mut model, &args, conc, None, adapters, &mut next_id)?;
+            print_round(conc, &format!("lora x{}", adapters.len()), &with);
+            println!(
+                "{:>11} {} adapters/base: aggregate tok/s {:.3}, decode tok/s {:.3}",
+                conc,
+                adapters.len(),
+                with.aggregate_tps / free.aggregate_tps.max(1e-9),
+                with.decode_tps / free.decode_tps.max(1e-9)
+            );
+        }
         if let Some(constraint) = &constraint {
-            let constrained = run_round(&mut model, &args, conc, Some(constraint), &mut next_id)?;
+            let constrained =
+                run_round(&mut model, &args, conc, Some(constraint), &[], &mut next_id)?;
             print_round(conc, "json", &constrained);
             println!(
                 "{:>11} constrained/unconstrained: decode tok/s {:.3}, CPU per token {:.3}",
@@ -94,12 +121,14 @@ pub fn engine(args: BenchEngineArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `conc` concurrent greedy sequences of `gen_tokens` each (EOS ignored), until all end.
+/// `conc` concurrent greedy sequences of `gen_tokens` each (EOS ignored), until all end;
+/// sequence i runs `adapters[i mod N]` when adapters are given.
 fn run_round(
     model: &mut LoadedModel,
     args: &BenchEngineArgs,
     conc: usize,
     constraint: Option<&Constraint>,
+    adapters: &[Arc<LoraAdapter>],
     next_id: &mut u64,
 ) -> anyhow::Result<Round> {
     let vocab = model.frontend.tokenizer.vocab_size() as u32;
@@ -123,7 +152,7 @@ fn run_round(
         model
             .engine
             .add_request(EngineRequest {
-                adapter: None,
+                adapter: (!adapters.is_empty()).then(|| adapters[i % adapters.len()].clone()),
                 id: *next_id,
                 prompt,
                 sampling,

@@ -7,6 +7,7 @@ mod admin_http;
 mod batch;
 mod bench;
 mod bench_e2e;
+mod bench_lora;
 mod bench_neighbour;
 mod generate;
 mod services;
@@ -20,6 +21,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             command: BenchCommand::Engine(args),
         } => bench::engine(args),
+        Command::Bench {
+            command: BenchCommand::RandomLora(args),
+        } => bench_lora::random_lora(args),
         other => runtime()?.block_on(run_async(other)),
     }
 }
@@ -50,7 +54,7 @@ async fn run_async(command: Command) -> anyhow::Result<()> {
         Command::Generate(_)
         | Command::Chat(_)
         | Command::Bench {
-            command: BenchCommand::Engine(_),
+            command: BenchCommand::Engine(_) | BenchCommand::RandomLora(_),
         } => unreachable!("engine-only commands run without a runtime"),
     }
 }

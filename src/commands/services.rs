@@ -1,7 +1,7 @@
 //! The long-running service commands: `dev`, `api`, `scheduler`, `runner`, `migrate`.
 
 use crate::cli::ServiceArgs;
-use crate::config::{Settings, StoreSettings};
+use crate::config::{lora_settings, Settings, StoreSettings};
 use crate::secrets::redact_url;
 use anyhow::Context;
 use fallow_api::{ApiConfig, AppState};
@@ -157,9 +157,15 @@ fn model_offers(settings: &Settings) -> anyhow::Result<Vec<ModelOffer>> {
     Ok(offers)
 }
 
-fn runner_config(settings: &Settings) -> RunnerConfig {
+fn runner_config(settings: &Settings, offers: &[ModelOffer]) -> anyhow::Result<RunnerConfig> {
     let lease = Duration::from_secs(settings.lease_seconds);
-    RunnerConfig {
+    let loras = lora_settings(
+        &settings.loras,
+        settings.lora_dir.clone(),
+        settings.lora_memory_mb,
+        offers,
+    )?;
+    Ok(RunnerConfig {
         slots: settings.slots.max(1),
         lease,
         heartbeat_every: lease / 3,
@@ -173,8 +179,9 @@ fn runner_config(settings: &Settings) -> RunnerConfig {
         pool: settings.pool.clone(),
         pool_max_share: settings.pool_max_share,
         panic_hook: settings.panic_hook.clone(),
+        loras,
         ..RunnerConfig::default()
-    }
+    })
 }
 
 pub async fn dev(args: ServiceArgs) -> anyhow::Result<()> {
@@ -196,7 +203,7 @@ pub async fn dev(args: ServiceArgs) -> anyhow::Result<()> {
     // "Serving" means a request gets its model: the runner lists its models before it
     // loads them, and requests sent meanwhile wait in the queue.
     let registered = Arc::new(tokio::sync::Notify::new());
-    let mut runner_settings = runner_config(&settings);
+    let mut runner_settings = runner_config(&settings, &models)?;
     runner_settings.registered = Some(registered.clone());
     let mut runner = tokio::spawn(worker::run(
         Arc::new(Direct::new(conns.queue.clone(), conns.relay.clone())),
@@ -321,7 +328,8 @@ pub async fn runner(args: ServiceArgs) -> anyhow::Result<()> {
             Arc::new(Direct::new(conns.queue, conns.relay))
         }
     };
-    worker::run(plane, models, runner_config(&settings), wait(stop)).await
+    let config = runner_config(&settings, &models)?;
+    worker::run(plane, models, config, wait(stop)).await
 }
 
 pub async fn migrate(args: ServiceArgs) -> anyhow::Result<()> {

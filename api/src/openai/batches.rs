@@ -10,8 +10,8 @@ use crate::openai::response::ChatCompletion;
 use crate::openai::responses::CreateResponseRequest;
 use crate::validate::responses::validate_response;
 use crate::validate::{
-    embedding_model, validate_chat, validate_completion, validate_embeddings, Limits, ModelParsers,
-    BATCH_PRIORITY_BASE,
+    embedding_model, resolve, resolve_unseen, validate_chat, validate_completion,
+    validate_embeddings, Limits, ModelParsers, BATCH_PRIORITY_BASE,
 };
 use fallow_protocol::job::{Completion, GenerateRequest, OutputFormat};
 use fallow_scheduler::batch::{batch_id, file_id, BatchCodec, BatchRecord, LineError, LineRequest};
@@ -186,6 +186,8 @@ fn parse_embedding(
             kind: ModelKind::Embedding,
             dimensions: None,
             matryoshka_dimensions: Vec::new(),
+            parent: None,
+            lora_dir: false,
         });
     let request = validate_embeddings(wire, &entry).map_err(envelope)?;
     Ok(LineRequest {
@@ -252,43 +254,57 @@ impl BatchCodec for ChatBatchCodec {
         body: serde_json::Value,
         models: &[ModelEntry],
     ) -> Result<LineRequest, (Option<String>, String)> {
-        if endpoint == COMPLETIONS_ENDPOINT {
-            return self.parse_completion(body);
-        }
         if endpoint == EMBEDDINGS_ENDPOINT {
             return parse_embedding(body, models);
         }
-        if endpoint != CHAT_ENDPOINT && endpoint != RESPONSES_ENDPOINT {
+        if ![CHAT_ENDPOINT, RESPONSES_ENDPOINT, COMPLETIONS_ENDPOINT].contains(&endpoint) {
             return Err((None, format!("The endpoint `{endpoint}` is not supported.")));
         }
         // The line's model, as its runner published it: tool calls and reasoning are read in
-        // its syntax, exactly as for a synchronous request.
+        // its syntax, exactly as for a synchronous request. An adapter's line runs over its
+        // base, in the adapter's queue.
         let model = body
             .get("model")
             .and_then(serde_json::Value::as_str)
-            .map(str::trim);
-        let limits = match models.iter().find(|m| Some(m.id.as_str()) == model) {
-            Some(entry) => Limits {
-                parsers: ModelParsers {
-                    tool: entry.tool_parser.clone(),
-                    reasoning: entry.reasoning_parser.clone(),
-                },
-                ..self.limits.clone()
-            },
-            None => self.limits.clone(),
+            .map(str::trim)
+            .unwrap_or_default();
+        let lora_path = body.get("lora_path");
+        let (limits, served) = match resolve(models, model, lora_path) {
+            Ok((entry, served)) => {
+                let limits = Limits {
+                    parsers: ModelParsers {
+                        tool: entry.tool_parser.clone(),
+                        reasoning: entry.reasoning_parser.clone(),
+                    },
+                    ..self.limits.clone()
+                };
+                (limits, served)
+            }
+            // No runner up, or a model none serves: the expansion decides (it waits for
+            // runners, or fails the line as `model_not_found`).
+            Err(ApiError::ModelNotFound(_)) => (
+                self.limits.clone(),
+                resolve_unseen(model, lora_path).map_err(envelope)?,
+            ),
+            Err(err) => return Err(envelope(err)),
         };
-        if endpoint == RESPONSES_ENDPOINT {
-            return self.parse_response(body, &limits);
-        }
-        let wire: ChatCompletionRequest = deserialize_line(body)?;
-        let valid = validate_chat(wire, &limits).map_err(envelope)?;
-        let mut request = valid.request;
-        // Results are collected, never streamed, so every batch job stays retryable.
-        request.stream = false;
-        Ok(LineRequest {
-            request,
-            priority: BATCH_PRIORITY_BASE + valid.priority,
-        })
+        let mut line = if endpoint == COMPLETIONS_ENDPOINT {
+            self.parse_completion(body)?
+        } else if endpoint == RESPONSES_ENDPOINT {
+            self.parse_response(body, &limits)?
+        } else {
+            let wire: ChatCompletionRequest = deserialize_line(body)?;
+            let valid = validate_chat(wire, &limits).map_err(envelope)?;
+            let mut request = valid.request;
+            // Results are collected, never streamed, so every batch job stays retryable.
+            request.stream = false;
+            LineRequest {
+                request,
+                priority: BATCH_PRIORITY_BASE + valid.priority,
+            }
+        };
+        served.apply(&mut line.request);
+        Ok(line)
     }
 
     fn response_body(
@@ -356,6 +372,8 @@ mod tests {
             kind: Default::default(),
             dimensions: None,
             matryoshka_dimensions: Vec::new(),
+            parent: None,
+            lora_dir: false,
         }
     }
 

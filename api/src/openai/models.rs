@@ -20,6 +20,8 @@ pub struct ModelCard {
     /// An embedding model's vector length.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dimensions: Option<u32>,
+    /// A LoRA adapter's base model (vLLM's `parent`); `null` for a base model.
+    pub parent: Option<String>,
 }
 
 impl From<&fallow_scheduler::runners::ModelEntry> for ModelCard {
@@ -32,6 +34,7 @@ impl From<&fallow_scheduler::runners::ModelEntry> for ModelCard {
             max_model_len: entry.context_length,
             kind: entry.kind,
             dimensions: entry.dimensions,
+            parent: entry.parent.clone(),
         }
     }
 }

@@ -14,7 +14,9 @@ use crate::parsers::{OutputCollector, ParsedChoice};
 use crate::rate_limit;
 use crate::sse::{sse_response, JobStream};
 use crate::state::AppState;
-use crate::validate::{requested_model, validate_chat, Limits, ModelParsers, ValidChat};
+use crate::validate::{
+    requested_model, resolve, validate_chat, Limits, ModelParsers, ServedModel, ValidChat,
+};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -48,8 +50,10 @@ pub async fn create_chat_completion(
     async move {
         let model = requested_model(&wire)?.to_owned();
         tracing::Span::current().record("model", model.as_str());
-        let limits = limits(&state, &model).await?;
-        let valid = validate_chat(wire, &limits)?;
+        let lora_path = wire.extra.get("lora_path").cloned();
+        let (limits, served) = limits(&state, &model, lora_path.as_ref()).await?;
+        let mut valid = validate_chat(wire, &limits)?;
+        served.apply(&mut valid.request);
         admit(&state).await?;
         let reservation =
             rate_limit::admit(&state, &caller, std::slice::from_ref(&valid.request)).await?;
@@ -82,9 +86,16 @@ pub async fn create_chat_completion(
     .await
 }
 
-/// The limits of a request for `model` (which must be served, and generate text).
-pub(super) async fn limits(state: &AppState, model: &str) -> Result<Limits, ApiError> {
-    let entry = state.catalog().find(model).await?;
+/// The limits of a request for `model` (which must be served, and generate text), and the
+/// model as runners serve it: a base model, or a LoRA adapter over one (`BASE:NAME`, or a
+/// base with SGLang's `lora_path`).
+pub(super) async fn limits(
+    state: &AppState,
+    model: &str,
+    lora_path: Option<&serde_json::Value>,
+) -> Result<(Limits, ServedModel), ApiError> {
+    let models = state.catalog().list().await?;
+    let (entry, served) = resolve(&models, model, lora_path)?;
     if entry.kind == ModelKind::Embedding {
         return Err(ApiError::invalid(
             "model",
@@ -92,7 +103,7 @@ pub(super) async fn limits(state: &AppState, model: &str) -> Result<Limits, ApiE
         ));
     }
     let config = state.config();
-    Ok(Limits {
+    let limits = Limits {
         max_messages: config.max_messages,
         max_n: config.max_n,
         // A runner that could not tell its context length (0) imposes no bound here;
@@ -105,7 +116,8 @@ pub(super) async fn limits(state: &AppState, model: &str) -> Result<Limits, ApiE
             tool: entry.tool_parser.clone(),
             reasoning: entry.reasoning_parser.clone(),
         },
-    })
+    };
+    Ok((limits, served))
 }
 
 /// Refuses work the system cannot take now: a global queue over its limit (429 with

@@ -1,9 +1,11 @@
-//! `GET /v1/models` and `GET /v1/models/{id}`: the models live runners serve.
+//! `GET /v1/models` and `GET /v1/models/{id}`: the models live runners serve, LoRA adapters
+//! listed as `BASE:NAME` with their `parent`.
 
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::openai::models::{ModelCard, ModelList};
 use crate::state::AppState;
+use crate::validate::resolve;
 use axum::extract::{Path, State};
 use axum::Json;
 
@@ -24,6 +26,7 @@ pub async fn get_model(
     id: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<ModelCard>, ApiError> {
     let Path(id) = id.map_err(|err| ApiError::NotFound(format!("Invalid model path: {err}")))?;
-    let model = state.catalog().find(&id).await?;
-    Ok(Json(ModelCard::from(&model)))
+    let models = state.catalog().list().await?;
+    let (model, _) = resolve(&models, &id, None)?;
+    Ok(Json(ModelCard::from(model)))
 }

@@ -50,7 +50,7 @@ pub async fn create_response(
     async move {
         let model = requested_model(&wire)?.to_owned();
         tracing::Span::current().record("model", model.as_str());
-        let limits = limits(&state, &model).await?;
+        let (limits, served) = limits(&state, &model, None).await?;
         let previous = match wire.previous_response_id.as_deref() {
             Some(id) => Some(previous_response(&state, &caller, id).await?),
             None => None,
@@ -60,7 +60,8 @@ pub async fn create_response(
             .map(|(_, items)| items.clone())
             .unwrap_or_default();
         let created = state.queue().clock().now();
-        let valid = validate_response(wire, prior, &limits, created.timestamp())?;
+        let mut valid = validate_response(wire, prior, &limits, created.timestamp())?;
+        served.apply(&mut valid.chat.request);
         admit(&state).await?;
         let reservation =
             rate_limit::admit(&state, &caller, std::slice::from_ref(&valid.chat.request)).await?;

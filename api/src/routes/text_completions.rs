@@ -44,10 +44,17 @@ pub async fn create_completion(
     async move {
         let model = requested_model(&wire.common)?.to_owned();
         tracing::Span::current().record("model", model.as_str());
-        let limits = super::chat::limits(&state, &model).await?;
+        let lora_path = wire.common.extra.get("lora_path").cloned();
+        let (limits, served) = super::chat::limits(&state, &model, lora_path.as_ref()).await?;
         let valid = validate_completion(wire, &limits)?;
         admit(&state).await?;
-        let requests: Vec<_> = valid.jobs().collect();
+        let requests: Vec<_> = valid
+            .jobs()
+            .map(|mut request| {
+                served.apply(&mut request);
+                request
+            })
+            .collect();
         let reservation = crate::rate_limit::admit(&state, &caller, &requests).await?;
         // All prompts in one admission: each is a job, and all of them count against the
         // tenant's active-job limit, or none is enqueued.

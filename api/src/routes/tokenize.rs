@@ -23,8 +23,9 @@ pub async fn tokenize(
     ApiJson(wire): ApiJson<TokenizeRequest>,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     let model = tokenize_model(&wire)?;
-    let limits = super::chat::limits(&state, &model).await?;
-    let request = validate_tokenize(wire, &limits)?;
+    let (limits, served) = super::chat::limits(&state, &model, None).await?;
+    let mut request = validate_tokenize(wire, &limits)?;
+    served.apply(&mut request);
     let tokenized = run(&state, &caller, request).await?;
     Ok(Json(TokenizeResponse {
         count: tokenized.tokens.len(),
@@ -39,8 +40,9 @@ pub async fn detokenize(
     ApiJson(wire): ApiJson<DetokenizeRequest>,
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     let model = detokenize_model(&wire)?;
-    super::chat::limits(&state, &model).await?;
-    let request = validate_detokenize(wire)?;
+    let (_, served) = super::chat::limits(&state, &model, None).await?;
+    let mut request = validate_detokenize(wire)?;
+    served.apply(&mut request);
     let tokenized = run(&state, &caller, request).await?;
     Ok(Json(DetokenizeResponse {
         prompt: tokenized.text,

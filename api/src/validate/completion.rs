@@ -116,6 +116,7 @@ pub fn validate_completion(
         task: Task::Generate,
         embed: None,
         progress: None,
+        adapter: None,
     };
     Ok(ValidCompletion {
         shared,

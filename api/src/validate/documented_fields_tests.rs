@@ -81,6 +81,8 @@ fn samples(field: &str) -> Option<Vec<(Value, &'static str)>> {
     let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
     match field {
         "`model`" | "`messages`" | "`messages[].content` as a string" => one(json!({})),
+        // Resolved against the runners' adapters by the route (see `adapter_tests.rs`).
+        "`model` as `base-model:adapter-name`" => one(json!({"model": "m:adapter"})),
         "`messages[].role`" => one(json!({"messages": [
             {"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}]})),
         "`messages[].content` `text` parts" => {
@@ -186,7 +188,8 @@ fn samples(field: &str) -> Option<Vec<(Value, &'static str)>> {
             {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]})),
         "`add_generation_prompt`" => one(json!({"add_generation_prompt": false})),
         "`return_cached_tokens_details`" => one(json!({"return_cached_tokens_details": true})),
-        "`lora_path`" => refused(json!({"lora_path": "adapters/a"}), "lora_path"),
+        // Resolved against the runners' adapters by the route (see `adapter_tests.rs`).
+        "`lora_path`" => one(json!({"lora_path": "adapters/a"})),
         "`custom_logit_processor`" => refused(
             json!({"custom_logit_processor": "{\"callable\": \"gASV\"}"}),
             "custom_logit_processor",

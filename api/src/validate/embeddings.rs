@@ -67,6 +67,7 @@ pub fn validate_embeddings(
         task: Task::Embed,
         embed: Some(EmbedRequest { inputs }),
         progress: None,
+        adapter: None,
     })
 }
 

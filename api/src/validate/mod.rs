@@ -2,6 +2,7 @@
 //! [`GenerateRequest`]. Every rule names the parameter it checks and the limit it enforces,
 //! so a client can fix its request from the error alone.
 
+mod adapter;
 pub mod caps;
 mod completion;
 mod constraint;
@@ -13,6 +14,7 @@ mod sampling;
 mod tokenize;
 mod tools;
 
+pub use adapter::{resolve, resolve_unseen, ServedModel};
 pub use completion::{validate_completion, validate_prompt, ValidCompletion};
 pub use embeddings::{embedding_model, validate_embeddings, MAX_EMBEDDING_INPUTS};
 pub use tokenize::{detokenize_model, tokenize_model, validate_detokenize, validate_tokenize};
@@ -165,6 +167,7 @@ pub fn validate_chat(wire: ChatCompletionRequest, limits: &Limits) -> Result<Val
         task: fallow_protocol::job::Task::Generate,
         embed: None,
         progress: None,
+        adapter: None,
     };
     Ok(ValidChat {
         request,
@@ -266,13 +269,12 @@ const CONSTRAINT_FIELDS: [&str; 5] = [
 /// SGLang fields whose effect Fallow does not offer, each with the reason. Every one would
 /// change the answer, so it is refused rather than ignored; `null` or `false` asks for
 /// nothing and passes.
-pub const UNSUPPORTED_FIELDS: [(&str, &str); 3] = [
+pub const UNSUPPORTED_FIELDS: [(&str, &str); 2] = [
     (
         "custom_logit_processor",
         "custom logit processors are Python objects that SGLang unpickles and runs; a Rust \
          server cannot run them",
     ),
-    ("lora_path", "LoRA adapters are not served yet"),
     (
         "return_routed_experts",
         "no mixture-of-experts model is served, so there are no routed experts to return",

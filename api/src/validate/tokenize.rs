@@ -39,6 +39,7 @@ fn job(model: String, input: Prompt, task: Task) -> GenerateRequest {
         task,
         embed: None,
         progress: None,
+        adapter: None,
     }
 }
 

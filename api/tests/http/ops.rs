@@ -47,7 +47,8 @@ async fn models_are_listed_and_fetched_by_id_with_slashes() {
         model,
         Some(
             json!({"id": MODEL, "object": "model", "created": 1_700_000_000,
-                    "owned_by": "fallow", "max_model_len": CONTEXT, "kind": "chat"})
+                    "owned_by": "fallow", "max_model_len": CONTEXT, "kind": "chat",
+                    "parent": null})
         )
     );
     let one = app

@@ -91,6 +91,8 @@ pub async fn spawn_app_on(config: ApiConfig, redis: &str) -> TestApp {
                 kind: Default::default(),
                 dimensions: None,
                 matryoshka_dimensions: Vec::new(),
+                parent: None,
+                lora_dir: false,
             },
             ModelEntry {
                 id: THINKER.into(),
@@ -102,6 +104,8 @@ pub async fn spawn_app_on(config: ApiConfig, redis: &str) -> TestApp {
                 kind: Default::default(),
                 dimensions: None,
                 matryoshka_dimensions: Vec::new(),
+                parent: None,
+                lora_dir: false,
             },
             ModelEntry {
                 id: EMBEDDER.into(),
@@ -113,6 +117,8 @@ pub async fn spawn_app_on(config: ApiConfig, redis: &str) -> TestApp {
                 kind: ModelKind::Embedding,
                 dimensions: Some(4),
                 matryoshka_dimensions: vec![2],
+                parent: None,
+                lora_dir: false,
             },
         ],
         warm: vec![MODEL.into(), THINKER.into(), EMBEDDER.into()],

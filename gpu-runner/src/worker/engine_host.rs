@@ -13,6 +13,7 @@
 //! (the next job loads it again). A panic while preparing one request refuses only that
 //! request.
 
+use super::adapters::Adapters;
 use super::preparing::{self, Router};
 use super::telemetry::EngineGauges;
 use fallow_engine::llm::{LlmEngine, Prepared, SeqOutput};
@@ -112,6 +113,8 @@ pub struct HostOptions {
     /// Preparing one request (rendering, tokenizing, compiling its grammar, waiting for the
     /// grammar vocabulary) takes at most this long; past it the request is refused.
     pub prepare_timeout: Duration,
+    /// The runner's LoRA adapters, read by the preparation threads.
+    pub adapters: Arc<Adapters>,
 }
 
 impl Default for HostOptions {
@@ -119,6 +122,7 @@ impl Default for HostOptions {
         HostOptions {
             panic_hook: PanicHook::default(),
             prepare_timeout: DEFAULT_PREPARE_TIMEOUT,
+            adapters: Arc::new(Adapters::none()),
         }
     }
 }

@@ -9,6 +9,7 @@
 //! the owner probe's verdict (when the GPU's owner returns, every held job is handed back
 //! and the runner reports `yielded`).
 
+mod adapters;
 mod claimer;
 mod completing;
 mod devices;
@@ -16,6 +17,7 @@ mod embed_host;
 mod engine_host;
 mod in_flight;
 mod lending;
+mod lora_budget;
 mod models;
 mod neighbour_bench;
 mod offer;
@@ -28,6 +30,7 @@ mod telemetry;
 mod upkeep;
 mod uplink;
 
+pub use adapters::{LoraSettings, LoraSpec, DEFAULT_LORA_MEMORY_BYTES};
 pub use engine_host::{HostOptions, PanicHook, DEFAULT_PREPARE_TIMEOUT};
 pub use lending::{LendingError, LendingWindows};
 pub use neighbour_bench::{noisy_neighbour, Latency, NeighbourRound};
@@ -90,6 +93,8 @@ pub struct RunnerConfig {
     pub prepare_timeout: Duration,
     /// A test hook that makes an engine thread panic (see [`PanicHook`]); off by default.
     pub panic_hook: PanicHook,
+    /// The LoRA adapters served over the models.
+    pub loras: LoraSettings,
     /// Notified once the runner is registered, its models listed, before any loads: `fallow
     /// dev` waits for it before it says it is serving.
     pub registered: Option<Arc<tokio::sync::Notify>>,
@@ -114,6 +119,7 @@ impl Default for RunnerConfig {
             pool_max_share: None,
             prepare_timeout: engine_host::DEFAULT_PREPARE_TIMEOUT,
             panic_hook: PanicHook::default(),
+            loras: LoraSettings::default(),
             registered: None,
         }
     }
@@ -166,10 +172,12 @@ pub async fn run(
     for offer in &offers {
         telemetry::register_model(&offer.id);
     }
+    let adapters = Arc::new(adapters::Adapters::new(config.loras.clone())?);
     let (models, scope) = Models::new(offers, config.memory_budget, events_tx, loads_tx);
     let mut models = models.with_host_options(HostOptions {
         panic_hook: config.panic_hook.clone(),
         prepare_timeout: config.prepare_timeout,
+        adapters,
     });
     let mut owner = owner_watch(&config);
     // Closed until the probe's first look.

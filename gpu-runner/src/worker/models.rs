@@ -143,14 +143,35 @@ impl Models {
         }
     }
 
-    /// Every model this runner may serve, as `/v1/models` lists them.
+    /// Every model this runner may serve, as `/v1/models` lists them, each generative
+    /// model followed by the LoRA adapters served over it.
     pub fn entries(&self, created: i64) -> Vec<ModelEntry> {
-        self.offers.iter().map(|o| o.entry(created)).collect()
+        self.offers
+            .iter()
+            .flat_map(|o| match o.embedding {
+                Some(_) => vec![o.entry(created)],
+                None => self.host_options.adapters.entries(o.entry(created)),
+            })
+            .collect()
     }
 
-    /// Resident models (loaded or loading), for the registry's `warm`.
+    /// Resident models (loaded or loading) and their adapters' queues, for the registry's
+    /// `warm`.
     pub fn warm(&self) -> Vec<String> {
-        self.residency.models()
+        self.with_adapter_queues(self.residency.models())
+    }
+
+    /// `models`, each followed by the queues of the adapters served over it: a job of an
+    /// adapter is a job of its base's engine.
+    fn with_adapter_queues(&self, models: Vec<String>) -> Vec<String> {
+        let adapters = &self.host_options.adapters;
+        models
+            .into_iter()
+            .flat_map(|m| {
+                let queues = adapters.queues(&m);
+                std::iter::once(m).chain(queues)
+            })
+            .collect()
     }
 
     pub fn wants_replica_counts(&self) -> bool {
@@ -473,7 +494,10 @@ impl Models {
             })
             .map(|o| o.id.clone())
             .collect();
-        let scope = ClaimModels { warm, cold };
+        let scope = ClaimModels {
+            warm: self.with_adapter_queues(warm),
+            cold: self.with_adapter_queues(cold),
+        };
         self.scope.send_if_modified(|current| {
             let changed = *current != scope;
             if changed {

@@ -135,6 +135,8 @@ impl ModelOffer {
                 .as_ref()
                 .map(|e| e.matryoshka_dimensions.clone())
                 .unwrap_or_default(),
+            parent: None,
+            lora_dir: false,
         }
     }
 }

@@ -12,12 +12,15 @@
 //! outlasts it, drops its late result, and starts a spare thread in place of the busy one,
 //! so the requests behind it are prepared meanwhile.
 
+use super::adapters::Adapters;
 use super::engine_host::{
     panic_text, HostCommand, HostEvent, HostOptions, PanicHook, ReadyRequest, ToEngine,
 };
 use fallow_engine::background::lower_this_threads_priority;
 use fallow_engine::llm::{EngineRequest, Preparer, Resume, ResumeChoice};
+use fallow_engine::lora::LoraAdapter;
 use fallow_engine::runtime::ModelFrontend;
+use fallow_protocol::adapter::AdapterRef;
 use fallow_protocol::job::{Completion, GenerateRequest, Prompt, Task, Tokenized, Usage};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -65,6 +68,7 @@ struct Shared {
     /// Preparation threads alive, spares included.
     threads: AtomicUsize,
     name: String,
+    adapters: Arc<Adapters>,
 }
 
 /// A request on its way to the engine thread.
@@ -103,6 +107,7 @@ pub(super) fn spawn(
         preparing: Mutex::new(HashMap::new()),
         threads: AtomicUsize::new(0),
         name: name.to_string(),
+        adapters: options.adapters.clone(),
     });
     let (jobs, queue) = std_mpsc::channel();
     let queue: JobQueue = Arc::new(Mutex::new(queue));
@@ -290,6 +295,11 @@ impl Shared {
         };
         let prompt_text = echo_text(frontend, &request);
         let arm_panic = self.hook.fires_for(&request);
+        let adapter = request
+            .adapter
+            .as_ref()
+            .map(|wanted| self.adapter(wanted))
+            .transpose()?;
         let resume = request.progress.as_ref().map(|progress| Resume {
             choices: progress
                 .choices
@@ -304,7 +314,7 @@ impl Shared {
         let prepared = self
             .preparer
             .prepare(EngineRequest {
-                adapter: None,
+                adapter,
                 id,
                 prompt,
                 sampling: request.sampling,
@@ -318,6 +328,23 @@ impl Shared {
             prompt_text,
             arm_panic,
         })))
+    }
+
+    /// The LoRA adapter a request runs with, read now if it is not in memory (on this
+    /// preparation thread, so the engine's steps go on meanwhile).
+    fn adapter(&self, wanted: &AdapterRef) -> Result<Arc<LoraAdapter>, (String, String)> {
+        let Some(base) = self.preparer.adapter_base() else {
+            return Err((
+                "invalid_request".to_string(),
+                format!(
+                    "`{}` runs on a backend that serves no LoRA adapters yet (CUDA)",
+                    self.name
+                ),
+            ));
+        };
+        self.adapters
+            .get(&self.name, wanted, base)
+            .map_err(|e| (e.code().to_string(), e.to_string()))
     }
 
     /// Hands the outcome on, unless the request was aborted meanwhile.

@@ -6,7 +6,8 @@
 //! Engine gauges are per model (`model_name`): a sequence count and the KV cache usage,
 //! published by the engine thread after every step. Inter-token latency and queue time are
 //! per model histograms, recorded as jobs are claimed and their tokens arrive. Model loads
-//! (seconds, resident bytes) and unloads (with the reason) are recorded by `models.rs`. Prefix-cache counters are in tokens, as
+//! (seconds, resident bytes) and unloads (with the reason) are recorded by `models.rs`, LoRA
+//! adapter loads and the adapters held by `adapters.rs`. Prefix-cache counters are in tokens, as
 //! vLLM's are: `queries` counts prompt tokens, `hits` those served from cached blocks.
 
 use fallow_engine::llm::EngineStats;
@@ -41,6 +42,11 @@ pub const CONTINUATION_TOKENS_REUSED: &str = "fallow:continuation_tokens_reused_
 /// earlier attempt is known (from its checkpoints) to have generated beyond the progress the
 /// continuation started from. 0 for every graceful hand-back.
 pub const TOKENS_REGENERATED: &str = "fallow:tokens_regenerated_total";
+/// LoRA adapters read from disk, per adapter (`BASE:NAME`): a request's adapter that was
+/// not in memory.
+pub const LORA_LOADS: &str = "fallow:lora_loads_total";
+/// LoRA adapters held in memory now.
+pub const LORA_ACTIVE: &str = "fallow:lora_active";
 
 /// One model's engine gauges, resolved once so a step publishes without allocating.
 pub struct EngineGauges {
@@ -138,6 +144,16 @@ pub fn record_model_unload(model: &str, reason: &'static str) {
     metrics::counter!(MODEL_EVICTIONS, "model_name" => model.to_string(), "reason" => reason)
         .increment(1);
     metrics::gauge!(MODEL_RESIDENT_BYTES, "model_name" => model.to_string()).set(0.0);
+}
+
+/// Counts an adapter read from disk.
+pub fn record_lora_load(adapter: &str) {
+    metrics::counter!(LORA_LOADS, "model_name" => adapter.to_string()).increment(1);
+}
+
+/// Publishes how many adapters are held in memory.
+pub fn set_lora_active(count: usize) {
+    metrics::gauge!(LORA_ACTIVE).set(count as f64);
 }
 
 /// Counts one finished job's prompt against the prefix cache.

@@ -5,6 +5,7 @@
 //! `Usage` and the logprob types as they are, so one validated sampling type flows from the
 //! api to the sampler.
 
+use crate::adapter::AdapterRef;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -274,9 +275,20 @@ pub struct GenerateRequest {
     /// runner continues from it instead of starting over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+    /// The LoRA adapter to run over `model` (then the base model), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<AdapterRef>,
 }
 
 impl GenerateRequest {
+    /// The queue the job waits in: its model's, or its adapter's over that model.
+    pub fn queue_model(&self) -> String {
+        match &self.adapter {
+            Some(adapter) => adapter.queue(&self.model),
+            None => self.model.clone(),
+        }
+    }
+
     /// One completion of `messages` through the chat template, every other option at its
     /// default: what tools, benchmarks and tests build.
     pub fn chat(model: impl Into<String>, messages: Vec<ChatMessage>, sampling: Sampling) -> Self {
@@ -295,6 +307,7 @@ impl GenerateRequest {
             task: Default::default(),
             embed: None,
             progress: None,
+            adapter: None,
         }
     }
 }

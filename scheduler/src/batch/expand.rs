@@ -11,6 +11,7 @@ use super::LineError;
 use crate::queue::notify_queued;
 use crate::store::StoreError;
 use crate::SchedulerError;
+use fallow_protocol::adapter::lora_dir_queue;
 use std::collections::BTreeSet;
 use tokio::io::BufReader;
 use uuid::Uuid;
@@ -98,7 +99,17 @@ impl BatchWorker {
         // A line for a model no runner serves would wait until the batch expires; fail it now.
         // With no runner up at all (a restart), nothing is known, so nothing is refused.
         let live = crate::runners::live_models(self.queue.pool()).await?;
-        let served: BTreeSet<String> = live.iter().map(|m| m.id.clone()).collect();
+        // Served queues: every model and adapter by id, and the lora-dir queue of each base
+        // whose runner reads adapters by path.
+        let served: BTreeSet<String> = live
+            .iter()
+            .map(|m| m.id.clone())
+            .chain(
+                live.iter()
+                    .filter(|m| m.lora_dir)
+                    .map(|m| lora_dir_queue(&m.id)),
+            )
+            .collect();
         let reader = BufReader::new(self.store.get(key).await?);
         let mut lines = LineReader::new(reader, endpoint, &*self.codec, self.config.max_line_bytes)
             .with_models(&live);
@@ -158,7 +169,7 @@ impl BatchWorker {
             }
             if chunk.len() == CHUNK || chunk_bytes >= CHUNK_BYTES || (done && !chunk.is_empty()) {
                 total += chunk.len();
-                models.extend(chunk.iter().map(|l| l.request.request.model.clone()));
+                models.extend(chunk.iter().map(|l| l.request.request.queue_model()));
                 self.insert_chunk(&mut tx, batch, &chunk).await?;
                 chunk.clear();
                 chunk_bytes = 0;
@@ -197,10 +208,11 @@ impl BatchWorker {
             .map(|l| i32::try_from(l.line).unwrap_or(i32::MAX))
             .collect();
         let custom_ids: Vec<&str> = chunk.iter().map(|l| l.custom_id.as_str()).collect();
-        let models: Vec<&str> = chunk
+        let queues: Vec<String> = chunk
             .iter()
-            .map(|l| l.request.request.model.as_str())
+            .map(|l| l.request.request.queue_model())
             .collect();
+        let models: Vec<&str> = queues.iter().map(String::as_str).collect();
         let priorities: Vec<i32> = chunk.iter().map(|l| l.request.priority).collect();
         let mut requests = Vec::with_capacity(chunk.len());
         for line in chunk {
@@ -273,8 +285,8 @@ fn store_io(e: std::io::Error) -> SchedulerError {
 }
 
 fn unserved_model(served: &BTreeSet<String>, line: ValidLine) -> Result<ValidLine, LineError> {
-    let model = &line.request.request.model;
-    if served.is_empty() || served.contains(model) {
+    let model = line.request.request.queue_model();
+    if served.is_empty() || served.contains(&model) {
         return Ok(line);
     }
     Err(LineError {

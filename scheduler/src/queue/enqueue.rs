@@ -42,7 +42,9 @@ impl Queue {
             );
         }
         let tenants: Vec<Option<Uuid>> = jobs.iter().map(|j| j.tenant_id).collect();
-        let models: Vec<&str> = jobs.iter().map(|j| j.request.model.as_str()).collect();
+        // An adapter's job waits in the adapter's queue (see `fallow_protocol::adapter`).
+        let queues: Vec<String> = jobs.iter().map(|j| j.request.queue_model()).collect();
+        let models: Vec<&str> = queues.iter().map(String::as_str).collect();
         let kinds: Vec<&str> = jobs.iter().map(|j| j.kind.as_str()).collect();
         let priorities: Vec<i32> = jobs.iter().map(|j| j.priority).collect();
         // A job must be allowed at least one attempt, whatever the caller asked for.

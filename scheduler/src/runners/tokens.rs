@@ -48,11 +48,13 @@ pub enum OfferRefused {
 }
 
 impl RunnerToken {
-    /// Whether the token lets its runner serve `model`.
+    /// Whether the token lets its runner serve `model`: a model it lists, or a LoRA
+    /// adapter's queue (`BASE:NAME`) over one.
     pub fn allows_model(&self, model: &str) -> bool {
+        let base = fallow_protocol::adapter::base_of(model);
         self.models
             .as_ref()
-            .is_none_or(|models| models.iter().any(|m| m == model))
+            .is_none_or(|models| models.iter().any(|m| m == model || m == base))
     }
 
     /// Checks a registering runner's pool and models against the token; every model must
@@ -207,6 +209,11 @@ mod tests {
         let listed = token(None, Some(&["smollm2"]));
         assert!(listed.allows_model("smollm2"));
         assert!(!listed.allows_model("gemma"));
+        assert!(listed.allows_model("smollm2:sql") && listed.allows_model("smollm2:@lora-dir"));
+        assert!(
+            !listed.allows_model("gemma:sql"),
+            "an adapter of a model it does not list"
+        );
         assert_eq!(
             listed.check_offer("default", ["smollm2", "gemma"]),
             Err(OfferRefused::Model("gemma".into()))

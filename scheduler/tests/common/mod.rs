@@ -104,6 +104,8 @@ pub fn runner_info(may_serve: &[&str], warm: &[&str]) -> RunnerInfo {
                 kind: Default::default(),
                 dimensions: None,
                 matryoshka_dimensions: Vec::new(),
+                parent: None,
+                lora_dir: false,
             })
             .collect(),
         warm: warm.iter().map(|id| id.to_string()).collect(),

@@ -152,6 +152,9 @@ impl LlmEngine {
             self.eos_ids.clone().into(),
             self.grammars.clone(),
             self.limits(),
+            self.backend
+                .serves_adapters()
+                .then(|| Arc::new(self.backend.config().clone())),
         )
     }
 

@@ -12,6 +12,7 @@ use fallow_protocol::job::Constraint;
 use super::request::{self, EngineRequest, Limits};
 use super::EngineError;
 use crate::grammar::{GrammarSlot, SeqGrammar};
+use crate::model::ModelConfig;
 use crate::stop_regex::StopRegexes;
 use crate::stop_strings::StopStrings;
 use crate::tokenizer::Tokenizer;
@@ -44,6 +45,8 @@ pub struct Preparer {
     eos_ids: Arc<[u32]>,
     grammars: Arc<Mutex<GrammarSlot>>,
     limits: Limits,
+    /// The model's shape, when its backend serves LoRA adapters: what adapters are read for.
+    adapter_base: Option<Arc<ModelConfig>>,
 }
 
 impl std::fmt::Debug for Preparer {
@@ -58,13 +61,21 @@ impl Preparer {
         eos_ids: Arc<[u32]>,
         grammars: Arc<Mutex<GrammarSlot>>,
         limits: Limits,
+        adapter_base: Option<Arc<ModelConfig>>,
     ) -> Self {
         Preparer {
             tokenizer,
             eos_ids,
             grammars,
             limits,
+            adapter_base,
         }
+    }
+
+    /// The shape LoRA adapters must have to run over this model, or `None` when its backend
+    /// serves no adapters (CUDA, for now).
+    pub fn adapter_base(&self) -> Option<&ModelConfig> {
+        self.adapter_base.as_deref()
     }
 
     /// Checks `request` and compiles what it asks for. A constrained request waits here,
