@@ -8,6 +8,7 @@
 //!   cancel signal channel.
 //! - [`tenants`]: tenants and API keys (only hashes are stored, see [`credentials`]).
 //! - [`rate`]: per-tenant request and token rate limits in Redis, and the batch quota.
+//! - [`loras`]: the LoRA adapters operators loaded through the admin API.
 //! - [`runners`]: the runner registry, and the tokens runners on lent machines hold.
 //! - [`runner_wire`]: the bodies of the runner API, which gateway runners speak.
 //! - [`store`]: the object store for file contents (local directory or S3), streaming.
@@ -20,6 +21,7 @@ pub mod clock;
 pub mod credentials;
 pub mod db;
 pub mod error;
+pub mod loras;
 pub mod maintenance;
 pub mod queue;
 pub mod rate;

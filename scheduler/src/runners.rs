@@ -96,6 +96,10 @@ pub struct ModelEntry {
     /// A base model whose runner reads adapters by path (`lora_path`) from a `--lora-dir`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lora_dir: bool,
+    /// An adapter an operator loaded (see [`crate::loras`]): its path inside the runners'
+    /// `--lora-dir`. `None` for a runner's own `--lora` adapter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_path: Option<String>,
 }
 
 /// What a model answers: chat and (legacy) completions, or embeddings.

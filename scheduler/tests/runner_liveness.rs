@@ -26,6 +26,7 @@ fn info() -> RunnerInfo {
             matryoshka_dimensions: Vec::new(),
             parent: None,
             lora_dir: false,
+            lora_path: None,
         }],
         warm: vec!["m".into()],
         pool: runners::DEFAULT_POOL.into(),

@@ -48,6 +48,40 @@ pub enum AdminRemote {
         #[command(subcommand)]
         command: RunnerTokensCommand,
     },
+    /// LoRA adapters over the base models: load, unload, list.
+    Loras {
+        #[command(subcommand)]
+        command: LorasCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum LorasCommand {
+    /// Serves an adapter as BASE:NAME on every runner that holds BASE and has a --lora-dir.
+    Load {
+        /// The adapter's name.
+        name: String,
+        /// The base model's id.
+        #[arg(long)]
+        base: String,
+        /// The PEFT adapter directory, relative to the runners' --lora-dir.
+        #[arg(long)]
+        path: String,
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+    /// Stops serving a loaded adapter (running requests finish).
+    Unload {
+        /// The adapter's id, BASE:NAME.
+        id: String,
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
+    /// Loaded adapters and the runners' own.
+    List {
+        #[command(flatten)]
+        client: AdminClientArgs,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -231,6 +265,7 @@ pub async fn run(command: AdminRemote) -> anyhow::Result<()> {
         AdminRemote::Tenants { command } => tenants(command).await,
         AdminRemote::Jobs { command } => jobs(command).await,
         AdminRemote::RunnerTokens { command } => runner_tokens(command).await,
+        AdminRemote::Loras { command } => loras(command).await,
     }
 }
 
@@ -414,6 +449,38 @@ async fn runner_tokens(command: RunnerTokensCommand) -> anyhow::Result<()> {
                 .await?;
             print_one(&client, &value, &columns)
         }
+    }
+}
+
+async fn loras(command: LorasCommand) -> anyhow::Result<()> {
+    let columns = [
+        Column::new("ID", "/id"),
+        Column::new("BASE", "/base"),
+        Column::new("SOURCE", "/source"),
+        Column::new("PATH", "/path"),
+        Column::new("SERVED", "/served"),
+    ];
+    match command {
+        LorasCommand::Load {
+            name,
+            base,
+            path,
+            client,
+        } => {
+            let body = json!({ "name": name, "base": base, "path": path });
+            let value = AdminClient::new(&client)?
+                .call(Method::POST, "/loras", Some(body))
+                .await?;
+            print_one(&client, &value, &columns)
+        }
+        LorasCommand::Unload { id, client } => {
+            let path = format!("/loras/{}/unload", encode(&id));
+            let value = AdminClient::new(&client)?
+                .call(Method::POST, &path, None)
+                .await?;
+            print_one(&client, &value, &columns)
+        }
+        LorasCommand::List { client } => list(&client, Method::GET, "/loras", &columns).await,
     }
 }
 

@@ -189,3 +189,29 @@ def test_batch_lines_may_name_adapters(client):
     alone = [answer(client, model, max_tokens=12) for model in
              [MODEL_ID, f"{MODEL_ID}:sql", f"{MODEL_ID}:style", f"{MODEL_ID}:b"]]
     assert [by_id[f"l-{i}"] for i in range(4)] == alone
+
+
+def test_an_adapter_an_operator_loads_is_served_until_unloaded(lora_stack, client):
+    admin = ["--url", lora_stack.base_url]
+    out = subprocess.run([FALLOW, "admin", "loras", "load", "ops", "--base", MODEL_ID,
+                          "--path", "team/style", "--json", *admin],
+                         check=True, capture_output=True, text=True, cwd=ROOT)
+    loaded = json.loads(out.stdout)
+    assert (loaded["id"], loaded["source"], loaded["served"]) == (f"{MODEL_ID}:ops", "admin", True)
+    assert answer(client, f"{MODEL_ID}:ops") == answer(client, f"{MODEL_ID}:style")
+    models = {m.id: m for m in client.models.list().data}
+    assert getattr(models[f"{MODEL_ID}:ops"], "parent") == MODEL_ID
+    listing = subprocess.run([FALLOW, "admin", "loras", "list", *admin],
+                             check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    assert f"{MODEL_ID}:ops" in listing and f"{MODEL_ID}:sql" in listing, listing
+
+    bad = httpx.post(f"{lora_stack.base_url}/admin/loras", timeout=30,
+                     json={"name": "x", "base": MODEL_ID, "path": "../outside"})
+    assert (bad.status_code, bad.json()["error"]["param"]) == (400, "path")
+
+    subprocess.run([FALLOW, "admin", "loras", "unload", f"{MODEL_ID}:ops", *admin],
+                   check=True, capture_output=True, cwd=ROOT)
+    with pytest.raises(openai.NotFoundError):
+        answer(client, f"{MODEL_ID}:ops")
+    again = httpx.post(f"{lora_stack.base_url}/admin/loras/{MODEL_ID}:ops/unload", timeout=30)
+    assert again.status_code == 404

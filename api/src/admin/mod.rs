@@ -5,6 +5,7 @@
 //! - [`jobs`]: queue depth per model and priority; job search and cancellation.
 //! - [`tenants`]: tenants, their limits, and their API keys (create, list, revoke).
 //! - [`runner_tokens`]: the credentials of runners on lent machines (create, list, revoke).
+//! - [`loras`]: LoRA adapters over the base models (load, unload, list).
 //! - [`gauges`]: queue and runner gauges for `/metrics`, read from Postgres at scrape time.
 //! - [`dashboard`]: the live operator page at `/dashboard`, a client of this API.
 //!
@@ -14,6 +15,7 @@ pub mod auth;
 pub mod dashboard;
 pub mod gauges;
 mod jobs;
+mod loras;
 mod runner_tokens;
 mod runners;
 mod tenants;
@@ -48,6 +50,8 @@ pub fn routes() -> Router<AppState> {
             post(runner_tokens::create).get(runner_tokens::list),
         )
         .route("/runner-tokens/{which}/revoke", post(runner_tokens::revoke))
+        .route("/loras", post(loras::load).get(loras::list))
+        .route("/loras/{id}/unload", post(loras::unload))
 }
 
 /// `{"object":"list","data":[…]}`.

@@ -188,6 +188,7 @@ fn parse_embedding(
             matryoshka_dimensions: Vec::new(),
             parent: None,
             lora_dir: false,
+            lora_path: None,
         });
     let request = validate_embeddings(wire, &entry).map_err(envelope)?;
     Ok(LineRequest {
@@ -374,6 +375,7 @@ mod tests {
             matryoshka_dimensions: Vec::new(),
             parent: None,
             lora_dir: false,
+            lora_path: None,
         }
     }
 

@@ -67,7 +67,11 @@ pub fn resolve<'a>(
         }
         (Some(base), None) => ServedModel {
             base: base.clone(),
-            adapter: Some(AdapterRef::named(adapter_name(&entry.id, base))),
+            adapter: Some(AdapterRef {
+                name: adapter_name(&entry.id, base).to_owned(),
+                // An adapter an operator loaded is read from the runners' lora dir.
+                lora_path: entry.lora_path.clone(),
+            }),
         },
         (None, None) => ServedModel {
             base: entry.id.clone(),
@@ -137,7 +141,7 @@ fn adapter_name<'a>(id: &'a str, base: &str) -> &'a str {
 
 /// `lora_path` when it is a plain relative path: what a runner may look for inside its
 /// `--lora-dir` (the runner checks again where links lead).
-fn parse_lora_path(value: Option<&Value>) -> Result<Option<String>, ApiError> {
+pub(crate) fn parse_lora_path(value: Option<&Value>) -> Result<Option<String>, ApiError> {
     let path = match value {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(path)) => path.trim(),

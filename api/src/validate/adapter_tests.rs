@@ -15,6 +15,7 @@ fn base(id: &str, lora_dir: bool) -> ModelEntry {
         matryoshka_dimensions: Vec::new(),
         parent: None,
         lora_dir,
+        lora_path: None,
     }
 }
 
@@ -146,4 +147,21 @@ fn with_no_runner_up_the_adapter_is_read_from_the_name() {
         served("smollm2", Some(AdapterRef::at_path("a/b")))
     );
     assert!(resolve_unseen("smollm2", Some(&json!("../b"))).is_err());
+}
+
+#[test]
+fn an_adapter_an_operator_loaded_is_read_by_path_from_the_lora_dir() {
+    let mut models = fleet();
+    let loaded = ModelEntry {
+        lora_path: Some("team/ops".into()),
+        ..adapter(&models[3], "ops")
+    };
+    models.push(loaded);
+    let (_, got) = resolve(&models, "smollm2:ops", None).unwrap();
+    let adapter = got.adapter.unwrap();
+    assert_eq!(
+        (adapter.name.as_str(), adapter.lora_path.as_deref()),
+        ("ops", Some("team/ops"))
+    );
+    assert_eq!(adapter.queue("smollm2"), "smollm2:@lora-dir");
 }

@@ -2,7 +2,7 @@
 //! [`GenerateRequest`]. Every rule names the parameter it checks and the limit it enforces,
 //! so a client can fix its request from the error alone.
 
-mod adapter;
+pub(crate) mod adapter;
 pub mod caps;
 mod completion;
 mod constraint;

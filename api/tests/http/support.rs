@@ -93,6 +93,7 @@ pub async fn spawn_app_on(config: ApiConfig, redis: &str) -> TestApp {
                 matryoshka_dimensions: Vec::new(),
                 parent: None,
                 lora_dir: false,
+                lora_path: None,
             },
             ModelEntry {
                 id: THINKER.into(),
@@ -106,6 +107,7 @@ pub async fn spawn_app_on(config: ApiConfig, redis: &str) -> TestApp {
                 matryoshka_dimensions: Vec::new(),
                 parent: None,
                 lora_dir: false,
+                lora_path: None,
             },
             ModelEntry {
                 id: EMBEDDER.into(),
@@ -119,6 +121,7 @@ pub async fn spawn_app_on(config: ApiConfig, redis: &str) -> TestApp {
                 matryoshka_dimensions: vec![2],
                 parent: None,
                 lora_dir: false,
+                lora_path: None,
             },
         ],
         warm: vec![MODEL.into(), THINKER.into(), EMBEDDER.into()],

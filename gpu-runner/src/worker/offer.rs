@@ -137,6 +137,7 @@ impl ModelOffer {
                 .unwrap_or_default(),
             parent: None,
             lora_dir: false,
+            lora_path: None,
         }
     }
 }

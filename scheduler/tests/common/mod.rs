@@ -106,6 +106,7 @@ pub fn runner_info(may_serve: &[&str], warm: &[&str]) -> RunnerInfo {
                 matryoshka_dimensions: Vec::new(),
                 parent: None,
                 lora_dir: false,
+                lora_path: None,
             })
             .collect(),
         warm: warm.iter().map(|id| id.to_string()).collect(),
