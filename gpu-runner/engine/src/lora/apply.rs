@@ -6,7 +6,6 @@
 use std::ops::Range;
 
 use super::{LoraAdapter, Target};
-use crate::backend::cpu::ops::{axpy, dot};
 
 /// Below this many multiply-adds a projection's deltas run on the calling thread: handing
 /// them to the team costs more than a decode step's few rows.
@@ -70,16 +69,10 @@ impl<'a> StepAdapters<'a> {
             let Some(pair) = adapter.layers[layer].get(target) else {
                 return;
             };
-            let mut t = vec![0f32; pair.rank];
-            for (row, y) in rows.zip(out_rows.chunks_exact_mut(pair.out_dim)) {
-                let xr = &x[row * pair.in_dim..][..pair.in_dim];
-                for (ti, a_r) in t.iter_mut().zip(pair.a.chunks_exact(pair.in_dim)) {
-                    *ti = dot(a_r, xr);
-                }
-                for (&ti, b_r) in t.iter().zip(pair.b_t.chunks_exact(pair.out_dim)) {
-                    axpy(y, ti, b_r);
-                }
-            }
+            pair.apply(
+                &x[rows.start * pair.in_dim..rows.end * pair.in_dim],
+                out_rows,
+            );
         };
         if work < TEAM_WORK {
             for (adapter, rows) in tasks {

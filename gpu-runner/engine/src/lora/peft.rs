@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{LayerLora, LoraAdapter, LoraError, LoraPair, Target};
+use super::{LayerLora, LoraAdapter, LoraError, LoraPair, LoraPrecision, Target};
 use crate::model::safetensors::SafetensorsFile;
 use crate::model::{ModelConfig, RopeStyle};
 
@@ -23,8 +23,18 @@ pub struct PeftConfig {
     pub targets: Vec<Target>,
 }
 
-/// Reads and checks `dir`'s adapter for the base `config`.
+/// Reads and checks `dir`'s adapter for the base `config`, held in f16 as served.
 pub fn load(dir: &Path, name: &str, config: &ModelConfig) -> Result<LoraAdapter, LoraError> {
+    load_as(dir, name, config, LoraPrecision::default())
+}
+
+/// [`load`], holding the weights in `precision`.
+pub fn load_as(
+    dir: &Path,
+    name: &str,
+    config: &ModelConfig,
+    precision: LoraPrecision,
+) -> Result<LoraAdapter, LoraError> {
     let read = |path: &Path, why: String| LoraError::Read {
         path: path.display().to_string(),
         why,
@@ -45,7 +55,7 @@ pub fn load(dir: &Path, name: &str, config: &ModelConfig) -> Result<LoraAdapter,
         crate::model::ModelError::Io { source, .. } => read(&weights_path, source.to_string()),
         other => LoraError::Malformed(format!("adapter_model.safetensors: {other}")),
     })?;
-    let layers = read_pairs(&file, &peft, config)?;
+    let layers = read_pairs(&file, &peft, config, precision)?;
     Ok(LoraAdapter::new(
         name,
         config,
@@ -200,6 +210,7 @@ fn read_pairs(
     file: &SafetensorsFile,
     peft: &PeftConfig,
     config: &ModelConfig,
+    precision: LoraPrecision,
 ) -> Result<Vec<LayerLora>, LoraError> {
     type Halves = (Option<Vec<f32>>, Option<Vec<f32>>);
     let mut halves: std::collections::BTreeMap<(usize, usize), (Target, Halves)> =
@@ -269,13 +280,7 @@ fn read_pairs(
         );
         layers[layer].set(
             target,
-            LoraPair {
-                rank: peft.rank,
-                in_dim,
-                out_dim,
-                a,
-                b_t,
-            },
+            LoraPair::new(peft.rank, (in_dim, out_dim), a, b_t, precision),
         );
     }
     Ok(layers)

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::random::RandomAdapter;
-use super::{peft, LoraAdapter, LoraError, Target};
+use super::{peft, LoraAdapter, LoraError, LoraPrecision, Target};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, BackendError, LogitsMode, SeqSlice};
 use crate::model::tiny::write_tiny;
@@ -249,6 +249,13 @@ fn an_adapter_counts_its_bytes_and_gets_a_fresh_id_per_load() {
     assert_ne!(a.id(), b.id());
     let c = &base.config;
     let per_layer = 4 * (c.hidden + c.q_dim()) + 4 * (c.ffn + c.hidden);
-    assert_eq!(a.bytes(), c.n_layers * per_layer * 4);
+    assert_eq!(
+        a.bytes(),
+        c.n_layers * per_layer * 2,
+        "served adapters are f16"
+    );
+    let exact =
+        peft::load_as(&lora, "f32", c, LoraPrecision::F32).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(exact.bytes(), c.n_layers * per_layer * 4);
     assert!(a.fits(c));
 }

@@ -2,6 +2,7 @@
 //! products. Written so the compiler vectorises them (independent accumulators) without
 //! platform intrinsics; the heavy matrix products live in `quant`.
 
+use half::f16;
 /// `Σ a[i]·b[i]` with 32 independent accumulators, so it vectorises (and, inlined into an
 /// AVX2 caller, runs four 8-lane chains) without reassociation by the compiler.
 #[inline(always)]
@@ -110,6 +111,109 @@ fn elementwise(a: &mut [f32], b: &[f32], f: fn(&mut [f32], &[f32])) {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn with_avx2(a: &mut [f32], b: &[f32], f: fn(&mut [f32], &[f32])) {
     f(a, b)
+}
+
+/// The low-rank update of LoRA, row by row: `y += Bᵀ (A x)` for each row `x` of `x_rows`
+/// and `y` of `out_rows`, `a` holding `rank` rows of the input width and `b_t` `rank` rows of
+/// the output width. AVX2+FMA where the CPU has them.
+pub fn low_rank_update(a: &[f32], b_t: &[f32], rank: usize, x_rows: &[f32], out_rows: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::available() {
+        // SAFETY: the CPU supports AVX2, FMA and F16C (checked just above).
+        unsafe { low_rank_update_avx2(a, b_t, rank, x_rows, out_rows) };
+        return;
+    }
+    low_rank_body(a, b_t, rank, x_rows, out_rows, dot, weighted_sum);
+}
+
+/// [`low_rank_update`] over f16 weights, widened as they are read: half the memory traffic,
+/// which is what a step of many adapters waits on.
+pub fn low_rank_update_f16(
+    a: &[f16],
+    b_t: &[f16],
+    rank: usize,
+    x_rows: &[f32],
+    out_rows: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::available() {
+        // SAFETY: the CPU supports AVX2, FMA and F16C (checked just above).
+        unsafe { low_rank_update_f16_avx2(a, b_t, rank, x_rows, out_rows) };
+        return;
+    }
+    let dot = |a: &[f16], x: &[f32]| a.iter().zip(x).map(|(a, x)| a.to_f32() * x).sum();
+    let weighted_sum = |y: &mut [f32], t: &[f32], rows: &[f16]| {
+        for (&w, row) in t.iter().zip(rows.chunks_exact(y.len().max(1))) {
+            for (o, v) in y.iter_mut().zip(row) {
+                *o += w * v.to_f32();
+            }
+        }
+    };
+    low_rank_body(a, b_t, rank, x_rows, out_rows, dot, weighted_sum);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn low_rank_update_avx2(
+    a: &[f32],
+    b_t: &[f32],
+    rank: usize,
+    x_rows: &[f32],
+    out_rows: &mut [f32],
+) {
+    // SAFETY: this function only runs where AVX2, FMA and F16C are available.
+    let dot = |a: &[f32], x: &[f32]| unsafe { super::simd::dot(x, a) };
+    // SAFETY: as above.
+    let weighted_sum =
+        |o: &mut [f32], w: &[f32], rows: &[f32]| unsafe { super::simd::weighted_sum(o, w, rows) };
+    low_rank_body(a, b_t, rank, x_rows, out_rows, dot, weighted_sum);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn low_rank_update_f16_avx2(
+    a: &[f16],
+    b_t: &[f16],
+    rank: usize,
+    x_rows: &[f32],
+    out_rows: &mut [f32],
+) {
+    // SAFETY: this function only runs where AVX2, FMA and F16C are available.
+    let dot = |a: &[f16], x: &[f32]| unsafe { super::simd::dot_f16(x, a) };
+    // SAFETY: as above.
+    let weighted_sum = |o: &mut [f32], w: &[f32], rows: &[f16]| unsafe {
+        super::simd::weighted_sum_f16(o, w, rows)
+    };
+    low_rank_body(a, b_t, rank, x_rows, out_rows, dot, weighted_sum);
+}
+
+#[inline(always)]
+fn low_rank_body<T>(
+    a: &[T],
+    b_t: &[T],
+    rank: usize,
+    x_rows: &[f32],
+    out_rows: &mut [f32],
+    dot: impl Fn(&[T], &[f32]) -> f32,
+    weighted_sum: impl Fn(&mut [f32], &[f32], &[T]),
+) {
+    if rank == 0 {
+        return;
+    }
+    let (in_dim, out_dim) = (a.len() / rank, b_t.len() / rank);
+    if in_dim == 0 || out_dim == 0 {
+        return;
+    }
+    let mut t = vec![0f32; rank];
+    for (x, y) in x_rows
+        .chunks_exact(in_dim)
+        .zip(out_rows.chunks_exact_mut(out_dim))
+    {
+        for (ti, a_r) in t.iter_mut().zip(a.chunks_exact(in_dim)) {
+            *ti = dot(a_r, x);
+        }
+        weighted_sum(y, &t, b_t);
+    }
 }
 
 /// `gate = silu(gate) · up`.

@@ -111,6 +111,34 @@ pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// The CPU must support AVX2 and FMA ([`available`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn weighted_sum(out: &mut [f32], weights: &[f32], rows: &[f32]) {
+    // SAFETY: the caller checked the CPU features.
+    unsafe { weighted_sum_lanes(out, weights, rows) }
+}
+
+/// [`dot`] over f16 `b` (a LoRA adapter's rows), widened as it is read.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C ([`available`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+    // SAFETY: the caller checked the CPU features.
+    unsafe { dot_lanes(a, b) }
+}
+
+/// [`weighted_sum`] of f16 rows (a LoRA adapter's), widened as they are read.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C ([`available`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn weighted_sum_f16(out: &mut [f32], weights: &[f32], rows: &[f16]) {
+    // SAFETY: the caller checked the CPU features.
+    unsafe { weighted_sum_lanes(out, weights, rows) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn weighted_sum_lanes<T: Lane>(out: &mut [f32], weights: &[f32], rows: &[T]) {
     let hd = out.len();
     if hd == 0 {
         return;
@@ -126,11 +154,7 @@ pub unsafe fn weighted_sum(out: &mut [f32], weights: &[f32], rows: &[f32]) {
         for (i, &w) in weights[..n].iter().enumerate() {
             let w = _mm256_set1_ps(w);
             for (k, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(
-                    w,
-                    unsafe { _mm256_loadu_ps(pr.add(i * hd + c + 8 * k)) },
-                    *a,
-                );
+                *a = _mm256_fmadd_ps(w, unsafe { T::load8(pr.add(i * hd + c + 8 * k)) }, *a);
             }
         }
         for (k, a) in acc.iter().enumerate() {
@@ -143,7 +167,7 @@ pub unsafe fn weighted_sum(out: &mut [f32], weights: &[f32], rows: &[f32]) {
         for (i, &w) in weights[..n].iter().enumerate() {
             acc = _mm256_fmadd_ps(
                 _mm256_set1_ps(w),
-                unsafe { _mm256_loadu_ps(pr.add(i * hd + c)) },
+                unsafe { T::load8(pr.add(i * hd + c)) },
                 acc,
             );
         }
@@ -154,7 +178,7 @@ pub unsafe fn weighted_sum(out: &mut [f32], weights: &[f32], rows: &[f32]) {
         out[d] += weights[..n]
             .iter()
             .enumerate()
-            .map(|(i, &w)| w * rows[i * hd + d])
+            .map(|(i, &w)| w * rows[i * hd + d].widen())
             .sum::<f32>();
     }
 }
