@@ -1,5 +1,5 @@
 //! The LoRA adapters this runner serves over its base models: those the operator named
-//! (`--lora NAME=PATH;base=MODEL`), and those requests name by path (`lora_path`) inside its
+//! (`--lora NAME=PATH;base=MODEL`, a PEFT directory or a llama.cpp `.gguf`), and those requests name by path (`lora_path`) inside its
 //! `--lora-dir`. An adapter is read on first use, on a preparation thread, so the engine's
 //! steps never wait for it, and kept within `--lora-memory-mb`, least recently used out
 //! first, never one that a running sequence holds (see `lora_budget.rs`).
@@ -9,7 +9,7 @@
 
 use super::lora_budget::LoraBudget;
 use super::telemetry;
-use fallow_engine::lora::{peft, LoraAdapter};
+use fallow_engine::lora::{peft, LoraAdapter, LoraPrecision};
 use fallow_engine::model::ModelConfig;
 use fallow_protocol::adapter::{adapter_queue, is_adapter_name, lora_dir_queue, AdapterRef};
 use fallow_scheduler::runners::ModelEntry;
@@ -97,6 +97,15 @@ impl Adapters {
                 "--lora {}: an adapter name is letters, digits, `.`, `_` and `-`",
                 spec.name
             );
+            if spec.path.extension().is_some_and(|e| e == "gguf") {
+                anyhow::ensure!(
+                    spec.path.is_file(),
+                    "--lora {}: no GGUF adapter at {}",
+                    spec.name,
+                    spec.path.display()
+                );
+                continue;
+            }
             let config = spec.path.join("adapter_config.json");
             let text = std::fs::read_to_string(&config).map_err(|e| {
                 anyhow::anyhow!("--lora {}: reading {}: {e}", spec.name, config.display())
@@ -192,13 +201,12 @@ impl Adapters {
         }
         let dir = self.locate(base, wanted)?;
         let name = adapter_queue(base, &wanted.name);
-        let adapter =
-            peft::load(&dir, &name, config)
-                .map(Arc::new)
-                .map_err(|e| AdapterError::Load {
-                    name: wanted.name.clone(),
-                    why: e.to_string(),
-                })?;
+        let adapter = fallow_engine::lora::load(&dir, &name, config, LoraPrecision::default())
+            .map(Arc::new)
+            .map_err(|e| AdapterError::Load {
+                name: wanted.name.clone(),
+                why: e.to_string(),
+            })?;
         telemetry::record_lora_load(&name);
         let mut cache = self.lock();
         if let Some(raced) = cache.loaded.get(&key) {

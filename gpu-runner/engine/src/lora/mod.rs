@@ -3,6 +3,7 @@
 //! many adapters together (S-LoRA / Punica style, see [`apply`]).
 //!
 //! - [`peft`]: reads a PEFT adapter directory and checks it against the base.
+//! - [`gguf`]: reads a llama.cpp GGUF LoRA adapter; [`load`] picks the reader by path.
 //! - [`apply`]: the step's adapters, grouped per adapter, applied after each projection.
 //! - [`random`]: writes random PEFT adapters (benchmarks and tests).
 //!
@@ -11,6 +12,8 @@
 //! prefix cache: a base prefix is never reused for an adapter's sequence.
 
 pub mod apply;
+pub mod gguf;
+mod pairs;
 pub mod peft;
 pub mod random;
 #[cfg(test)]
@@ -22,6 +25,21 @@ use half::f16;
 
 use crate::backend::cpu::ops::{low_rank_update, low_rank_update_f16};
 use crate::model::ModelConfig;
+
+/// Reads the adapter at `path`, held in `precision`: a llama.cpp adapter if `path` is a
+/// `.gguf` file, else a PEFT directory.
+pub fn load(
+    path: &std::path::Path,
+    name: &str,
+    config: &ModelConfig,
+    precision: LoraPrecision,
+) -> Result<LoraAdapter, LoraError> {
+    if path.extension().is_some_and(|e| e == "gguf") {
+        gguf::load(path, name, config, precision)
+    } else {
+        peft::load_as(path, name, config, precision)
+    }
+}
 
 /// A projection an adapter may target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -11,9 +11,10 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{LayerLora, LoraAdapter, LoraError, LoraPair, LoraPrecision, Target};
+use super::pairs::{Assembly, Half, RowOrder};
+use super::{LayerLora, LoraAdapter, LoraError, LoraPrecision, Target};
 use crate::model::safetensors::SafetensorsFile;
-use crate::model::{ModelConfig, RopeStyle};
+use crate::model::ModelConfig;
 
 /// The adapter's configuration, as far as it changes what the weights mean.
 #[derive(Debug, Clone, PartialEq)]
@@ -206,120 +207,46 @@ fn place(name: &str) -> Result<(usize, Target, bool), LoraError> {
     }
 }
 
+/// Every `lora_A` / `lora_B` tensor of `file`, placed, then assembled for the base.
 fn read_pairs(
     file: &SafetensorsFile,
     peft: &PeftConfig,
     config: &ModelConfig,
     precision: LoraPrecision,
 ) -> Result<Vec<LayerLora>, LoraError> {
-    type Halves = (Option<Vec<f32>>, Option<Vec<f32>>);
-    let mut halves: std::collections::BTreeMap<(usize, usize), (Target, Halves)> =
-        Default::default();
-    let mismatch = |why: String| Err(LoraError::Mismatch(why));
+    let mut halves = Vec::with_capacity(file.tensors.len());
     for (name, entry) in &file.tensors {
         let (layer, target, is_a) = place(name)?;
-        if layer >= config.n_layers {
-            return mismatch(format!(
-                "`{name}` is for layer {layer}, the base has {} layers",
-                config.n_layers
-            ));
-        }
         if !peft.targets.contains(&target) {
             return Err(LoraError::Malformed(format!(
                 "`{name}` targets {} which target_modules does not list",
                 target.hf_name()
             )));
         }
-        let (in_dim, out_dim) = target.dims(config);
-        let expected = if is_a {
-            [peft.rank, in_dim]
-        } else {
-            [out_dim, peft.rank]
+        let &[rows, cols] = entry.shape.as_slice() else {
+            return Err(LoraError::Malformed(format!(
+                "`{name}` has shape {:?}, not a matrix",
+                entry.shape
+            )));
         };
-        if entry.shape != expected {
-            return mismatch(format!(
-                "`{name}` has shape {:?}, the base needs {expected:?} (rank {})",
-                entry.shape, peft.rank
-            ));
-        }
         let values = file
             .vector(name)
             .map_err(|e| LoraError::Malformed(e.to_string()))?;
-        if values.iter().any(|v| !v.is_finite()) {
-            return Err(LoraError::Malformed(format!(
-                "`{name}` holds NaN or infinity"
-            )));
-        }
-        let slot = halves
-            .entry((layer, target as usize))
-            .or_insert((target, (None, None)));
-        if is_a {
-            slot.1 .0 = Some(values);
-        } else {
-            slot.1 .1 = Some(values);
-        }
-    }
-    if halves.is_empty() {
-        return Err(LoraError::Malformed("no LoRA weights in the file".into()));
-    }
-    let mut layers = vec![LayerLora::default(); config.n_layers];
-    for ((layer, _), (target, (a, b))) in halves {
-        let (Some(a), Some(b)) = (a, b) else {
-            return Err(LoraError::Malformed(format!(
-                "layer {layer} {} has only one of lora_A and lora_B",
-                target.hf_name()
-            )));
-        };
-        let (in_dim, out_dim) = target.dims(config);
-        let b_t = scaled_transpose(
-            &b,
-            out_dim,
-            peft.rank,
-            peft.scaling,
-            row_order(target, config),
-        );
-        layers[layer].set(
+        halves.push(Half {
+            name: name.clone(),
+            layer,
             target,
-            LoraPair::new(peft.rank, (in_dim, out_dim), a, b_t, precision),
-        );
+            is_a,
+            shape: [rows, cols],
+            values,
+        });
     }
-    Ok(layers)
-}
-
-/// For each output row of the base as loaded, the row of the Hugging Face projection it
-/// holds: the identity, except for Q/K of bases stored for interleaved RoPE.
-fn row_order(target: Target, config: &ModelConfig) -> Option<usize> {
-    match (config.rope_style, target) {
-        (RopeStyle::Interleaved, Target::Q) => Some(config.n_heads),
-        (RopeStyle::Interleaved, Target::K) => Some(config.n_kv_heads),
-        _ => None,
+    Assembly {
+        rank: peft.rank,
+        scaling: peft.scaling,
+        config,
+        precision,
+        order: RowOrder::HuggingFace,
     }
-}
-
-/// `b` (`out × rank`) transposed to `rank × out` and scaled; with `heads`, output rows are
-/// permuted as llama.cpp's converter permutes Q/K (within each head, HF rows `i` and
-/// `i + d/2` become rows `2i` and `2i + 1`).
-fn scaled_transpose(
-    b: &[f32],
-    out: usize,
-    rank: usize,
-    scaling: f32,
-    heads: Option<usize>,
-) -> Vec<f32> {
-    let source_row = |row: usize| match heads {
-        None => row,
-        Some(n) => {
-            let d = out / n;
-            let (head, within) = (row / d, row % d);
-            head * d + (within % 2) * (d / 2) + within / 2
-        }
-    };
-    let mut b_t = vec![0f32; rank * out];
-    for row in 0..out {
-        let src = &b[source_row(row) * rank..][..rank];
-        for (r, &v) in src.iter().enumerate() {
-            b_t[r * out + row] = v * scaling;
-        }
-    }
-    b_t
+    .layers(halves)
 }
