@@ -15,6 +15,8 @@ Models (all: hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16, FFN 128):
 | qwen2   | Qwen2ForCausalLM | BF16, one file, tied head  | Q/K/V biases, legacy v4-style config.json |
 | qwen3   | Qwen3ForCausalLM | F32, 2 shards, tied head   | per-head Q/K RMSNorm, sharded checkpoint  |
 | gemma3  | Gemma3ForCausalLM| F16, one file, tied head   | sliding window 5 + global layer, linear RoPE scaling on the global layer only, two RoPE bases, (1 + w) norms, sandwich norms, GELU, embedding scale, query_pre_attn_scalar, final logit softcap (no attention softcap: real Gemma 3 has none, and transformers 5 ignores it for Gemma 3) |
+| qwen3_moe | Qwen3MoeForCausalLM | F32, one file, untied | 3 layers, 8 experts of width 32, top-2, `norm_topk_prob`, layer 1 dense (`mlp_only_layers`) |
+| mixtral | MixtralForCausalLM | BF16, one file, untied     | 4 experts of width 128, top-2, `block_sparse_moe.experts.E.w1/w2/w3` names |
 
 Weights are drawn with fan-in scaling (not transformers' std 0.02 init) so logits are O(1..10)
 and a wrong RoPE, bias or norm moves them well beyond the test tolerance.
@@ -34,7 +36,7 @@ Setup (only PyPI needed; the PyPI torch wheel is large but works on CPU):
 
     python3 -m venv /work/tinyvenv
     /work/tinyvenv/bin/pip install torch transformers safetensors numpy tokenizers
-    /work/tinyvenv/bin/python scripts/make_tiny_models.py
+    /work/tinyvenv/bin/python scripts/make_tiny_models.py [model ...]   # all, or only those named
 
 Generated with torch 2.15.0, transformers 5.24.0, tokenizers 0.23.3 (recorded in each
 reference.json under "generator"). Rerunning with the same versions rewrites the same files.
@@ -56,11 +58,15 @@ from transformers import (
     Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -163,8 +169,13 @@ def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
             elif name.endswith(".bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
-            elif p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
+            elif name.endswith((".mlp.gate.weight", "block_sparse_moe.gate.weight")):
+                # Router logits of a few units: top-2 choices stay well apart, and a
+                # wrong route changes the output far beyond the tolerance.
+                p.copy_(3.0 * torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
+            elif p.dim() in (2, 3):
+                # Fan-in is the last dimension (3-D: transformers 5's stacked experts).
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
             else:
                 raise ValueError(f"unexpected parameter {name}")
 
@@ -210,6 +221,7 @@ def reference(model_dir: str, sequences: list, tok_ids: list) -> dict:
         g, m = greedy(model, ids)
         greedies.append(g)
         margins.append(m)
+    routed = routed_experts(model, sequences)
     tok = AutoTokenizer.from_pretrained(model_dir)
     encode = [{"text": t, "ids": tok(t)["input_ids"]} for t in ENCODE_TEXTS]
     rendered = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
@@ -232,7 +244,26 @@ def reference(model_dir: str, sequences: list, tok_ids: list) -> dict:
         "encode": encode,
         "chat": {"messages": CHAT, "add_generation_prompt": True, "rendered": rendered},
         "tokenizer_ids": tok_ids,
+        **routed,
     }
+
+
+def routed_experts(model, sequences: list) -> dict:
+    """For MoE models, the experts transformers' router picks: per sequence, per position,
+    per routed layer, the top-k expert ids best first (ties never occur with these weights).
+    Empty for dense models."""
+    top_k = getattr(model.config, "num_experts_per_tok", None)
+    if not top_k:
+        return {}
+    per_seq = []
+    for ids in sequences:
+        with torch.no_grad():
+            out = model(torch.tensor([ids]), output_router_logits=True)
+        layers = [torch.topk(torch.softmax(l.float(), dim=-1), top_k, dim=-1).indices
+                  for l in out.router_logits]
+        per_seq.append([[[int(e) for e in layer[pos]] for layer in layers]
+                        for pos in range(len(ids))])
+    return {"routed_experts": per_seq}
 
 
 def to_legacy_config(model_dir: str) -> None:
@@ -253,11 +284,13 @@ def to_legacy_config(model_dir: str) -> None:
 
 
 def make(name, cls, cfg_cls, extra_cfg, dtype, shards, with_bos, legacy, tok, gen):
+    if WANTED and name not in WANTED:
+        return
     out_dir = os.path.join(OUT, name)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
     vocab = tok.get_vocab_size()
-    config = cfg_cls(**common_config(vocab), **extra_cfg)
+    config = cfg_cls(**{**common_config(vocab), **extra_cfg})
     if with_bos:
         config.bos_token_id = tok.token_to_id("<|begin_of_text|>")
     model = cls(config).eval()
@@ -290,9 +323,15 @@ def make(name, cls, cfg_cls, extra_cfg, dtype, shards, with_bos, legacy, tok, ge
           f"greedy margin {ref['greedy_min_margin']:.4f}")
 
 
+WANTED = set(sys.argv[1:])
+
+
 def main() -> int:
     torch.manual_seed(SEED)
     gen = torch.Generator().manual_seed(SEED)
+    # Later models draw from their own generators, so each can be remade alone
+    # (`make_tiny_models.py qwen3_moe mixtral`) with the same weights.
+    moe_gen = torch.Generator().manual_seed(SEED + 41)
     plain = build_tokenizer(with_bos=False)
     with_bos = build_tokenizer(with_bos=True)
     assert plain.get_vocab_size() == VOCAB_TARGET, plain.get_vocab_size()
@@ -321,6 +360,15 @@ def main() -> int:
           "query_pre_attn_scalar": 32, "attn_logit_softcapping": None,
           "final_logit_softcapping": 30.0, "tie_word_embeddings": True},
          torch.float16, 1, True, False, with_bos, gen)
+    make("qwen3_moe", Qwen3MoeForCausalLM, Qwen3MoeConfig,
+         {"num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 32, "norm_topk_prob": True, "mlp_only_layers": [1],
+          "decoder_sparse_step": 1, "rope_theta": 1000000.0, "tie_word_embeddings": False},
+         torch.float32, 1, False, False, plain, moe_gen)
+    make("mixtral", MixtralForCausalLM, MixtralConfig,
+         {"num_local_experts": 4, "num_experts_per_tok": 2, "rope_theta": 1000000.0,
+          "tie_word_embeddings": False, "sliding_window": None},
+         torch.bfloat16, 1, True, False, with_bos, moe_gen)
     return 0
 
 

@@ -41,7 +41,7 @@ use fallow_engine::backend::cuda::{
 use fallow_engine::backend::{Backend, LogitsMode, NoMasks, ReadyMasks, SeqSlice};
 use fallow_engine::footprint::KvPoolSize;
 use fallow_engine::llm::EngineRequest;
-use fallow_engine::model::{self, LayerWeights, ModelArtifacts, Weights};
+use fallow_engine::model::{self, DenseFfn, FeedForward, LayerWeights, ModelArtifacts, Weights};
 use fallow_engine::quant::{GgmlType, QMatrix};
 use fallow_engine::runtime::{load, Device, LoadOptions};
 use fallow_engine::sampler::{mask_disallowed, Sampled, TokenDraw};
@@ -1874,9 +1874,11 @@ fn wide_llama(store: impl Fn(QMatrix) -> QMatrix) -> ModelArtifacts {
             k_norm: None,
             post_attn_norm: None,
             ffn_norm: norm(hidden),
-            w_gate: matrix(ffn, hidden),
-            w_up: matrix(ffn, hidden),
-            w_down: matrix(hidden, ffn),
+            ffn: FeedForward::Dense(DenseFfn {
+                gate: matrix(ffn, hidden),
+                up: matrix(ffn, hidden),
+                down: matrix(hidden, ffn),
+            }),
             post_ffn_norm: None,
         })
         .collect();

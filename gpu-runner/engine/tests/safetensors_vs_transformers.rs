@@ -17,12 +17,16 @@
 //!   sandwich norms, GELU, embedding scale, `query_pre_attn_scalar`, final logit softcap.
 //!   Also widened to f32 in the reference. (No attention softcap: like the real Gemma 3
 //!   configs; transformers 5's Gemma 3 attention would ignore one anyway.)
+//! - `qwen3_moe`: F32, 8 experts, top-2 with renormalised weights, a dense layer between two
+//!   routed ones (`mlp_only_layers`), one matrix per expert.
+//! - `mixtral`: BF16, 4 experts, top-2, Mixtral's `block_sparse_moe.experts.E.w1/w2/w3`.
+//!   Their routers are scaled so that a wrong expert moves logits far past the tolerance.
 
 use std::path::PathBuf;
 
 use fallow_engine::backend::cpu::{CpuBackend, KvDtype};
 use fallow_engine::backend::{Backend, LogitsMode, SeqSlice};
-use fallow_engine::model::{self, Arch, ModelArtifacts, RopeScaling, VocabSource};
+use fallow_engine::model::{self, Arch, ModelArtifacts, MoeConfig, RopeScaling, VocabSource};
 use fallow_engine::runtime::{load, LoadOptions};
 use fallow_engine::tokenizer::Tokenizer;
 use serde::Deserialize;
@@ -58,7 +62,7 @@ struct Chat {
     rendered: String,
 }
 
-const MODELS: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
+const MODELS: [&str; 6] = ["llama", "qwen2", "qwen3", "gemma3", "qwen3_moe", "mixtral"];
 
 fn model_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -205,6 +209,17 @@ fn f16_gemma3_with_sliding_window_and_logit_softcap_matches_transformers_logits_
 }
 
 #[test]
+fn qwen3_moe_with_a_dense_layer_between_routed_ones_matches_transformers_logits_at_every_position()
+{
+    assert_logits_match("qwen3_moe");
+}
+
+#[test]
+fn bf16_mixtral_matches_transformers_logits_at_every_position() {
+    assert_logits_match("mixtral");
+}
+
+#[test]
 fn greedy_decoding_through_the_kv_cache_picks_the_tokens_transformers_picks() {
     for name in MODELS {
         assert_greedy_matches(name);
@@ -321,17 +336,38 @@ fn config_json_is_read_into_the_architecture_transformers_built() {
     assert_eq!(gemma3.attn_logit_softcap, None);
     assert_eq!(gemma3.final_logit_softcap, Some(30.0));
 
+    let qwen3_moe = open("qwen3_moe").config;
+    assert_eq!(qwen3_moe.arch, Arch::Qwen3);
+    assert_eq!(
+        qwen3_moe.moe,
+        Some(MoeConfig {
+            n_experts: 8,
+            top_k: 2,
+            expert_ffn: 32,
+            norm_topk: true,
+            sparse_layers: vec![true, false, true],
+        })
+    );
+    let mixtral = open("mixtral").config;
+    assert_eq!(mixtral.arch, Arch::Llama);
+    assert_eq!(mixtral.sliding_window, None);
+    assert_eq!(
+        mixtral.moe,
+        Some(MoeConfig {
+            n_experts: 4,
+            top_k: 2,
+            expert_ffn: 128,
+            norm_topk: true,
+            sparse_layers: vec![true; 2],
+        })
+    );
+
     for name in MODELS {
         let c = open(name).config;
-        let shape = (
-            c.n_layers,
-            c.hidden,
-            c.n_heads,
-            c.n_kv_heads,
-            c.head_dim,
-            c.ffn,
-        );
-        assert_eq!(shape, (2, 64, 4, 2, 16, 128), "{name}: shape");
+        let shape = (c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn);
+        assert_eq!(shape, (64, 4, 2, 16, 128), "{name}: shape");
+        let layers = if name == "qwen3_moe" { 3 } else { 2 };
+        assert_eq!(c.n_layers, layers, "{name}: layers");
         assert!((c.rms_eps - 1e-5).abs() < 1e-9, "{name}: rms_norm_eps");
     }
 }

@@ -5,6 +5,7 @@
 mod batch;
 pub mod cpu;
 pub mod cuda;
+pub(crate) mod moe_routing;
 pub mod step_masks;
 
 use crate::lora::LoraAdapter;

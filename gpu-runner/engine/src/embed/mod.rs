@@ -46,6 +46,8 @@ use layout::{Layout, Network};
 use tokenize::EmbedTokenizer;
 
 /// The network under an embedding model.
+// One per loaded model, never moved on a hot path: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Net {
     Bert(Bert),
     Decoder(Decoder),

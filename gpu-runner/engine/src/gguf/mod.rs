@@ -156,8 +156,34 @@ impl GgufFile {
         let t = self
             .tensor(name)
             .ok_or_else(|| GgufError::MissingTensor(name.into()))?;
-        let (offset, len) = self.byte_range(t)?;
         let (rows, cols) = matrix_shape(t)?;
+        self.view(t, rows, cols)
+    }
+
+    /// A 3-D tensor of `slabs` stacked matrices (ggml ne = [cols, rows, slabs]: llama.cpp's
+    /// `ffn_*_exps` expert tensors) as one `[slabs × rows, cols]` view, and `slabs`.
+    pub fn stacked_matrix(&self, name: &str) -> Result<(QMatrix, usize), GgufError> {
+        let t = self
+            .tensor(name)
+            .ok_or_else(|| GgufError::MissingTensor(name.into()))?;
+        let not_stacked = || GgufError::NotAMatrix {
+            tensor: t.name.clone(),
+            dims: t.dims.len(),
+        };
+        let dims: Vec<usize> = t
+            .dims
+            .iter()
+            .map(|&d| usize::try_from(d).map_err(|_| not_stacked()))
+            .collect::<Result<_, _>>()?;
+        let [cols, rows, slabs] = dims[..] else {
+            return Err(not_stacked());
+        };
+        let all_rows = rows.checked_mul(slabs).ok_or_else(not_stacked)?;
+        Ok((self.view(t, all_rows, cols)?, slabs))
+    }
+
+    fn view(&self, t: &TensorInfo, rows: usize, cols: usize) -> Result<QMatrix, GgufError> {
+        let (offset, len) = self.byte_range(t)?;
         Ok(QMatrix {
             dtype: t.dtype,
             rows,

@@ -97,7 +97,7 @@ pub fn load(
         },
     };
     let layers = assembly.layers(halves)?;
-    Ok(LoraAdapter::new(name, config, rank, targets, layers))
+    LoraAdapter::new(name, config, rank, targets, layers)
 }
 
 /// Where a tensor goes: layer, projection, and whether it is A.

@@ -224,22 +224,34 @@ pub struct LoraAdapter {
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl LoraAdapter {
-    /// An adapter of `layers` (one per base layer) for `config`'s shape.
+    /// An adapter of `layers` (one per base layer) for `config`'s shape. Refuses
+    /// feed-forward targets on a mixture-of-experts base: its routed layers have no single
+    /// gate/up/down projection to adapt.
     pub fn new(
         name: impl Into<String>,
         config: &ModelConfig,
         rank: usize,
         targets: Vec<Target>,
         layers: Vec<LayerLora>,
-    ) -> Self {
-        LoraAdapter {
+    ) -> Result<Self, LoraError> {
+        let ffn_target = targets
+            .iter()
+            .find(|t| matches!(t, Target::Gate | Target::Up | Target::Down));
+        if let (Some(t), Some(_)) = (ffn_target, &config.moe) {
+            return Err(LoraError::Unsupported(format!(
+                "the `{}` target on a mixture-of-experts model (only attention \
+                 projections can be adapted there)",
+                t.hf_name()
+            )));
+        }
+        Ok(LoraAdapter {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             name: name.into(),
             base: BaseShape::of(config),
             rank,
             targets,
             layers,
-        }
+        })
     }
 
     /// Unique among the adapters this process loaded: a reload of the same name is another.

@@ -57,13 +57,7 @@ pub fn load_as(
         other => LoraError::Malformed(format!("adapter_model.safetensors: {other}")),
     })?;
     let layers = read_pairs(&file, &peft, config, precision)?;
-    Ok(LoraAdapter::new(
-        name,
-        config,
-        peft.rank,
-        peft.targets,
-        layers,
-    ))
+    LoraAdapter::new(name, config, peft.rank, peft.targets, layers)
 }
 
 /// Checks `adapter_config.json` and extracts rank, scaling and targets.

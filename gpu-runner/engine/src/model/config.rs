@@ -56,6 +56,23 @@ pub enum Activation {
     GeluTanh,
 }
 
+/// A mixture-of-experts feed-forward: each token goes through `top_k` of `n_experts`
+/// SwiGLU experts, chosen and weighted by a softmax router.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub n_experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Inner width of one expert.
+    pub expert_ffn: usize,
+    /// Renormalise the chosen experts' weights to sum to one (Mixtral always; Qwen3-MoE
+    /// `norm_topk_prob`).
+    pub norm_topk: bool,
+    /// Per layer: routed (true) or a dense feed-forward of [`ModelConfig::ffn`] (Qwen3-MoE's
+    /// `mlp_only_layers` and `decoder_sparse_step`).
+    pub sparse_layers: Vec<bool>,
+}
+
 /// The resolved shape and numerics of a decoder-only transformer.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
@@ -98,6 +115,8 @@ pub struct ModelConfig {
     pub attn_scale: f32,
     pub attn_logit_softcap: Option<f32>,
     pub final_logit_softcap: Option<f32>,
+    /// Set for mixture-of-experts models.
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -123,6 +142,13 @@ impl ModelConfig {
         } else {
             None
         }
+    }
+
+    /// The routing of `layer`, when it is a mixture-of-experts layer.
+    pub fn layer_moe(&self, layer: usize) -> Option<&MoeConfig> {
+        self.moe
+            .as_ref()
+            .filter(|m| m.sparse_layers.get(layer).copied().unwrap_or(false))
     }
 
     /// Whether `layer` rotates with the local RoPE base: Gemma 3's sliding layers only
@@ -165,6 +191,22 @@ impl ModelConfig {
                 self.n_layers
             ));
         }
+        if let Some(m) = &self.moe {
+            if m.n_experts == 0 || m.top_k == 0 || m.top_k > m.n_experts || m.expert_ffn == 0 {
+                return bad(format!(
+                    "mixture of experts needs 0 < experts per token ({}) <= experts ({}) \
+                     and a positive expert width ({})",
+                    m.top_k, m.n_experts, m.expert_ffn
+                ));
+            }
+            if m.sparse_layers.len() != self.n_layers {
+                return bad(format!(
+                    "{} sparse-layer flags for {} layers",
+                    m.sparse_layers.len(),
+                    self.n_layers
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -198,7 +240,7 @@ pub fn from_gguf(
     let arch = match arch_name.as_str() {
         "llama" | "mistral" => Arch::Llama,
         "qwen2" => Arch::Qwen2,
-        "qwen3" => Arch::Qwen3,
+        "qwen3" | "qwen3moe" => Arch::Qwen3,
         "gemma3" => Arch::Gemma3,
         other => return Err(ModelError::UnsupportedArch(other.to_string())),
     };
@@ -237,6 +279,13 @@ pub fn from_gguf(
     } else {
         head_dim as f32
     };
+    let moe = gguf_moe(meta, &arch_name, n_layers)?;
+    let ffn = match (opt_u("feed_forward_length"), &moe) {
+        (Some(ffn), _) => ffn,
+        // MoE files may carry only the expert width (every layer routes).
+        (None, Some(m)) => m.expert_ffn,
+        (None, None) => req_u("feed_forward_length")?,
+    };
     let config = ModelConfig {
         arch,
         n_layers,
@@ -244,7 +293,7 @@ pub fn from_gguf(
         n_heads,
         n_kv_heads,
         head_dim,
-        ffn: req_u("feed_forward_length")?,
+        ffn,
         vocab_size: opt_u("vocab_size").unwrap_or(vocab_fallback),
         context_length: opt_u("context_length").unwrap_or(2048),
         rms_eps: opt_f("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
@@ -276,9 +325,60 @@ pub fn from_gguf(
         attn_scale: 1.0 / query_pre_attn_scalar.sqrt(),
         attn_logit_softcap: opt_f("attn_logit_softcapping").filter(|v| *v > 0.0),
         final_logit_softcap: opt_f("final_logit_softcapping").filter(|v| *v > 0.0),
+        moe,
     };
     config.validate()?;
     Ok(config)
+}
+
+/// llama.cpp's expert keys: `qwen3moe` always routes; `llama` does when it has experts
+/// (Mixtral). Both renormalise the top-k softmax weights, as llama.cpp runs them. Anything
+/// llama.cpp would run differently (shared experts, another gating function) is refused.
+fn gguf_moe(
+    meta: &dyn MetadataSource,
+    arch: &str,
+    n_layers: usize,
+) -> Result<Option<MoeConfig>, ModelError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let get = |k: &str| meta.get_u64(&key(k)).map(|v| v as usize);
+    let n_experts = get("expert_count").unwrap_or(0);
+    if n_experts == 0 {
+        return match arch {
+            "qwen3moe" => Err(ModelError::MissingKey(key("expert_count"))),
+            _ => Ok(None),
+        };
+    }
+    if !matches!(arch, "qwen3moe" | "llama" | "mistral") {
+        return Err(ModelError::Unsupported(format!(
+            "{}: experts in a `{arch}` model",
+            key("expert_count")
+        )));
+    }
+    if let Some(n) = get("expert_shared_count").filter(|&n| n > 0) {
+        return Err(ModelError::Unsupported(format!(
+            "{}: {n} shared experts",
+            key("expert_shared_count")
+        )));
+    }
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX.
+    if let Some(g) = get("expert_gating_func").filter(|&g| g != 1) {
+        return Err(ModelError::Unsupported(format!(
+            "{}: gating function {g} (only softmax routing is supported)",
+            key("expert_gating_func")
+        )));
+    }
+    let top_k =
+        get("expert_used_count").ok_or_else(|| ModelError::MissingKey(key("expert_used_count")))?;
+    let expert_ffn = get("expert_feed_forward_length")
+        .or_else(|| get("feed_forward_length"))
+        .ok_or_else(|| ModelError::MissingKey(key("expert_feed_forward_length")))?;
+    Ok(Some(MoeConfig {
+        n_experts,
+        top_k,
+        expert_ffn,
+        norm_topk: true,
+        sparse_layers: vec![true; n_layers],
+    }))
 }
 
 /// `{arch}.rope.scaling.*`: none or linear. (Llama 3 scaling arrives as the
@@ -308,9 +408,9 @@ pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
         .and_then(Value::as_str)
         .ok_or_else(|| ModelError::MissingKey("config.json: model_type".into()))?;
     let arch = match model_type {
-        "llama" | "mistral" => Arch::Llama,
+        "llama" | "mistral" | "mixtral" => Arch::Llama,
         "qwen2" => Arch::Qwen2,
-        "qwen3" => Arch::Qwen3,
+        "qwen3" | "qwen3_moe" => Arch::Qwen3,
         "gemma3" | "gemma3_text" => Arch::Gemma3,
         other => return Err(ModelError::UnsupportedArch(other.to_string())),
     };
@@ -333,7 +433,7 @@ pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
     let head_dim = opt_u("head_dim").unwrap_or(hidden / n_heads.max(1));
     let sliding_window = match arch {
         Arch::Gemma3 => opt_u("sliding_window"),
-        Arch::Llama if model_type == "mistral" => opt_u("sliding_window"),
+        Arch::Llama if model_type != "llama" => opt_u("sliding_window"),
         _ => None,
     };
     let local_layers = hf_local_layers(cfg, arch, n_layers, sliding_window.is_some());
@@ -381,9 +481,60 @@ pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
         attn_scale: 1.0 / query_pre_attn_scalar.sqrt(),
         attn_logit_softcap: opt_f("attn_logit_softcapping").filter(|v| *v > 0.0),
         final_logit_softcap: opt_f("final_logit_softcapping").filter(|v| *v > 0.0),
+        moe: hf_moe(cfg, model_type, n_layers)?,
     };
     config.validate()?;
     Ok(config)
+}
+
+/// The experts of `mixtral` and `qwen3_moe` configs. Mixtral's experts are
+/// `intermediate_size` wide and always renormalised; Qwen3-MoE's are
+/// `moe_intermediate_size` wide, renormalised when `norm_topk_prob`, and a layer routes
+/// unless it is in `mlp_only_layers` or skipped by `decoder_sparse_step` (as transformers
+/// decides it).
+fn hf_moe(cfg: &Value, model_type: &str, n_layers: usize) -> Result<Option<MoeConfig>, ModelError> {
+    let req_u = |k: &str| -> Result<usize, ModelError> {
+        cfg.get(k)
+            .and_then(Value::as_u64)
+            .map(|v| v as usize)
+            .ok_or_else(|| ModelError::MissingKey(format!("config.json: {k}")))
+    };
+    match model_type {
+        "mixtral" => Ok(Some(MoeConfig {
+            n_experts: req_u("num_local_experts")?,
+            top_k: req_u("num_experts_per_tok")?,
+            expert_ffn: req_u("intermediate_size")?,
+            norm_topk: true,
+            sparse_layers: vec![true; n_layers],
+        })),
+        "qwen3_moe" => {
+            // transformers 5 writes Qwen3-MoE's `num_experts` as `num_local_experts`.
+            let n_experts = req_u("num_experts").or_else(|_| req_u("num_local_experts"))?;
+            let step = cfg
+                .get("decoder_sparse_step")
+                .and_then(Value::as_u64)
+                .unwrap_or(1) as usize;
+            let dense: Vec<u64> = cfg
+                .get("mlp_only_layers")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default();
+            let sparse_layers = (0..n_layers)
+                .map(|l| !dense.contains(&(l as u64)) && step > 0 && (l + 1).is_multiple_of(step))
+                .collect();
+            Ok(Some(MoeConfig {
+                n_experts,
+                top_k: req_u("num_experts_per_tok")?,
+                expert_ffn: req_u("moe_intermediate_size")?,
+                norm_topk: cfg
+                    .get("norm_topk_prob")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+                sparse_layers,
+            }))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Multimodal Gemma 3 checkpoints leave out `text_config` keys that equal transformers'

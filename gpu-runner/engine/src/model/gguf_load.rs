@@ -34,6 +34,9 @@ impl TensorSource for GgufFile {
     fn vector(&self, name: &str) -> Result<Vec<f32>, ModelError> {
         Ok(self.tensor_f32(name)?)
     }
+    fn stacked(&self, name: &str) -> Result<(QMatrix, usize), ModelError> {
+        Ok(self.stacked_matrix(name)?)
+    }
 }
 
 /// llama.cpp's tensor names.
@@ -63,7 +66,22 @@ impl TensorNames for GgufNames {
             Role::Up => blk("ffn_up.weight"),
             Role::Down => blk("ffn_down.weight"),
             Role::PostFfnNorm => blk("post_ffw_norm.weight"),
+            Role::Router => blk("ffn_gate_inp.weight"),
+            Role::GateExps => blk("ffn_gate_exps.weight"),
+            Role::UpExps => blk("ffn_up_exps.weight"),
+            Role::DownExps => blk("ffn_down_exps.weight"),
+            Role::GateUpExps => blk("ffn_gate_up_exps.weight"),
         }
+    }
+
+    /// Early Mixtral GGUF files: `blk.N.ffn_gate.E.weight`.
+    fn expert(&self, role: Role, layer: usize, expert: usize) -> String {
+        let kind = match role {
+            Role::Gate => "gate",
+            Role::Up => "up",
+            _ => "down",
+        };
+        format!("blk.{layer}.ffn_{kind}.{expert}.weight")
     }
 }
 
@@ -77,13 +95,16 @@ pub fn open_file(path: &Path) -> Result<ModelArtifacts, ModelError> {
     };
     let mut config = config::from_gguf(&gguf, vocab_fallback)?;
     let weights = weights::build(&mut config, &gguf, &GgufNames)?;
-    weights::reject_unused_biases(
+    weights::reject_unused_tensors(
         gguf.tensors.iter().map(|t| t.name.as_str()),
         &[
             "attn_output.bias",
             "ffn_gate.bias",
             "ffn_up.bias",
             "ffn_down.bias",
+            "ffn_gate_inp.bias",
+            "_exps.bias",
+            "_shexp.weight",
         ],
     )?;
     let chat_template = gguf

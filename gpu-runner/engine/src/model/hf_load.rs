@@ -23,6 +23,9 @@ impl TensorSource for SafetensorsSet {
     fn vector(&self, name: &str) -> Result<Vec<f32>, ModelError> {
         SafetensorsSet::vector(self, name)
     }
+    fn stacked(&self, name: &str) -> Result<(QMatrix, usize), ModelError> {
+        SafetensorsSet::stacked(self, name)
+    }
 }
 
 /// HF transformers' tensor names under a checkpoint-specific prefix (`model.` for text
@@ -33,6 +36,9 @@ struct HfNames {
     /// `post_attention_layernorm` for the sandwich norm; Llama-likes use the latter pre-FFN.
     gemma: bool,
     lm_head: String,
+    /// Mixtral's published checkpoints: `block_sparse_moe.experts.E.w1` (gate), `w3` (up),
+    /// `w2` (down); otherwise `mlp.experts.E.gate_proj` and so on.
+    mixtral_names: bool,
 }
 
 impl TensorNames for HfNames {
@@ -62,7 +68,26 @@ impl TensorNames for HfNames {
             Role::Up => blk("mlp.up_proj.weight"),
             Role::Down => blk("mlp.down_proj.weight"),
             Role::PostFfnNorm => blk("post_feedforward_layernorm.weight"),
+            Role::Router if self.mixtral_names => blk("block_sparse_moe.gate.weight"),
+            Role::Router => blk("mlp.gate.weight"),
+            Role::GateExps => blk("mlp.experts.gate_proj"),
+            Role::UpExps => blk("mlp.experts.up_proj"),
+            Role::DownExps => blk("mlp.experts.down_proj"),
+            Role::GateUpExps => blk("mlp.experts.gate_up_proj"),
         }
+    }
+
+    fn expert(&self, role: Role, layer: usize, expert: usize) -> String {
+        let p = &self.prefix;
+        let (block, w) = match (self.mixtral_names, role) {
+            (true, Role::Gate) => ("block_sparse_moe", "w1"),
+            (true, Role::Up) => ("block_sparse_moe", "w3"),
+            (true, _) => ("block_sparse_moe", "w2"),
+            (false, Role::Gate) => ("mlp", "gate_proj"),
+            (false, Role::Up) => ("mlp", "up_proj"),
+            (false, _) => ("mlp", "down_proj"),
+        };
+        format!("{p}layers.{layer}.{block}.experts.{expert}.{w}.weight")
     }
 }
 
@@ -84,13 +109,17 @@ pub fn open_dir(dir: &Path) -> Result<ModelArtifacts, ModelError> {
     let tensors = SafetensorsSet::open_dir(dir)?;
     let names = detect_names(&tensors, config.arch == config::Arch::Gemma3);
     let weights = weights::build(&mut config, &tensors, &names)?;
-    weights::reject_unused_biases(
+    weights::reject_unused_tensors(
         tensors.names(),
         &[
             "o_proj.bias",
             "gate_proj.bias",
             "up_proj.bias",
             "down_proj.bias",
+            "gate_up_proj_bias",
+            "down_proj_bias",
+            "mlp.router.bias",
+            "shared_expert_gate.weight",
         ],
     )?;
 
@@ -141,10 +170,12 @@ fn detect_names(tensors: &SafetensorsSet, gemma: bool) -> HfNames {
         Some(outer) => format!("{outer}lm_head.weight"),
         None => "lm_head.weight".to_string(),
     };
+    let mixtral_names = tensors.names().any(|n| n.contains(".block_sparse_moe."));
     HfNames {
         lm_head,
         prefix,
         gemma,
+        mixtral_names,
     }
 }
 

@@ -11,14 +11,15 @@
 pub mod config;
 mod gguf_load;
 mod hf_load;
+mod moe_weights;
 pub mod safetensors;
 mod weights;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use config::{Activation, Arch, ModelConfig, RopeScaling, RopeStyle};
-pub use weights::{LayerWeights, Weights};
+pub use config::{Activation, Arch, ModelConfig, MoeConfig, RopeScaling, RopeStyle};
+pub use weights::{DenseFfn, FeedForward, LayerWeights, MoeFfn, Weights};
 
 use crate::gguf::GgufError;
 use crate::tokenizer::vocab::GgufVocab;
@@ -37,7 +38,7 @@ pub enum ModelError {
     #[error("missing config key `{0}`")]
     MissingKey(String),
     #[error(
-        "unsupported model architecture `{0}` (supported: llama, mistral, qwen2, qwen3, gemma3)"
+        "unsupported model architecture `{0}` (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3moe, gemma3)"
     )]
     UnsupportedArch(String),
     #[error("unsupported model feature: {0}")]

@@ -95,6 +95,30 @@ impl SafetensorsFile {
         })
     }
 
+    /// A 3-D float tensor `[slabs, rows, cols]` (stacked experts) as one `[slabs × rows,
+    /// cols]` matrix view, and its slab count.
+    pub fn stacked(&self, name: &str) -> Result<(QMatrix, usize), ModelError> {
+        let e = self.entry(name)?;
+        let dtype = float_type(name, &e.dtype)?;
+        let [slabs, rows, cols] = e.shape[..] else {
+            return Err(ModelError::Tensor {
+                name: name.into(),
+                why: format!("expected a 3-D stacked tensor, got shape {:?}", e.shape),
+            });
+        };
+        let data = TensorBytes::Mapped {
+            map: Arc::clone(&self.map),
+            offset: e.start,
+            len: e.len,
+        };
+        let m =
+            QMatrix::new(dtype, slabs * rows, cols, data).map_err(|err| ModelError::Tensor {
+                name: name.into(),
+                why: err.to_string(),
+            })?;
+        Ok((m, slabs))
+    }
+
     /// Any float tensor converted to f32, in row-major order.
     pub fn vector(&self, name: &str) -> Result<Vec<f32>, ModelError> {
         let e = self.entry(name)?;
@@ -276,6 +300,10 @@ impl SafetensorsSet {
 
     pub fn vector(&self, name: &str) -> Result<Vec<f32>, ModelError> {
         self.file(name)?.vector(name)
+    }
+
+    pub fn stacked(&self, name: &str) -> Result<(QMatrix, usize), ModelError> {
+        self.file(name)?.stacked(name)
     }
 
     /// All tensor names (for detecting name prefixes).

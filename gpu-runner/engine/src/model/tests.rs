@@ -177,7 +177,7 @@ fn a_bias_the_forward_pass_does_not_apply_is_rejected_by_name() {
         "model.layers.0.self_attn.q_proj.bias",
         "model.layers.3.self_attn.o_proj.bias",
     ];
-    let err = super::weights::reject_unused_biases(names.into_iter(), &["o_proj.bias"])
+    let err = super::weights::reject_unused_tensors(names.into_iter(), &["o_proj.bias"])
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
@@ -186,7 +186,7 @@ fn a_bias_the_forward_pass_does_not_apply_is_rejected_by_name() {
         "{err}"
     );
     assert!(
-        super::weights::reject_unused_biases(names[..1].iter().copied(), &["o_proj.bias"]).is_ok()
+        super::weights::reject_unused_tensors(names[..1].iter().copied(), &["o_proj.bias"]).is_ok()
     );
 }
 

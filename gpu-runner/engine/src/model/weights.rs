@@ -25,11 +25,68 @@ pub struct LayerWeights {
     /// Gemma: norm of the attention output before the residual add.
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
-    pub w_gate: QMatrix,
-    pub w_up: QMatrix,
-    pub w_down: QMatrix,
+    pub ffn: FeedForward,
     /// Gemma: norm of the feed-forward output before the residual add.
     pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// A gated feed-forward: `down · (act(gate · x) ⊙ (up · x))`.
+pub struct DenseFfn {
+    pub gate: QMatrix,
+    pub up: QMatrix,
+    pub down: QMatrix,
+}
+
+impl DenseFfn {
+    fn matrices(&self) -> [&QMatrix; 3] {
+        [&self.gate, &self.up, &self.down]
+    }
+
+    fn matrices_mut(&mut self) -> [&mut QMatrix; 3] {
+        [&mut self.gate, &mut self.up, &mut self.down]
+    }
+}
+
+/// A mixture of experts: the router's scores pick each token's experts.
+pub struct MoeFfn {
+    /// `[n_experts, hidden]`.
+    pub router: QMatrix,
+    pub experts: Vec<DenseFfn>,
+}
+
+/// The feed-forward sub-block of one layer.
+pub enum FeedForward {
+    Dense(DenseFfn),
+    Moe(MoeFfn),
+}
+
+impl FeedForward {
+    /// The dense feed-forward, for backends without an expert path.
+    pub fn dense(&self) -> Option<&DenseFfn> {
+        match self {
+            FeedForward::Dense(d) => Some(d),
+            FeedForward::Moe(_) => None,
+        }
+    }
+
+    /// Every matrix, the router included.
+    pub fn matrices(&self) -> Vec<&QMatrix> {
+        match self {
+            FeedForward::Dense(d) => d.matrices().to_vec(),
+            FeedForward::Moe(m) => std::iter::once(&m.router)
+                .chain(m.experts.iter().flat_map(DenseFfn::matrices))
+                .collect(),
+        }
+    }
+
+    fn matrices_mut(&mut self) -> Vec<&mut QMatrix> {
+        match self {
+            FeedForward::Dense(d) => d.matrices_mut().into_iter().collect(),
+            FeedForward::Moe(m) => std::iter::once(&mut m.router)
+                .chain(m.experts.iter_mut().flat_map(DenseFfn::matrices_mut))
+                .collect(),
+        }
+    }
 }
 
 /// All weights of a model.
@@ -51,10 +108,11 @@ impl Weights {
 
     /// Every weight matrix (the LM head once, even when tied).
     pub fn matrices(&self) -> impl Iterator<Item = &QMatrix> {
-        let per_layer = self
-            .layers
-            .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        let per_layer = self.layers.iter().flat_map(|l| {
+            [&l.wq, &l.wk, &l.wv, &l.wo]
+                .into_iter()
+                .chain(l.ffn.matrices())
+        });
         std::iter::once(&self.token_embd)
             .chain(self.output.as_ref())
             .chain(per_layer)
@@ -65,15 +123,9 @@ impl Weights {
     /// upload or an inspection, which would only pay for reading and copying them.
     pub fn use_cpu_layout(&mut self) {
         let per_layer = self.layers.iter_mut().flat_map(|l| {
-            [
-                &mut l.wq,
-                &mut l.wk,
-                &mut l.wv,
-                &mut l.wo,
-                &mut l.w_gate,
-                &mut l.w_up,
-                &mut l.w_down,
-            ]
+            [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo]
+                .into_iter()
+                .chain(l.ffn.matrices_mut())
         });
         for m in std::iter::once(&mut self.token_embd)
             .chain(self.output.as_mut())
@@ -133,11 +185,21 @@ pub enum Role {
     Up,
     Down,
     PostFfnNorm,
+    /// The experts' router (`[n_experts, hidden]`).
+    Router,
+    /// All experts' gate (up, down) matrices stacked in one 3-D tensor.
+    GateExps,
+    UpExps,
+    DownExps,
+    /// Gate and up stacked per expert in one 3-D tensor (`[n_experts, 2 × ffn, hidden]`).
+    GateUpExps,
 }
 
 /// Maps a role (and layer, for block tensors) to the format's tensor name.
 pub trait TensorNames {
     fn name(&self, role: Role, layer: usize) -> String;
+    /// One expert's own `Gate`, `Up` or `Down` matrix, where a format stores them apart.
+    fn expert(&self, role: Role, layer: usize, expert: usize) -> String;
 }
 
 /// Fetches tensors by name from one format.
@@ -145,17 +207,20 @@ pub trait TensorSource {
     fn has(&self, name: &str) -> bool;
     fn matrix(&self, name: &str) -> Result<QMatrix, ModelError>;
     fn vector(&self, name: &str) -> Result<Vec<f32>, ModelError>;
+    /// A 3-D tensor of stacked matrices as one `[slabs × rows, cols]` view, and `slabs`.
+    fn stacked(&self, name: &str) -> Result<(QMatrix, usize), ModelError>;
 }
 
-/// Rejects checkpoints with bias tensors the forward pass would silently ignore (an output
-/// projection or feed-forward bias): better an error naming the tensor than wrong logits.
-pub fn reject_unused_biases<'a>(
+/// Rejects checkpoints with tensors the forward pass would silently ignore (an output
+/// projection or feed-forward bias, a shared expert): better an error naming the tensor
+/// than wrong logits.
+pub fn reject_unused_tensors<'a>(
     mut names: impl Iterator<Item = &'a str>,
     unused_suffixes: &[&str],
 ) -> Result<(), ModelError> {
     match names.find(|n| unused_suffixes.iter().any(|s| n.ends_with(s))) {
         Some(name) => Err(ModelError::Unsupported(format!(
-            "tensor `{name}`: this bias is not implemented"
+            "tensor `{name}` is not implemented, and the model would be wrong without it"
         ))),
         None => Ok(()),
     }
@@ -287,9 +352,16 @@ impl Loader<'_> {
             k_norm: qk_norm(Role::KNorm)?,
             post_attn_norm: post(Role::PostAttnNorm)?,
             ffn_norm: self.norm(Role::FfnNorm, i, h)?,
-            w_gate: self.matrix(Role::Gate, i, ffn, h)?,
-            w_up: self.matrix(Role::Up, i, ffn, h)?,
-            w_down: self.matrix(Role::Down, i, h, ffn)?,
+            ffn: match c.layer_moe(i) {
+                Some(moe) => {
+                    FeedForward::Moe(super::moe_weights::load(self.src, self.names, i, moe, h)?)
+                }
+                None => FeedForward::Dense(DenseFfn {
+                    gate: self.matrix(Role::Gate, i, ffn, h)?,
+                    up: self.matrix(Role::Up, i, ffn, h)?,
+                    down: self.matrix(Role::Down, i, h, ffn)?,
+                }),
+            },
             post_ffn_norm: post(Role::PostFfnNorm)?,
         })
     }

@@ -227,6 +227,37 @@ impl QMatrix {
         }
     }
 
+    /// Cuts a row-major matrix into `parts` matrices of `rows / parts` consecutive rows
+    /// each: the experts of a stacked 3-D expert tensor, or the gate and up halves of a
+    /// fused one. Mapped bytes stay views into the same map; nothing is copied.
+    pub fn split_rows(self, parts: usize) -> Result<Vec<QMatrix>, QuantError> {
+        let wrong = |m: &QMatrix| QuantError::WrongSize {
+            dtype: m.dtype,
+            rows: m.rows,
+            cols: m.cols,
+            expected: parts,
+            got: m.rows,
+        };
+        if parts == 0 || !self.rows.is_multiple_of(parts) || self.layout != Layout::Rows {
+            return Err(wrong(&self));
+        }
+        let rows = self.rows / parts;
+        let len = rows * self.row_bytes();
+        (0..parts)
+            .map(|i| {
+                let data = match &self.data {
+                    TensorBytes::Mapped { map, offset, .. } => TensorBytes::Mapped {
+                        map: Arc::clone(map),
+                        offset: offset + i * len,
+                        len,
+                    },
+                    TensorBytes::Owned(v) => TensorBytes::Owned(v[i * len..][..len].to_vec()),
+                };
+                QMatrix::new(self.dtype, rows, self.cols, data)
+            })
+            .collect()
+    }
+
     /// An owned f32 matrix (e.g. a tensor converted at load time).
     pub fn from_f32(rows: usize, cols: usize, values: &[f32]) -> Result<Self, QuantError> {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();

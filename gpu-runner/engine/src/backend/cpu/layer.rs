@@ -3,12 +3,13 @@
 //! per-head Q/K norms, Gemma's post-norms and GeGLU).
 
 use super::attention::{groups_to_rows, paged_attention, AttnParams};
+use super::moe::moe_ffn;
 use super::ops;
 use super::CpuBackend;
 use crate::backend::SeqSlice;
 use crate::lora::apply::StepAdapters;
 use crate::lora::Target;
-use crate::model::Activation;
+use crate::model::FeedForward;
 use crate::quant::QMatrix;
 
 impl CpuBackend {
@@ -137,25 +138,32 @@ impl CpuBackend {
         let h = c.hidden;
 
         ops::rms_norm_rows(&s.x, &w.ffn_norm, c.rms_eps, &mut s.xn);
-        s.gate.resize(n * c.ffn, 0.0);
-        s.up.resize(n * c.ffn, 0.0);
-        QMatrix::matmul_many(
-            &[&w.w_gate, &w.w_up],
-            &s.xn,
-            n,
-            &mut [&mut s.gate, &mut s.up],
-        );
-        if !adapters.is_empty() {
-            adapters.apply(layer, Target::Gate, &s.xn, &mut s.gate);
-            adapters.apply(layer, Target::Up, &s.xn, &mut s.up);
-        }
-        match c.activation {
-            Activation::Silu => ops::swiglu(&mut s.gate, &s.up),
-            Activation::GeluTanh => ops::geglu_tanh(&mut s.gate, &s.up),
-        }
         s.proj.resize(n * h, 0.0);
-        w.w_down.matmul(&s.gate, n, &mut s.proj);
-        adapters.apply(layer, Target::Down, &s.gate, &mut s.proj);
+        match &w.ffn {
+            FeedForward::Dense(ffn) => {
+                s.gate.resize(n * c.ffn, 0.0);
+                s.up.resize(n * c.ffn, 0.0);
+                QMatrix::matmul_many(
+                    &[&ffn.gate, &ffn.up],
+                    &s.xn,
+                    n,
+                    &mut [&mut s.gate, &mut s.up],
+                );
+                if !adapters.is_empty() {
+                    adapters.apply(layer, Target::Gate, &s.xn, &mut s.gate);
+                    adapters.apply(layer, Target::Up, &s.xn, &mut s.up);
+                }
+                ops::gated_activation(c.activation, &mut s.gate, &s.up);
+                ffn.down.matmul(&s.gate, n, &mut s.proj);
+                adapters.apply(layer, Target::Down, &s.gate, &mut s.proj);
+            }
+            FeedForward::Moe(ffn) => {
+                // Validated at load: a routed layer has a routing config.
+                if let Some(moe) = c.layer_moe(layer) {
+                    moe_ffn(ffn, moe, c.activation, &s.xn, n, &mut s.moe, &mut s.proj);
+                }
+            }
+        }
         if let Some(norm) = &w.post_ffn_norm {
             ops::rms_norm_rows_inplace(&mut s.proj, norm, c.rms_eps);
         }

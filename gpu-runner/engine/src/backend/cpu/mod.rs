@@ -11,6 +11,7 @@ mod attention;
 mod format_tests;
 mod kv_pool;
 mod layer;
+mod moe;
 pub(crate) mod ops;
 #[cfg(test)]
 mod reference_tests;
@@ -44,6 +45,8 @@ struct Scratch {
     proj: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// Boxed: only mixture-of-experts models use it.
+    moe: Box<moe::MoeScratch>,
     /// Final hidden states of the rows that produce logits.
     head_in: Vec<f32>,
     /// How many rows of `xn` hold the last step's normed final hidden states.

@@ -3,6 +3,8 @@
 //! platform intrinsics; the heavy matrix products live in `quant`.
 
 use half::f16;
+
+use crate::model::Activation;
 /// `Σ a[i]·b[i]` with 32 independent accumulators, so it vectorises (and, inlined into an
 /// AVX2 caller, runs four 8-lane chains) without reassociation by the compiler.
 #[inline(always)]
@@ -217,6 +219,14 @@ fn low_rank_body<T>(
 }
 
 /// `gate = silu(gate) · up`.
+/// `gate = act(gate) ⊙ up` for the model's gate activation.
+pub fn gated_activation(activation: Activation, gate: &mut [f32], up: &[f32]) {
+    match activation {
+        Activation::Silu => swiglu(gate, up),
+        Activation::GeluTanh => geglu_tanh(gate, up),
+    }
+}
+
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     elementwise(gate, up, swiglu_chunk);
 }

@@ -1,0 +1,113 @@
+//! Loading one mixture-of-experts layer: the router and every expert's three matrices, as
+//! views into the mapped file whichever way the format stores them:
+//! - one 3-D tensor per projection (llama.cpp's `ffn_{gate,up,down}_exps`);
+//! - gate and up fused in one 3-D tensor, down in another (transformers 5's
+//!   `mlp.experts.gate_up_proj` / `down_proj`);
+//! - a matrix per expert (published Qwen3-MoE and Mixtral checkpoints).
+//!
+//! Splitting a stacked tensor copies nothing ([`QMatrix::split_rows`]).
+
+use crate::quant::QMatrix;
+
+use super::weights::{DenseFfn, MoeFfn, Role, TensorNames, TensorSource};
+use super::{ModelError, MoeConfig};
+
+/// Reads layer `layer`'s router and experts, checked against `moe` and `hidden`.
+pub(super) fn load(
+    src: &dyn TensorSource,
+    names: &dyn TensorNames,
+    layer: usize,
+    moe: &MoeConfig,
+    hidden: usize,
+) -> Result<MoeFfn, ModelError> {
+    let (e, f) = (moe.n_experts, moe.expert_ffn);
+    let router_name = names.name(Role::Router, layer);
+    let router = shaped(&router_name, src.matrix(&router_name)?, e, hidden)?;
+    let fused = names.name(Role::GateUpExps, layer);
+    let experts = if src.has(&fused) {
+        let gate_up = split(src, &fused, e, 2 * f, hidden)?;
+        let down = split(src, &names.name(Role::DownExps, layer), e, hidden, f)?;
+        gate_up
+            .into_iter()
+            .zip(down)
+            .map(|(gu, down)| {
+                let [gate, up]: [QMatrix; 2] = halves(&fused, gu)?;
+                Ok(DenseFfn { gate, up, down })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?
+    } else if src.has(&names.name(Role::GateExps, layer)) {
+        let part = |role, rows, cols| split(src, &names.name(role, layer), e, rows, cols);
+        let (gates, ups, downs) = (
+            part(Role::GateExps, f, hidden)?,
+            part(Role::UpExps, f, hidden)?,
+            part(Role::DownExps, hidden, f)?,
+        );
+        gates
+            .into_iter()
+            .zip(ups)
+            .zip(downs)
+            .map(|((gate, up), down)| DenseFfn { gate, up, down })
+            .collect()
+    } else {
+        (0..e)
+            .map(|x| {
+                let one = |role, rows, cols| {
+                    let name = names.expert(role, layer, x);
+                    shaped(&name, src.matrix(&name)?, rows, cols)
+                };
+                Ok(DenseFfn {
+                    gate: one(Role::Gate, f, hidden)?,
+                    up: one(Role::Up, f, hidden)?,
+                    down: one(Role::Down, hidden, f)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?
+    };
+    Ok(MoeFfn { router, experts })
+}
+
+/// A stacked tensor of `experts` matrices of `[rows, cols]`, one view per expert.
+fn split(
+    src: &dyn TensorSource,
+    name: &str,
+    experts: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<QMatrix>, ModelError> {
+    let (m, slabs) = src.stacked(name)?;
+    if slabs != experts || m.rows != experts * rows || m.cols != cols {
+        return Err(ModelError::Shape {
+            name: name.into(),
+            found: vec![slabs, m.rows / slabs.max(1), m.cols],
+            expected: vec![experts, rows, cols],
+        });
+    }
+    m.split_rows(experts).map_err(|e| tensor_error(name, e))
+}
+
+/// Gate and up, the two halves of one expert's fused matrix.
+fn halves(name: &str, m: QMatrix) -> Result<[QMatrix; 2], ModelError> {
+    let parts = m.split_rows(2).map_err(|e| tensor_error(name, e))?;
+    parts.try_into().map_err(|_| ModelError::Tensor {
+        name: name.into(),
+        why: "cannot split into gate and up halves".into(),
+    })
+}
+
+fn shaped(name: &str, m: QMatrix, rows: usize, cols: usize) -> Result<QMatrix, ModelError> {
+    if m.rows != rows || m.cols != cols {
+        return Err(ModelError::Shape {
+            name: name.into(),
+            found: vec![m.rows, m.cols],
+            expected: vec![rows, cols],
+        });
+    }
+    Ok(m)
+}
+
+fn tensor_error(name: &str, e: crate::quant::QuantError) -> ModelError {
+    ModelError::Tensor {
+        name: name.into(),
+        why: e.to_string(),
+    }
+}
