@@ -15,7 +15,7 @@ Models (all: hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16, FFN 128):
 | qwen2   | Qwen2ForCausalLM | BF16, one file, tied head  | Q/K/V biases, legacy v4-style config.json |
 | qwen3   | Qwen3ForCausalLM | F32, 2 shards, tied head   | per-head Q/K RMSNorm, sharded checkpoint  |
 | gemma3  | Gemma3ForCausalLM| F16, one file, tied head   | sliding window 5 + global layer, linear RoPE scaling on the global layer only, two RoPE bases, (1 + w) norms, sandwich norms, GELU, embedding scale, query_pre_attn_scalar, final logit softcap (no attention softcap: real Gemma 3 has none, and transformers 5 ignores it for Gemma 3) |
-| qwen3_moe | Qwen3MoeForCausalLM | F32, one file, untied | 3 layers, 8 experts of width 32, top-2, `norm_topk_prob`, layer 1 dense (`mlp_only_layers`) |
+| qwen3_moe | Qwen3MoeForCausalLM | F32, one file, untied | 8 experts of width 32, top-2, `norm_topk_prob` |
 | mixtral | MixtralForCausalLM | BF16, one file, untied     | 4 experts of width 128, top-2, `block_sparse_moe.experts.E.w1/w2/w3` names |
 
 Weights are drawn with fan-in scaling (not transformers' std 0.02 init) so logits are O(1..10)
@@ -361,9 +361,8 @@ def main() -> int:
           "final_logit_softcapping": 30.0, "tie_word_embeddings": True},
          torch.float16, 1, True, False, with_bos, gen)
     make("qwen3_moe", Qwen3MoeForCausalLM, Qwen3MoeConfig,
-         {"num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
-          "moe_intermediate_size": 32, "norm_topk_prob": True, "mlp_only_layers": [1],
-          "decoder_sparse_step": 1, "rope_theta": 1000000.0, "tie_word_embeddings": False},
+         {"num_experts": 8, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 32, "norm_topk_prob": True, "rope_theta": 1000000.0, "tie_word_embeddings": False},
          torch.float32, 1, False, False, plain, moe_gen)
     make("mixtral", MixtralForCausalLM, MixtralConfig,
          {"num_local_experts": 4, "num_experts_per_tok": 2, "rope_theta": 1000000.0,

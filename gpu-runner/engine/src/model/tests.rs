@@ -4,6 +4,8 @@
 
 use std::path::Path;
 
+use serde_json::{json, Value};
+
 use super::tiny::{write_tiny, GEMMA_WINDOW, VOCAB};
 use super::{open, Activation, Arch, ModelError, RopeStyle, VocabSource};
 
@@ -210,4 +212,104 @@ fn multimodal_gemma3_config_reads_text_config_with_transformers_defaults() {
     assert_eq!(c.rope_scaling, super::RopeScaling::Linear { factor: 8.0 });
     assert!(c.tie_embeddings);
     assert_eq!(c.local_layers.iter().filter(|&&l| !l).count(), 5);
+}
+
+/// GGUF metadata from `(key, value)` pairs, numbers and strings as JSON values.
+struct Meta(Vec<(&'static str, Value)>);
+
+impl super::config::MetadataSource for Meta {
+    fn get_u64(&self, key: &str) -> Option<u64> {
+        self.0.iter().find(|(k, _)| *k == key)?.1.as_u64()
+    }
+    fn get_f64(&self, key: &str) -> Option<f64> {
+        self.0.iter().find(|(k, _)| *k == key)?.1.as_f64()
+    }
+    fn get_str(&self, key: &str) -> Option<String> {
+        Some(
+            self.0
+                .iter()
+                .find(|(k, _)| *k == key)?
+                .1
+                .as_str()?
+                .to_string(),
+        )
+    }
+}
+
+fn qwen3moe_meta(extra: &[(&'static str, Value)]) -> Meta {
+    let mut meta = vec![
+        ("general.architecture", json!("qwen3moe")),
+        ("qwen3moe.block_count", json!(2)),
+        ("qwen3moe.embedding_length", json!(64)),
+        ("qwen3moe.attention.head_count", json!(4)),
+        ("qwen3moe.attention.head_count_kv", json!(2)),
+        ("qwen3moe.attention.key_length", json!(16)),
+        ("qwen3moe.expert_count", json!(8)),
+        ("qwen3moe.expert_used_count", json!(2)),
+        ("qwen3moe.expert_feed_forward_length", json!(32)),
+    ];
+    meta.extend(extra.iter().cloned());
+    Meta(meta)
+}
+
+#[test]
+fn a_qwen3moe_gguf_routes_every_layer_through_renormalised_top_k_experts() {
+    let c = super::config::from_gguf(&qwen3moe_meta(&[]), 320)
+        .unwrap_or_else(|e| panic!("config: {e}"));
+    assert_eq!(c.arch, Arch::Qwen3);
+    assert!(c.qk_norm);
+    let moe = c.moe.unwrap_or_else(|| panic!("qwen3moe routes"));
+    assert_eq!((moe.n_experts, moe.top_k, moe.expert_ffn), (8, 2, 32));
+    assert!(moe.norm_topk && moe.sparse_layers == [true, true]);
+}
+
+#[test]
+fn gguf_experts_llama_cpp_would_run_differently_are_refused_naming_the_key() {
+    for (key, value, why) in [
+        ("qwen3moe.expert_shared_count", json!(1), "shared experts"),
+        ("qwen3moe.expert_gating_func", json!(2), "gating function 2"),
+    ] {
+        let err = super::config::from_gguf(&qwen3moe_meta(&[(key, value)]), 320)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains(key) && err.contains(why), "{key}: {err}");
+    }
+    let no_count = Meta(
+        qwen3moe_meta(&[])
+            .0
+            .into_iter()
+            .filter(|(k, _)| *k != "qwen3moe.expert_count")
+            .collect(),
+    );
+    let err = super::config::from_gguf(&no_count, 320)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("qwen3moe.expert_count"), "{err}");
+}
+
+#[test]
+fn qwen3_moe_dense_layers_follow_mlp_only_layers_and_decoder_sparse_step() {
+    let config = |extra: Value| {
+        let mut root = json!({
+            "model_type": "qwen3_moe", "num_hidden_layers": 6, "hidden_size": 64,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "intermediate_size": 128, "vocab_size": 320, "num_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        });
+        if let (Some(root), Some(extra)) = (root.as_object_mut(), extra.as_object()) {
+            root.extend(extra.clone());
+        }
+        super::config::from_hf_json(&root).unwrap_or_else(|e| panic!("config: {e}"))
+    };
+    let layers = |c: super::ModelConfig| c.moe.map(|m| m.sparse_layers).unwrap_or_default();
+    assert_eq!(layers(config(json!({}))), [true; 6]);
+    assert!(!config(json!({})).moe.is_some_and(|m| m.norm_topk));
+    assert_eq!(
+        layers(config(
+            json!({"decoder_sparse_step": 2, "mlp_only_layers": [3]})
+        )),
+        [false, true, false, false, false, true]
+    );
 }
