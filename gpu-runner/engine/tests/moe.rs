@@ -227,3 +227,59 @@ fn a_shared_expert_fallow_would_ignore_is_refused_naming_the_tensor() {
     let err = open_err(dir.path());
     assert!(err.contains("shared_expert_gate"), "{err}");
 }
+
+#[test]
+fn the_experts_each_token_is_routed_to_are_those_transformers_chooses() {
+    #[derive(serde::Deserialize)]
+    struct Reference {
+        sequences: Vec<Vec<u32>>,
+        /// Per sequence, per position, per routed layer: transformers' top-k, best first.
+        routed_experts: Vec<Vec<Vec<Vec<u32>>>>,
+    }
+    for name in ["qwen3_moe", "mixtral"] {
+        let path = fixture(name).join("reference.json");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+        let reference: Reference = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+        let artifacts = open(&fixture(name));
+        // All sequences in one step: each token's route must still be its own.
+        let mut backend = CpuBackend::with_kv_dtype(&artifacts, 16, BLOCK_SIZE, KvDtype::F32)
+            .unwrap_or_else(|e| panic!("backend: {e}"));
+        let tables: Vec<[u32; 2]> = (0..reference.sequences.len() as u32)
+            .map(|i| [2 * i, 2 * i + 1])
+            .collect();
+        let batch: Vec<SeqSlice<'_>> = reference
+            .sequences
+            .iter()
+            .zip(&tables)
+            .map(|(tokens, table)| SeqSlice {
+                adapter: None,
+                tokens,
+                start_pos: 0,
+                block_table: table,
+                logits: LogitsMode::Last,
+            })
+            .collect();
+        backend
+            .forward(&batch)
+            .unwrap_or_else(|e| panic!("forward: {e}"));
+        let got = backend
+            .routed_experts()
+            .unwrap_or_else(|| panic!("{name}: an MoE backend keeps its routes"));
+        let want: Vec<u32> = reference
+            .routed_experts
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flatten()
+            .collect();
+        assert_eq!(got, want.as_slice(), "{name}: routed experts");
+    }
+}
+
+#[test]
+fn a_dense_model_reports_no_routes() {
+    let artifacts = open(&fixture("qwen3"));
+    let backend = CpuBackend::with_kv_dtype(&artifacts, 4, BLOCK_SIZE, KvDtype::F32)
+        .unwrap_or_else(|e| panic!("backend: {e}"));
+    assert!(backend.routed_experts().is_none());
+}

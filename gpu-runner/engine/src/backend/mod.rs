@@ -126,6 +126,13 @@ pub trait Backend: Send {
     fn hidden_rows(&self) -> Option<&[f32]> {
         None
     }
+
+    /// The last step's expert choices (a mixture-of-experts model): for every token the
+    /// step ran, in batch order, for every routed layer in order, its `top_k` expert ids,
+    /// best first. `None` for dense models, or where the backend does not keep them.
+    fn routed_experts(&self) -> Option<&[u32]> {
+        None
+    }
 }
 
 /// [`Backend::forward_step`] by way of [`Backend::forward`]: picked rows come back as

@@ -96,7 +96,6 @@ impl Routing {
     }
 
     /// Token `t`'s experts and weights, best first.
-    #[cfg(test)]
     pub fn token_choices(&self, t: usize) -> &[(u32, f32)] {
         &self.choices[t * self.top_k..(t + 1) * self.top_k]
     }

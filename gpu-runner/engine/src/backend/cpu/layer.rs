@@ -3,7 +3,7 @@
 //! per-head Q/K norms, Gemma's post-norms and GeGLU).
 
 use super::attention::{groups_to_rows, paged_attention, AttnParams};
-use super::moe::moe_ffn;
+use super::moe::{moe_ffn, MoeLayer};
 use super::ops;
 use super::CpuBackend;
 use crate::backend::SeqSlice;
@@ -159,8 +159,14 @@ impl CpuBackend {
             }
             FeedForward::Moe(ffn) => {
                 // Validated at load: a routed layer has a routing config.
-                if let Some(moe) = c.layer_moe(layer) {
-                    moe_ffn(ffn, moe, c.activation, &s.xn, n, &mut s.moe, &mut s.proj);
+                if let Some(cfg) = c.layer_moe(layer) {
+                    let moe = MoeLayer {
+                        ffn,
+                        cfg,
+                        layer,
+                        activation: c.activation,
+                    };
+                    moe_ffn(&moe, &s.xn, n, &mut s.moe, &mut s.proj);
                 }
             }
         }

@@ -180,6 +180,13 @@ impl Backend for CpuBackend {
         Some(self.scratch.xn.get(..n).unwrap_or_default())
     }
 
+    fn routed_experts(&self) -> Option<&[u32]> {
+        self.config
+            .moe
+            .as_ref()
+            .map(|_| self.scratch.moe.routes.as_slice())
+    }
+
     fn serves_adapters(&self) -> bool {
         true
     }
@@ -218,6 +225,9 @@ impl Backend for CpuBackend {
                 .zip(self.layout.offsets.windows(2))
                 .map(|(seq, rows)| (seq.adapter, rows[0]..rows[1])),
         );
+        if let Some(moe) = &self.config.moe {
+            self.scratch.moe.start_step(moe, self.layout.n_tokens());
+        }
         for layer in 0..self.config.n_layers {
             self.run_layer(layer, batch, &adapters);
         }

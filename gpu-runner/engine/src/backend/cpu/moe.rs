@@ -19,24 +19,66 @@ pub(super) struct MoeScratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     out: Vec<f32>,
+    /// The step's choices, `[token][routed layer][k]` (see `Backend::routed_experts`).
+    pub(super) routes: Vec<u32>,
 }
 
-/// `out = Σ_k w_k · expert_k(xn)` for each of the `n` rows of `xn` (`n × hidden`).
+impl MoeScratch {
+    /// Sizes the step's route record for `n` tokens.
+    pub(super) fn start_step(&mut self, cfg: &MoeConfig, n: usize) {
+        let routed = cfg.sparse_layers.iter().filter(|&&s| s).count();
+        self.routes.clear();
+        self.routes.resize(n * routed * cfg.top_k, 0);
+    }
+
+    /// Writes the choices just made in `layer` into the step's route record.
+    fn record_routes(&mut self, cfg: &MoeConfig, layer: usize, n: usize) {
+        let routed = cfg.sparse_layers.iter().filter(|&&s| s).count();
+        let ordinal = cfg.sparse_layers[..layer].iter().filter(|&&s| s).count();
+        let k = cfg.top_k;
+        for t in 0..n {
+            let at = (t * routed + ordinal) * k;
+            for (slot, &(e, _)) in self.routes[at..at + k]
+                .iter_mut()
+                .zip(self.routing.token_choices(t))
+            {
+                *slot = e;
+            }
+        }
+    }
+}
+
+/// One routed layer's weights and settings.
+pub(super) struct MoeLayer<'a> {
+    pub ffn: &'a MoeFfn,
+    pub cfg: &'a MoeConfig,
+    /// Its index among all layers (for the route record).
+    pub layer: usize,
+    pub activation: Activation,
+}
+
+/// `out = Σ_k w_k · expert_k(xn)` for each of the `n` rows of `xn` (`n × hidden`), the
+/// choices recorded as `moe.layer`'s.
 pub(super) fn moe_ffn(
-    ffn: &MoeFfn,
-    cfg: &MoeConfig,
-    activation: Activation,
+    moe: &MoeLayer<'_>,
     xn: &[f32],
     n: usize,
     s: &mut MoeScratch,
     out: &mut [f32],
 ) {
+    let MoeLayer {
+        ffn,
+        cfg,
+        layer,
+        activation,
+    } = *moe;
     let h = ffn.router.cols;
     let f = cfg.expert_ffn;
     s.router_logits.resize(n * cfg.n_experts, 0.0);
     ffn.router.matmul(xn, n, &mut s.router_logits);
     s.routing
         .route(&s.router_logits, cfg.n_experts, cfg.top_k, cfg.norm_topk);
+    s.record_routes(cfg, layer, n);
     out.fill(0.0);
     let MoeScratch {
         routing,
