@@ -8,8 +8,8 @@
 
 use crate::error::ApiError;
 use crate::openai::response::{
-    choice_finish_reason, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice, Delta, UsageOut,
-    SYSTEM_FINGERPRINT,
+    choice_finish_reason, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice, Delta, SglExt,
+    UsageOut, SYSTEM_FINGERPRINT,
 };
 use crate::stream_choice::StreamChoice;
 use crate::validate::Delivery;
@@ -346,6 +346,14 @@ impl ChunkBuilder {
                 out.push(self.frame(id.clone(), choice.index, delta, None, None));
             }
         }
+        if let Some(ext) = SglExt::of(completion, false) {
+            let mut chunk = self.chunk(Vec::new(), None);
+            chunk.sglext = Some(ext);
+            out.push(Frame {
+                id: id.clone(),
+                payload: Payload::Chunk(chunk),
+            });
+        }
         if self.delivery.include_usage {
             out.push(Frame {
                 id: id.clone(),
@@ -417,6 +425,7 @@ impl ChunkBuilder {
             system_fingerprint: SYSTEM_FINGERPRINT,
             choices,
             usage,
+            sglext: None,
         }
     }
 }

@@ -147,6 +147,7 @@ pub(crate) fn aborted(n: u32) -> Completion {
                 matched_stop: None,
                 logprobs: None,
                 hidden_states: None,
+                routed_experts: None,
             })
             .collect(),
         usage: Default::default(),

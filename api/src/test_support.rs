@@ -15,6 +15,7 @@ pub fn completion(texts: &[&str], usage: Usage) -> Completion {
                 matched_stop: None,
                 logprobs: None,
                 hidden_states: None,
+                routed_experts: None,
             })
             .collect(),
         usage,

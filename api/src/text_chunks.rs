@@ -6,7 +6,7 @@
 
 use crate::error::ApiError;
 use crate::openai::completions::{LegacyLogprobs, TextChoice, TextCompletionChunk};
-use crate::openai::response::{finish_reason_str, SYSTEM_FINGERPRINT};
+use crate::openai::response::{finish_reason_str, SglExt, SYSTEM_FINGERPRINT};
 use crate::validate::ValidCompletion;
 use fallow_protocol::job::{JobEvent, Usage};
 use fallow_protocol::position::StreamPositions;
@@ -165,6 +165,12 @@ impl TextChunkBuilder {
                         }));
                     }
                 }
+                // One prompt, one choice (validated): its routes in a chunk of their own.
+                if let Some(ext) = SglExt::of(completion, false) {
+                    let mut chunk = self.chunk_of(Vec::new());
+                    chunk.sglext = Some(ext);
+                    frames.push(TextFrame::Chunk(chunk));
+                }
                 self.usage[prompt] = Some(completion.usage);
                 if self.is_done() && self.include_usage {
                     let usage = self.total_usage();
@@ -233,6 +239,7 @@ impl TextChunkBuilder {
             choices,
             usage: None,
             system_fingerprint: SYSTEM_FINGERPRINT,
+            sglext: None,
         }
     }
 }

@@ -96,6 +96,7 @@ fn completion(text: &str) -> Completion {
             matched_stop: None,
             logprobs: None,
             hidden_states: None,
+            routed_experts: None,
         }],
         usage: Usage::default(),
         ..Default::default()

@@ -400,6 +400,7 @@ mod tests {
                 matched_stop: None,
                 logprobs: None,
                 hidden_states: None,
+                routed_experts: None,
             }],
             usage: Usage {
                 prompt_tokens: 3,
@@ -458,6 +459,7 @@ mod tests {
                 matched_stop: None,
                 logprobs: Some(Vec::new()),
                 hidden_states: None,
+                routed_experts: None,
             }],
             usage: Usage::default(),
             ..Default::default()
@@ -485,6 +487,7 @@ mod tests {
                 matched_stop: None,
                 logprobs: None,
                 hidden_states: None,
+                routed_experts: None,
             }],
             usage: Usage::default(),
             ..Default::default()

@@ -4,7 +4,7 @@
 //! `{tokens, token_logprobs, top_logprobs, text_offset}`.
 
 use super::request::ChatCompletionRequest;
-use super::response::{finish_reason_str, UsageOut, SYSTEM_FINGERPRINT};
+use super::response::{finish_reason_str, SglExt, UsageOut, SYSTEM_FINGERPRINT};
 use fallow_protocol::job::{Completion, TextFormat, TokenLogprob, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -65,6 +65,9 @@ pub struct TextCompletion {
     pub choices: Vec<TextChoice>,
     pub usage: UsageOut,
     pub system_fingerprint: &'static str,
+    /// SGLang's extensions: `routed_experts` with `return_routed_experts` (one prompt).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sglext: Option<SglExt>,
 }
 
 #[derive(Debug, Serialize)]
@@ -136,6 +139,10 @@ impl TextCompletion {
             choices,
             usage: usage.into(),
             system_fingerprint: SYSTEM_FINGERPRINT,
+            sglext: match completions {
+                [one] => SglExt::of(one, false),
+                _ => None,
+            },
         }
     }
 }
@@ -152,6 +159,9 @@ pub struct TextCompletionChunk {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageOut>,
     pub system_fingerprint: &'static str,
+    /// `sglext.routed_experts`, in a chunk of its own after the choice finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sglext: Option<SglExt>,
 }
 
 /// The public id of a text completion (`cmpl-` + its first job's uuid).

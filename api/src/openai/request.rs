@@ -19,6 +19,8 @@ pub struct ChatCompletionRequest {
     pub max_length: Option<i64>,
     /// SGLang: return the last layer's hidden state of each choice's last token.
     pub return_hidden_states: Option<bool>,
+    /// SGLang: return the experts each token was routed to (mixture-of-experts models).
+    pub return_routed_experts: Option<bool>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub top_k: Option<i64>,

@@ -94,7 +94,7 @@ pub struct ChatCompletion {
     pub choices: Vec<Choice>,
     pub usage: UsageOut,
     pub system_fingerprint: &'static str,
-    /// SGLang's extensions, with `return_cached_tokens_details`.
+    /// SGLang's extensions, with `return_cached_tokens_details` or `return_routed_experts`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sglext: Option<SglExt>,
 }
@@ -102,7 +102,12 @@ pub struct ChatCompletion {
 /// SGLang's `sglext` object.
 #[derive(Debug, Clone, Serialize)]
 pub struct SglExt {
-    pub cached_tokens_details: CachedTokensDetails,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_tokens_details: Option<CachedTokensDetails>,
+    /// `return_routed_experts`: base64 of little-endian int32 expert ids shaped
+    /// `[tokens, routed layers, experts per token]` (one choice: n = 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routed_experts: Option<String>,
 }
 
 /// Where cached prompt tokens came from. Fallow's prefix cache lives on the device only.
@@ -114,14 +119,18 @@ pub struct CachedTokensDetails {
 }
 
 impl SglExt {
-    pub fn for_usage(usage: &Usage) -> Self {
-        SglExt {
-            cached_tokens_details: CachedTokensDetails {
-                device: usage.cached_tokens,
+    /// The extensions a finished job's answer carries: cache details when asked for, the
+    /// routed experts when the job returned them; `None` when neither.
+    pub fn of(done: &Completion, cached_tokens_details: bool) -> Option<Self> {
+        let ext = SglExt {
+            cached_tokens_details: cached_tokens_details.then_some(CachedTokensDetails {
+                device: done.usage.cached_tokens,
                 host: 0,
                 storage: 0,
-            },
-        }
+            }),
+            routed_experts: done.choices.first().and_then(|c| c.routed_experts.clone()),
+        };
+        (ext.cached_tokens_details.is_some() || ext.routed_experts.is_some()).then_some(ext)
     }
 }
 
@@ -270,9 +279,7 @@ impl ChatCompletion {
             choices,
             usage: UsageOut::with_reasoning(done.usage, reasoning_tokens),
             system_fingerprint: SYSTEM_FINGERPRINT,
-            sglext: format
-                .cached_tokens_details
-                .then(|| SglExt::for_usage(&done.usage)),
+            sglext: SglExt::of(done, format.cached_tokens_details),
         }
     }
 }
@@ -289,6 +296,9 @@ pub struct ChatCompletionChunk {
     /// usage chunk (or on every chunk with `continuous_usage_stats`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Option<UsageOut>>,
+    /// `sglext.routed_experts`, in a chunk of its own after the choice finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sglext: Option<SglExt>,
 }
 
 #[derive(Debug, Serialize)]

@@ -69,6 +69,7 @@ fn completion() -> Completion {
             matched_stop: None,
             logprobs: None,
             hidden_states: None,
+            routed_experts: None,
         }],
         usage: Usage {
             prompt_tokens: 5,

@@ -91,6 +91,13 @@ pub fn validate_completion(
     let delivery = delivery(common);
     let sampling = sampling::validate_sampling(common, limits)?;
     let n = sampling::validate_n(common.n, limits.max_n)?;
+    sampling::check_routed_experts_n(&sampling, n)?;
+    if sampling.return_routed_experts && prompts.len() > 1 {
+        return Err(ApiError::invalid(
+            "prompt",
+            "`return_routed_experts` returns the routes of one choice: send one prompt.",
+        ));
+    }
     let prompt_texts = prompts
         .iter()
         .map(|p| match p {

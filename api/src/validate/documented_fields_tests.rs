@@ -195,10 +195,7 @@ fn samples(field: &str) -> Option<Vec<(Value, &'static str)>> {
             "custom_logit_processor",
         ),
         "`return_hidden_states`" => one(json!({"return_hidden_states": true})),
-        "`return_routed_experts`" => refused(
-            json!({"return_routed_experts": true}),
-            "return_routed_experts",
-        ),
+        "`return_routed_experts`" => one(json!({"return_routed_experts": true})),
         "`max_dynamic_patch`" => one(json!({"max_dynamic_patch": 12})),
         "`min_dynamic_patch`" => one(json!({"min_dynamic_patch": 1})),
         "`max_length`" => one(json!({"max_length": 30})),
@@ -327,6 +324,18 @@ fn a_named_tool_choice_allows_one_call_and_required_follows_parallel_tool_calls(
         &json!({"tools": [tool()], "tool_choice": "required",
         "parallel_tool_calls": false})
     ));
+}
+
+#[test]
+fn return_routed_experts_reaches_the_engine_for_one_choice_only() {
+    let asked = validate(&json!({"return_routed_experts": true}))
+        .map(|v| v.request.sampling.return_routed_experts);
+    assert_eq!(asked.ok(), Some(true));
+    let err = validate(&json!({"return_routed_experts": true, "n": 2}))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("n = 1"), "{err}");
 }
 
 #[test]

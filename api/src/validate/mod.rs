@@ -94,6 +94,7 @@ pub fn validate_chat(wire: ChatCompletionRequest, limits: &Limits) -> Result<Val
     let delivery = delivery(&wire);
     let mut sampling = sampling::validate_sampling(&wire, limits)?;
     let n = sampling::validate_n(wire.n, limits.max_n)?;
+    sampling::check_routed_experts_n(&sampling, n)?;
     let continue_final_message = wire.continue_final_message.unwrap_or(false);
     let add_generation_prompt = match (wire.add_generation_prompt, continue_final_message) {
         (Some(true), true) => {
@@ -269,17 +270,11 @@ const CONSTRAINT_FIELDS: [&str; 5] = [
 /// SGLang fields whose effect Fallow does not offer, each with the reason. Every one would
 /// change the answer, so it is refused rather than ignored; `null` or `false` asks for
 /// nothing and passes.
-pub const UNSUPPORTED_FIELDS: [(&str, &str); 2] = [
-    (
-        "custom_logit_processor",
-        "custom logit processors are Python objects that SGLang unpickles and runs; a Rust \
-         server cannot run them",
-    ),
-    (
-        "return_routed_experts",
-        "no mixture-of-experts model is served, so there are no routed experts to return",
-    ),
-];
+pub const UNSUPPORTED_FIELDS: [(&str, &str); 1] = [(
+    "custom_logit_processor",
+    "custom logit processors are Python objects that SGLang unpickles and runs; a Rust \
+     server cannot run them",
+)];
 
 /// Features the engine does not offer yet are refused loudly rather than ignored, so a
 /// client never silently gets unconstrained text where it asked for JSON.

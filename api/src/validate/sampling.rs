@@ -59,7 +59,20 @@ pub(super) fn validate_sampling(
         no_stop_trim: wire.no_stop_trim.unwrap_or(false),
         max_length: validate_max_length(wire.max_length)?,
         return_hidden_states: wire.return_hidden_states.unwrap_or(false),
+        return_routed_experts: wire.return_routed_experts.unwrap_or(false),
     })
+}
+
+/// SGLang returns one `sglext.routed_experts` per answer, so it is asked for with one
+/// choice.
+pub(super) fn check_routed_experts_n(sampling: &Sampling, n: u32) -> Result<(), ApiError> {
+    if sampling.return_routed_experts && n > 1 {
+        return Err(ApiError::invalid(
+            "n",
+            "`return_routed_experts` returns the routes of one choice: ask for it with n = 1.",
+        ));
+    }
+    Ok(())
 }
 
 /// Qwen's `max_length`: a positive token count; whether the prompt leaves room under it is

@@ -222,6 +222,7 @@ impl TestApp {
                 matched_stop: None,
                 logprobs: None,
                 hidden_states: None,
+                routed_experts: None,
             }],
             usage: usage(pieces.len() as u32),
             ..Default::default()

@@ -63,6 +63,8 @@ struct ChoiceState {
     matched_stop: Option<serde_json::Value>,
     /// The hidden state at the choice's last token, when the request asked for it.
     hidden_states: Option<Vec<f32>>,
+    /// The experts of every position the choice ran, SGLang-encoded, when asked for.
+    routed_experts: Option<String>,
     /// When this choice's previous token arrived.
     last_token_at: Option<std::time::Instant>,
 }
@@ -144,6 +146,7 @@ impl InFlight {
             choice.finish = out.finish;
             choice.matched_stop = out.matched_stop.clone();
             choice.hidden_states = out.hidden_states;
+            choice.routed_experts = out.routed_experts.as_deref().map(encode_routes);
         }
         if !out.text.is_empty() {
             self.streamed = true;
@@ -255,6 +258,7 @@ impl InFlight {
                 matched_stop: c.matched_stop.clone(),
                 logprobs: c.logprobs.clone(),
                 hidden_states: c.hidden_states.clone(),
+                routed_experts: c.routed_experts.clone(),
             })
             .collect();
         Completion {
@@ -334,3 +338,13 @@ impl InFlightTable {
 #[cfg(test)]
 #[path = "in_flight_tests.rs"]
 mod tests;
+
+/// SGLang's `routed_experts` string: base64 of the ids as little-endian int32.
+fn encode_routes(ids: &[u32]) -> String {
+    use base64::Engine;
+    let bytes: Vec<u8> = ids
+        .iter()
+        .flat_map(|&id| (id as i32).to_le_bytes())
+        .collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}

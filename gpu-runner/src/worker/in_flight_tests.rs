@@ -41,6 +41,7 @@ fn tokens(ids: &[u32]) -> SeqOutput {
         matched_stop: None,
         usage: Usage::default(),
         hidden_states: None,
+        routed_experts: None,
     }
 }
 

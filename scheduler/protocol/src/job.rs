@@ -188,6 +188,10 @@ pub struct Sampling {
     /// (after the final norm) at the position that produced its last token.
     #[serde(default)]
     pub return_hidden_states: bool,
+    /// SGLang `return_routed_experts` (a mixture-of-experts model): each choice also returns
+    /// the experts every token it ran was routed to.
+    #[serde(default)]
+    pub return_routed_experts: bool,
 }
 
 /// A grammar the generated text must follow (constrained decoding).
@@ -232,6 +236,7 @@ impl Default for Sampling {
             no_stop_trim: false,
             max_length: None,
             return_hidden_states: false,
+            return_routed_experts: false,
         }
     }
 }
@@ -422,6 +427,11 @@ pub struct ChoiceResult {
     /// position that produced the choice's last token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hidden_states: Option<Vec<f32>>,
+    /// With `Sampling::return_routed_experts`: SGLang's encoding, base64 of little-endian
+    /// int32 expert ids shaped `[tokens, routed layers, experts per token]`, for every
+    /// position the choice ran (the prompt and each generated token but the last).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routed_experts: Option<String>,
 }
 
 /// The stored result of a finished job.

@@ -72,6 +72,7 @@ pub fn completion(text: &str) -> Completion {
             matched_stop: None,
             logprobs: None,
             hidden_states: None,
+            routed_experts: None,
         }],
         usage: Usage {
             prompt_tokens: 5,

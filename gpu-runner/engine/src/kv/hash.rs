@@ -26,6 +26,15 @@ pub fn namespace_root(id: u64) -> BlockHash {
     hasher.finish()
 }
 
+/// The root of a namespace no other sequence shares: for a sequence that must run every
+/// one of its own tokens (`return_routed_experts` records what each token did).
+pub fn private_namespace(seq: u64) -> BlockHash {
+    let mut hasher = std::hash::DefaultHasher::new();
+    "fallow-kv-private".hash(&mut hasher);
+    seq.hash(&mut hasher);
+    hasher.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,6 +28,10 @@ pub(super) struct Choice {
     /// `return_hidden_states`: the hidden state of the last position run, kept each step.
     pub want_hidden: bool,
     pub hidden: Vec<f32>,
+    /// `return_routed_experts`: each position's expert ids (`[position][routed layer][k]`),
+    /// written as positions run (a recomputed position overwrites itself).
+    pub want_routes: bool,
+    pub routes: Vec<u32>,
     /// The request's LoRA adapter, applied to this choice's rows.
     pub adapter: Option<std::sync::Arc<crate::lora::LoraAdapter>>,
 }

@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use crate::backend::{Backend, LogitsMode, SeqSlice, StepOutput};
 use crate::batcher::{Batcher, BatcherConfig, ScheduledStep, SeqId};
 use crate::grammar::{GrammarSlot, SeqGrammar};
-use crate::kv::hash::namespace_root;
+use crate::kv::hash::{namespace_root, private_namespace};
 use crate::kv::BlockManager;
 use crate::sampler::{Sampler, SeqSampler};
 use crate::stop::{StopConditions, StopMatcher};
@@ -192,6 +192,12 @@ impl LlmEngine {
                     .into(),
             ));
         }
+        if request.sampling.return_routed_experts && self.backend.routed_experts().is_none() {
+            return Err(EngineError::InvalidRequest(
+                "`return_routed_experts` needs a mixture-of-experts model; this one is dense"
+                    .into(),
+            ));
+        }
         // Any request starts the vocabulary build, so that a later constrained one finds
         // it done (without waiting here if a preparer is compiling meanwhile).
         if let Ok(mut slot) = self.grammars.try_lock() {
@@ -278,8 +284,11 @@ impl LlmEngine {
             keep_stop: params.no_stop_trim,
             want_hidden: params.return_hidden_states,
             hidden: Vec::new(),
+            want_routes: params.return_routed_experts,
+            routes: Vec::new(),
             adapter: state.adapter.clone(),
         };
+        let params_want_routes = choice.want_routes;
         choice.replay(&self.tokenizer, generated)?;
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -288,7 +297,12 @@ impl LlmEngine {
         let mut tokens = Vec::with_capacity(state.prompt.len() + generated.len());
         tokens.extend_from_slice(&state.prompt);
         tokens.extend_from_slice(generated);
-        let namespace = state.adapter.as_ref().map(|a| namespace_root(a.id()));
+        let namespace = if params_want_routes {
+            // Every position must run for its routes to be known: no shared prefix.
+            Some(private_namespace(seq))
+        } else {
+            state.adapter.as_ref().map(|a| namespace_root(a.id()))
+        };
         self.batcher
             .add_in(
                 seq,
@@ -344,6 +358,7 @@ impl LlmEngine {
         let (modes, result) = self.run(&step)?;
         self.batcher.complete_step(&step);
         self.keep_hidden_states(&step, &modes)?;
+        self.keep_routes(&step)?;
         let vocab = self.backend.config().vocab_size;
         let mut logits_rows = result.logits.chunks_exact(vocab);
         let mut picked = result.picked.iter();
@@ -404,6 +419,38 @@ impl LlmEngine {
                 })?;
             choice.hidden.clear();
             choice.hidden.extend_from_slice(row);
+        }
+        Ok(())
+    }
+
+    /// Copies the step's expert choices of each position into the choices that asked for
+    /// them (`return_routed_experts`).
+    fn keep_routes(&mut self, step: &ScheduledStep) -> Result<(), EngineError> {
+        if !self.choices.values().any(|c| c.want_routes) {
+            return Ok(());
+        }
+        let Some(moe) = &self.backend.config().moe else {
+            return Ok(());
+        };
+        let width = moe.sparse_layers.iter().filter(|&&s| s).count() * moe.top_k;
+        let routes = self.backend.routed_experts().unwrap_or_default();
+        let mut row = 0;
+        for entry in &step.seqs {
+            let rows = row..row + entry.num_tokens();
+            row = rows.end;
+            let Some(choice) = self.choices.get_mut(&entry.seq_id) else {
+                continue;
+            };
+            if !choice.want_routes {
+                continue;
+            }
+            let got = routes
+                .get(rows.start * width..rows.end * width)
+                .ok_or_else(|| EngineError::Internal("the backend kept too few routes".into()))?;
+            if choice.routes.len() < entry.end * width {
+                choice.routes.resize(entry.end * width, 0);
+            }
+            choice.routes[entry.start * width..entry.end * width].copy_from_slice(got);
         }
         Ok(())
     }

@@ -28,6 +28,9 @@ pub struct SeqOutput {
     /// On the choice's last output, when the request asked for it: the last layer's hidden
     /// state (after the final norm) at the position that produced the last token.
     pub hidden_states: Option<Vec<f32>>,
+    /// On the choice's last output, when the request asked for it: the expert ids of every
+    /// position it ran, `[position][routed layer][experts per token]`.
+    pub routed_experts: Option<Vec<u32>>,
 }
 
 /// The engine's load, for metrics and placement.

@@ -36,6 +36,8 @@ impl LlmEngine {
         let delta = choice.absorb(&self.tokenizer, &sampled);
         let hidden_states = (delta.finish.is_some() && choice.want_hidden)
             .then(|| std::mem::take(&mut choice.hidden));
+        let routed_experts = (delta.finish.is_some() && choice.want_routes)
+            .then(|| std::mem::take(&mut choice.routes));
         let (request_id, index) = (choice.request_id, choice.index);
         let state = self.requests.get_mut(&request_id).ok_or_else(|| {
             EngineError::Internal(format!("sequence {seq} outlived request {request_id}"))
@@ -69,6 +71,7 @@ impl LlmEngine {
             matched_stop: delta.matched_stop,
             usage,
             hidden_states,
+            routed_experts,
         }))
     }
 }
