@@ -11,7 +11,7 @@ use super::act::ActBlock;
 use super::float::dot_f32;
 use super::formats::WeightFormat;
 use super::interleave::TILE_ROWS;
-use super::{Layout, QMatrix};
+use super::{Layout, MatJob, QMatrix};
 use crate::team;
 
 /// Tokens per tile: the activation tile of the widest layer stays in L2 at this size.
@@ -97,19 +97,50 @@ pub(crate) fn matmul_quantized<W: WeightFormat>(
     n_tokens: usize,
     outs: &mut [&mut [f32]],
 ) {
-    let Some(cols) = mats.first().map(|m| m.cols) else {
-        return;
-    };
+    let mut jobs: Vec<MatJob<'_>> = mats
+        .iter()
+        .zip(outs.iter_mut())
+        .map(|(mat, out)| MatJob {
+            mat,
+            x,
+            n_tokens,
+            out,
+        })
+        .collect();
+    matmul_quantized_grouped::<W>(&mut jobs);
+}
+
+/// Quantized path for weight format `W` over products with their own inputs (a
+/// mixture-of-experts layer's experts, each over its tokens): every distinct input is
+/// quantized once, and the row chunks of all products go to the team as one operation.
+pub(crate) fn matmul_quantized_grouped<W: WeightFormat>(jobs: &mut [MatJob<'_>]) {
     let kernel = W::row_kernel();
     let tile_kernel = W::tile_kernel();
-    let tiles = quantize_tiles::<W::Act>(x, n_tokens, cols);
-    let total_rows: usize = mats.iter().map(|m| m.rows).sum();
-    let base_chunk = rows_per_chunk(total_rows, cols, n_tokens);
-    // (matrix, first row, end row) of every chunk.
+    // Inputs shared by several products (Q, K and V) are quantized once.
+    let mut inputs: Vec<(&[f32], usize, usize)> = Vec::new();
+    let input_of: Vec<usize> = jobs
+        .iter()
+        .map(|j| {
+            let same = |&(x, n, cols): &(&[f32], usize, usize)| {
+                std::ptr::eq(x, j.x) && n == j.n_tokens && cols == j.mat.cols
+            };
+            inputs.iter().position(same).unwrap_or_else(|| {
+                inputs.push((j.x, j.n_tokens, j.mat.cols));
+                inputs.len() - 1
+            })
+        })
+        .collect();
+    let tiles: Vec<Vec<Tile<W::Act>>> = inputs
+        .iter()
+        .map(|&(x, n, cols)| quantize_tiles::<W::Act>(x, n, cols))
+        .collect();
+    let total_rows: usize = jobs.iter().map(|j| j.mat.rows).sum();
+    // (product, first row, end row) of every chunk.
     let mut chunks = Vec::new();
-    for (i, m) in mats.iter().enumerate() {
-        let mut chunk = base_chunk;
-        if tiles.len() > 1 {
+    for (i, j) in jobs.iter().enumerate() {
+        let m = j.mat;
+        let mut chunk = rows_per_chunk(total_rows, m.cols, j.n_tokens);
+        if tiles[input_of[i]].len() > 1 {
             // Several tiles pass over the chunk's rows: keep those rows cache-sized.
             chunk = chunk.min((TILED_CHUNK_BYTES / m.row_bytes().max(1)).max(1));
         }
@@ -122,21 +153,22 @@ pub(crate) fn matmul_quantized<W: WeightFormat>(
                 .map(|r0| (i, r0, (r0 + chunk).min(m.rows))),
         );
     }
-    let shared: Vec<SharedOut> = outs
+    let shared: Vec<SharedOut> = jobs
         .iter_mut()
-        .map(|out| SharedOut {
-            ptr: out.as_mut_ptr(),
-            len: out.len(),
+        .map(|j| SharedOut {
+            ptr: j.out.as_mut_ptr(),
+            len: j.out.len(),
         })
         .collect();
+    let mats: Vec<&QMatrix> = jobs.iter().map(|j| j.mat).collect();
     team::for_each(chunks.len(), |c| {
         let (i, r0, r1) = chunks[c];
-        let (m, out) = (mats[i], &shared[i]);
+        let (m, out, tiles) = (mats[i], &shared[i], &tiles[input_of[i]]);
         let (rows, row_bytes, weights) = (m.rows, m.row_bytes(), m.bytes());
         if m.layout == Layout::Interleaved {
             let tile_kernel = tile_kernel.expect("interleaved matrix without a tile kernel");
             let mut buf = [0f32; TOKEN_TILE * TILE_ROWS];
-            for tile in &tiles {
+            for tile in tiles {
                 for r in (r0..r1).step_by(TILE_ROWS) {
                     let strip = &weights[r * row_bytes..(r + TILE_ROWS) * row_bytes];
                     tile_kernel(strip, &tile.acts, tile.tn, &mut buf);
@@ -148,7 +180,7 @@ pub(crate) fn matmul_quantized<W: WeightFormat>(
             return;
         }
         let mut buf = [0f32; TOKEN_TILE];
-        for tile in &tiles {
+        for tile in tiles {
             for r in r0..r1 {
                 kernel(
                     &weights[r * row_bytes..(r + 1) * row_bytes],

@@ -87,6 +87,15 @@ pub(crate) enum Layout {
     Interleaved,
 }
 
+/// One product of [`QMatrix::matmul_grouped`]: `out = mat · x`, `x` holding `n_tokens`
+/// rows of `mat.cols`.
+pub struct MatJob<'a> {
+    pub mat: &'a QMatrix,
+    pub x: &'a [f32],
+    pub n_tokens: usize,
+    pub out: &'a mut [f32],
+}
+
 /// Bytes of a tensor: a range of a shared mmap, or owned.
 pub enum TensorBytes {
     Mapped {
@@ -336,6 +345,57 @@ impl QMatrix {
             GgmlType::Q4K => matmul::matmul_quantized::<f::Q4K>(mats, x, n_tokens, outs),
             GgmlType::Q5K => matmul::matmul_quantized::<f::Q5K>(mats, x, n_tokens, outs),
             GgmlType::Q6K => matmul::matmul_quantized::<f::Q6K>(mats, x, n_tokens, outs),
+        }
+    }
+
+    /// Several products, each with its own input, as one operation when they share a
+    /// quantized format (a mixture-of-experts layer's experts over their own tokens): each
+    /// input is quantized once and all their rows are split over the team together.
+    ///
+    /// # Panics
+    /// As [`QMatrix::matmul`], for every product.
+    pub fn matmul_grouped(jobs: &mut [MatJob<'_>]) {
+        for j in jobs.iter() {
+            assert_eq!(
+                j.x.len(),
+                j.n_tokens * j.mat.cols,
+                "matmul: x must be n_tokens × cols"
+            );
+            assert_eq!(
+                j.out.len(),
+                j.n_tokens * j.mat.rows,
+                "matmul: out must be n_tokens × rows"
+            );
+            assert_eq!(
+                j.mat.bytes().len(),
+                j.mat.rows * j.mat.row_bytes(),
+                "matmul: malformed QMatrix"
+            );
+        }
+        let Some(dtype) = jobs.first().map(|j| j.mat.dtype) else {
+            return;
+        };
+        use formats as f;
+        let same = jobs.iter().all(|j| j.mat.dtype == dtype && j.n_tokens > 0);
+        match dtype {
+            _ if !same => {
+                for j in jobs.iter_mut() {
+                    j.mat.matmul(j.x, j.n_tokens, j.out);
+                }
+            }
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+                for j in jobs.iter_mut() {
+                    matmul::matmul_float(j.mat, j.x, j.n_tokens, j.out)
+                }
+            }
+            GgmlType::Q4_0 => matmul::matmul_quantized_grouped::<f::Q4_0>(jobs),
+            GgmlType::Q4_1 => matmul::matmul_quantized_grouped::<f::Q4_1>(jobs),
+            GgmlType::Q5_0 => matmul::matmul_quantized_grouped::<f::Q5_0>(jobs),
+            GgmlType::Q5_1 => matmul::matmul_quantized_grouped::<f::Q5_1>(jobs),
+            GgmlType::Q8_0 => matmul::matmul_quantized_grouped::<f::Q8_0>(jobs),
+            GgmlType::Q4K => matmul::matmul_quantized_grouped::<f::Q4K>(jobs),
+            GgmlType::Q5K => matmul::matmul_quantized_grouped::<f::Q5K>(jobs),
+            GgmlType::Q6K => matmul::matmul_quantized_grouped::<f::Q6K>(jobs),
         }
     }
 

@@ -1,13 +1,13 @@
-//! The mixture-of-experts feed-forward on the CPU: route the step's tokens, then run each
-//! chosen expert once over all the tokens that chose it (gather → gate/up → activation →
-//! down → weighted scatter-add). Each expert's products go to the worker team like any
-//! other matrix product, in the matrix's own (quantized, interleaved) layout; an expert no
-//! token chose is never read.
+//! The mixture-of-experts feed-forward on the CPU: route the step's tokens, gather each
+//! chosen expert's tokens, then run every chosen expert's gate and up products as one
+//! operation on the worker team, and their down products as another (each in the matrix's
+//! own quantized, interleaved layout), and add the weighted results back per token. An
+//! expert no token chose is never read.
 
 use super::ops;
 use crate::backend::moe_routing::Routing;
 use crate::model::{Activation, MoeConfig, MoeFfn};
-use crate::quant::QMatrix;
+use crate::quant::{MatJob, QMatrix};
 
 /// Buffers of the expert path, kept between steps.
 #[derive(Default)]
@@ -79,7 +79,6 @@ pub(super) fn moe_ffn(
     s.routing
         .route(&s.router_logits, cfg.n_experts, cfg.top_k, cfg.norm_topk);
     s.record_routes(cfg, layer, n);
-    out.fill(0.0);
     let MoeScratch {
         routing,
         rows,
@@ -88,24 +87,62 @@ pub(super) fn moe_ffn(
         out: y,
         ..
     } = s;
+    // Every chosen expert's tokens, gathered expert after expert: `(expert, first row, rows)`.
+    let mut groups = Vec::with_capacity(cfg.n_experts);
+    rows.clear();
     for e in routing.active_experts() {
-        let expert = &ffn.experts[e];
         let slots = routing.expert_slots(e);
-        let m = slots.len();
-        rows.clear();
+        groups.push((e, rows.len() / h, slots.len()));
         for &(t, _) in slots {
             let t = t as usize;
             rows.extend_from_slice(&xn[t * h..(t + 1) * h]);
         }
-        gate.resize(m * f, 0.0);
-        up.resize(m * f, 0.0);
-        QMatrix::matmul_many(&[&expert.gate, &expert.up], rows, m, &mut [gate, up]);
-        ops::gated_activation(activation, gate, up);
-        y.resize(m * h, 0.0);
-        expert.down.matmul(gate, m, y);
-        for (&(t, w), row) in slots.iter().zip(y.chunks_exact(h)) {
+    }
+    let total = rows.len() / h;
+    gate.resize(total * f, 0.0);
+    up.resize(total * f, 0.0);
+    y.resize(total * h, 0.0);
+    // All experts' gate and up products as one operation on the team, then all downs.
+    let mut jobs = Vec::with_capacity(2 * groups.len());
+    let (mut gates, mut ups) = (&mut gate[..], &mut up[..]);
+    for &(e, r0, m) in &groups {
+        let expert = &ffn.experts[e];
+        let x = &rows[r0 * h..(r0 + m) * h];
+        let (g, rest) = std::mem::take(&mut gates).split_at_mut(m * f);
+        gates = rest;
+        let (u, rest) = std::mem::take(&mut ups).split_at_mut(m * f);
+        ups = rest;
+        jobs.push(job(&expert.gate, x, m, g));
+        jobs.push(job(&expert.up, x, m, u));
+    }
+    QMatrix::matmul_grouped(&mut jobs);
+    drop(jobs);
+    // Each expert's rows are contiguous, so one pass activates them all.
+    ops::gated_activation(activation, gate, up);
+    let mut jobs = Vec::with_capacity(groups.len());
+    let mut ys = &mut y[..];
+    for &(e, r0, m) in &groups {
+        let (o, rest) = std::mem::take(&mut ys).split_at_mut(m * h);
+        ys = rest;
+        jobs.push(job(&ffn.experts[e].down, &gate[r0 * f..(r0 + m) * f], m, o));
+    }
+    QMatrix::matmul_grouped(&mut jobs);
+    drop(jobs);
+    out.fill(0.0);
+    for &(e, r0, m) in &groups {
+        let slots = routing.expert_slots(e);
+        for (&(t, w), row) in slots.iter().zip(y[r0 * h..(r0 + m) * h].chunks_exact(h)) {
             let t = t as usize;
             ops::axpy(&mut out[t * h..(t + 1) * h], w, row);
         }
+    }
+}
+
+fn job<'a>(mat: &'a QMatrix, x: &'a [f32], n_tokens: usize, out: &'a mut [f32]) -> MatJob<'a> {
+    MatJob {
+        mat,
+        x,
+        n_tokens,
+        out,
     }
 }

@@ -127,3 +127,57 @@ fn matrices_of_the_wrong_size_or_partial_blocks_are_refused() {
     let huge = QMatrix::new(GgmlType::F32, usize::MAX / 2, 4, TensorBytes::Owned(vec![]));
     assert!(matches!(huge, Err(QuantError::WrongSize { .. })));
 }
+
+/// Grouped products (each its own input, some sharing one) equal the same products made
+/// one at a time, bit for bit, in the row and the interleaved layouts and for mixed types.
+#[test]
+fn grouped_products_equal_the_same_products_made_one_at_a_time() {
+    use crate::quant::MatJob;
+    let mut rng = Rng::new(41);
+    let (rows, cols) = (64, 512);
+    for types in [
+        [GgmlType::Q4K, GgmlType::Q4K, GgmlType::Q4K],
+        [GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0],
+        [GgmlType::Q4K, GgmlType::Q6K, GgmlType::F16],
+    ] {
+        for interleave in [false, true] {
+            let mats: Vec<QMatrix> = types
+                .iter()
+                .map(|&t| {
+                    let mut m = matrix(t, rows, cols, &rng.normals(rows * cols, 1.0));
+                    if interleave {
+                        m.use_cpu_layout();
+                    }
+                    m
+                })
+                .collect();
+            // Products 0 and 1 share an input of 3 tokens; product 2 has 40 tokens.
+            let (a, b) = (rng.normals(3 * cols, 1.0), rng.normals(40 * cols, 1.0));
+            let inputs: [(&[f32], usize); 3] = [(&a, 3), (&a, 3), (&b, 40)];
+            let alone: Vec<Vec<f32>> = mats
+                .iter()
+                .zip(inputs)
+                .map(|(m, (x, n))| {
+                    let mut out = vec![0.0; n * rows];
+                    m.matmul(x, n, &mut out);
+                    out
+                })
+                .collect();
+            let mut outs: Vec<Vec<f32>> = inputs.iter().map(|(_, n)| vec![0.0; n * rows]).collect();
+            let mut jobs: Vec<MatJob<'_>> = mats
+                .iter()
+                .zip(inputs)
+                .zip(outs.iter_mut())
+                .map(|((mat, (x, n_tokens)), out)| MatJob {
+                    mat,
+                    x,
+                    n_tokens,
+                    out,
+                })
+                .collect();
+            QMatrix::matmul_grouped(&mut jobs);
+            drop(jobs);
+            assert_eq!(outs, alone, "{types:?}, interleaved {interleave}");
+        }
+    }
+}
