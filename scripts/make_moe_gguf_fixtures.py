@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
-"""Converts the tiny MoE checkpoints (qwen3_moe, mixtral under
+"""Converts the tiny MoE checkpoints (qwen3_moe, mixtral, qwen2_moe under
 gpu-runner/engine/tests/fixtures/tiny/) to GGUF with llama.cpp's own converter, and records
 llama.cpp's logits on each GGUF. gpu-runner/engine/tests/moe_vs_llama_cpp.rs checks Fallow
 against them.
 
-    /work/tinyvenv/bin/python scripts/make_moe_gguf_fixtures.py LLAMA_CPP_DIR
+    /work/tinyvenv/bin/python scripts/make_moe_gguf_fixtures.py LLAMA_CPP_DIR [model ...]
 
 LLAMA_CPP_DIR is the `vendor/llama.cpp` of the PyPI `llama-cpp-python` sdist (0.3.36 was
 used), and the Python running this has that llama-cpp-python installed (built from the same
 sdist: `pip install llama_cpp_python-0.3.36.tar.gz`), plus torch and transformers.
 
 Written next to each checkpoint:
-- `model.q8_0.gguf` (and for qwen3_moe `model.f32.gguf`):
+- `model.q8_0.gguf` and/or `model.f32.gguf` (see OUTTYPES):
   `convert_hf_to_gguf.py --outtype q8_0 | f32`.
   The tiny byte-level BPE is unknown to the converter's pre-tokenizer table, so it is
   declared `gpt-2` (only token ids are fed to either engine, so this cannot matter).
@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "gpu-runner", "engine", "tests", "fixtures", "tiny")
 # The f32 file checks the converter's layout tightly; Q8_0 the quantized expert path.
 # (Mixtral's f32 file would add 1 MB for what qwen3_moe's already shows.)
-OUTTYPES = {"qwen3_moe": ["f32", "q8_0"], "mixtral": ["q8_0"]}
+OUTTYPES = {"qwen3_moe": ["f32", "q8_0"], "mixtral": ["q8_0"], "qwen2_moe": ["f32"]}
 
 
 def convert(llama_cpp: str, model_dir: str, outtype: str) -> str:
@@ -71,13 +71,16 @@ def llama_cpp_logits(gguf: str, sequences: list) -> list:
 
 
 def main() -> int:
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2:
         print(__doc__)
         return 2
     llama_cpp_dir = os.path.abspath(sys.argv[1])
+    wanted = set(sys.argv[2:])
     import llama_cpp
 
     for name, outtypes in OUTTYPES.items():
+        if wanted and name not in wanted:
+            continue
         model_dir = os.path.join(TINY, name)
         with open(os.path.join(model_dir, "reference.json")) as f:
             sequences = json.load(f)["sequences"]

@@ -16,6 +16,7 @@ Models (all: hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16, FFN 128):
 | qwen3   | Qwen3ForCausalLM | F32, 2 shards, tied head   | per-head Q/K RMSNorm, sharded checkpoint  |
 | gemma3  | Gemma3ForCausalLM| F16, one file, tied head   | sliding window 5 + global layer, linear RoPE scaling on the global layer only, two RoPE bases, (1 + w) norms, sandwich norms, GELU, embedding scale, query_pre_attn_scalar, final logit softcap (no attention softcap: real Gemma 3 has none, and transformers 5 ignores it for Gemma 3) |
 | qwen3_moe | Qwen3MoeForCausalLM | F32, one file, untied | 8 experts of width 32, top-2, `norm_topk_prob` |
+| qwen2_moe | Qwen2MoeForCausalLM | F32, one file, untied | 4 experts of width 32, top-2, not renormalised, a shared expert of width 64 with its sigmoid gate, Q/K/V biases |
 | mixtral | MixtralForCausalLM | BF16, one file, untied     | 4 experts of width 128, top-2, `block_sparse_moe.experts.E.w1/w2/w3` names |
 
 Weights are drawn with fan-in scaling (not transformers' std 0.02 init) so logits are O(1..10)
@@ -63,6 +64,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
@@ -368,6 +371,11 @@ def main() -> int:
          {"num_local_experts": 4, "num_experts_per_tok": 2, "rope_theta": 1000000.0,
           "tie_word_embeddings": False, "sliding_window": None},
          torch.bfloat16, 1, True, False, with_bos, moe_gen)
+    make("qwen2_moe", Qwen2MoeForCausalLM, Qwen2MoeConfig,
+         {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+          "shared_expert_intermediate_size": 64, "norm_topk_prob": False,
+          "rope_theta": 1000000.0, "tie_word_embeddings": False},
+         torch.float32, 1, False, False, plain, torch.Generator().manual_seed(SEED + 42))
     return 0
 
 

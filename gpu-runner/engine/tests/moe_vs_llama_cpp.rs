@@ -129,6 +129,13 @@ fn qwen3moe_f32_gguf_matches_llama_cpp_at_every_position() {
 }
 
 #[test]
+fn qwen2moe_f32_gguf_with_its_shared_expert_matches_llama_cpp_at_every_position() {
+    let got = fallow_logits("qwen2_moe", "model.f32.gguf");
+    let diff = max_diff(&got, &llama_cpp_logits("qwen2_moe", "model.f32.gguf"));
+    assert!(diff <= 1e-3, "max |Δ logit| {diff}");
+}
+
+#[test]
 fn qwen3moe_q8_0_gguf_agrees_with_llama_cpp_within_quantization_noise() {
     assert_quantized_agrees("qwen3_moe", "model.q8_0.gguf");
 }

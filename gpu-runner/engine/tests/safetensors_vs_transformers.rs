@@ -19,6 +19,8 @@
 //!   configs; transformers 5's Gemma 3 attention would ignore one anyway.)
 //! - `qwen3_moe`: F32, 8 experts, top-2 with renormalised weights, one matrix per expert.
 //! - `mixtral`: BF16, 4 experts, top-2, Mixtral's `block_sparse_moe.experts.E.w1/w2/w3`.
+//! - `qwen2_moe`: F32, 4 experts, top-2 not renormalised, a shared expert with its sigmoid
+//!   gate, Q/K/V biases.
 //!   Their routers are scaled so that a wrong expert moves logits far past the tolerance.
 
 use std::path::PathBuf;
@@ -61,7 +63,15 @@ struct Chat {
     rendered: String,
 }
 
-const MODELS: [&str; 6] = ["llama", "qwen2", "qwen3", "gemma3", "qwen3_moe", "mixtral"];
+const MODELS: [&str; 7] = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "qwen3_moe",
+    "mixtral",
+    "qwen2_moe",
+];
 
 fn model_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -213,6 +223,11 @@ fn qwen3_moe_matches_transformers_logits_at_every_position() {
 }
 
 #[test]
+fn qwen2_moe_with_a_gated_shared_expert_matches_transformers_logits_at_every_position() {
+    assert_logits_match("qwen2_moe");
+}
+
+#[test]
 fn bf16_mixtral_matches_transformers_logits_at_every_position() {
     assert_logits_match("mixtral");
 }
@@ -344,6 +359,7 @@ fn config_json_is_read_into_the_architecture_transformers_built() {
             expert_ffn: 32,
             norm_topk: true,
             sparse_layers: vec![true; 2],
+            shared_ffn: None,
         })
     );
     let mixtral = open("mixtral").config;
@@ -357,6 +373,22 @@ fn config_json_is_read_into_the_architecture_transformers_built() {
             expert_ffn: 128,
             norm_topk: true,
             sparse_layers: vec![true; 2],
+            shared_ffn: None,
+        })
+    );
+
+    let qwen2_moe = open("qwen2_moe").config;
+    assert_eq!(qwen2_moe.arch, Arch::Qwen2);
+    assert!(qwen2_moe.qkv_bias);
+    assert_eq!(
+        qwen2_moe.moe,
+        Some(MoeConfig {
+            n_experts: 4,
+            top_k: 2,
+            expert_ffn: 32,
+            norm_topk: false,
+            sparse_layers: vec![true; 2],
+            shared_ffn: Some(64),
         })
     );
 

@@ -68,9 +68,12 @@ pub struct MoeConfig {
     /// Renormalise the chosen experts' weights to sum to one (Mixtral always; Qwen3-MoE
     /// `norm_topk_prob`).
     pub norm_topk: bool,
-    /// Per layer: routed (true) or a dense feed-forward of [`ModelConfig::ffn`] (Qwen3-MoE's
+    /// Per layer: routed (true) or a dense feed-forward of [`ModelConfig::ffn`] (Qwen-MoE's
     /// `mlp_only_layers` and `decoder_sparse_step`).
     pub sparse_layers: Vec<bool>,
+    /// Width of the shared expert every token also goes through, weighted by a sigmoid gate
+    /// of its own (Qwen2-MoE).
+    pub shared_ffn: Option<usize>,
 }
 
 /// The resolved shape and numerics of a decoder-only transformer.
@@ -192,7 +195,12 @@ impl ModelConfig {
             ));
         }
         if let Some(m) = &self.moe {
-            if m.n_experts == 0 || m.top_k == 0 || m.top_k > m.n_experts || m.expert_ffn == 0 {
+            if m.n_experts == 0
+                || m.top_k == 0
+                || m.top_k > m.n_experts
+                || m.expert_ffn == 0
+                || m.shared_ffn == Some(0)
+            {
                 return bad(format!(
                     "mixture of experts needs 0 < experts per token ({}) <= experts ({}) \
                      and a positive expert width ({})",
@@ -239,7 +247,7 @@ pub fn from_gguf(
         .ok_or_else(|| ModelError::MissingKey("general.architecture".into()))?;
     let arch = match arch_name.as_str() {
         "llama" | "mistral" => Arch::Llama,
-        "qwen2" => Arch::Qwen2,
+        "qwen2" | "qwen2moe" => Arch::Qwen2,
         "qwen3" | "qwen3moe" => Arch::Qwen3,
         "gemma3" => Arch::Gemma3,
         other => return Err(ModelError::UnsupportedArch(other.to_string())),
@@ -331,9 +339,10 @@ pub fn from_gguf(
     Ok(config)
 }
 
-/// llama.cpp's expert keys: `qwen3moe` always routes; `llama` does when it has experts
-/// (Mixtral). Both renormalise the top-k softmax weights, as llama.cpp runs them. Anything
-/// llama.cpp would run differently (shared experts, another gating function) is refused.
+/// llama.cpp's expert keys: `qwen3moe` and `qwen2moe` always route; `llama` does when it
+/// has experts (Mixtral). llama.cpp renormalises the top-k softmax weights of the first and
+/// the last, not of `qwen2moe`, which adds a gated shared expert. Anything llama.cpp would
+/// run differently (other shared experts, another gating function) is refused.
 fn gguf_moe(
     meta: &dyn MetadataSource,
     arch: &str,
@@ -344,17 +353,18 @@ fn gguf_moe(
     let n_experts = get("expert_count").unwrap_or(0);
     if n_experts == 0 {
         return match arch {
-            "qwen3moe" => Err(ModelError::MissingKey(key("expert_count"))),
+            "qwen3moe" | "qwen2moe" => Err(ModelError::MissingKey(key("expert_count"))),
             _ => Ok(None),
         };
     }
-    if !matches!(arch, "qwen3moe" | "llama" | "mistral") {
+    if !matches!(arch, "qwen3moe" | "qwen2moe" | "llama" | "mistral") {
         return Err(ModelError::Unsupported(format!(
             "{}: experts in a `{arch}` model",
             key("expert_count")
         )));
     }
-    if let Some(n) = get("expert_shared_count").filter(|&n| n > 0) {
+    let qwen2 = arch == "qwen2moe";
+    if let Some(n) = get("expert_shared_count").filter(|&n| n > usize::from(qwen2)) {
         return Err(ModelError::Unsupported(format!(
             "{}: {n} shared experts",
             key("expert_shared_count")
@@ -372,12 +382,20 @@ fn gguf_moe(
     let expert_ffn = get("expert_feed_forward_length")
         .or_else(|| get("feed_forward_length"))
         .ok_or_else(|| ModelError::MissingKey(key("expert_feed_forward_length")))?;
+    let shared_ffn = match qwen2 {
+        true => Some(
+            get("expert_shared_feed_forward_length")
+                .ok_or_else(|| ModelError::MissingKey(key("expert_shared_feed_forward_length")))?,
+        ),
+        false => None,
+    };
     Ok(Some(MoeConfig {
         n_experts,
         top_k,
         expert_ffn,
-        norm_topk: true,
+        norm_topk: !qwen2,
         sparse_layers: vec![true; n_layers],
+        shared_ffn,
     }))
 }
 
@@ -409,7 +427,7 @@ pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
         .ok_or_else(|| ModelError::MissingKey("config.json: model_type".into()))?;
     let arch = match model_type {
         "llama" | "mistral" | "mixtral" => Arch::Llama,
-        "qwen2" => Arch::Qwen2,
+        "qwen2" | "qwen2_moe" => Arch::Qwen2,
         "qwen3" | "qwen3_moe" => Arch::Qwen3,
         "gemma3" | "gemma3_text" => Arch::Gemma3,
         other => return Err(ModelError::UnsupportedArch(other.to_string())),
@@ -487,11 +505,11 @@ pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
     Ok(config)
 }
 
-/// The experts of `mixtral` and `qwen3_moe` configs. Mixtral's experts are
-/// `intermediate_size` wide and always renormalised; Qwen3-MoE's are
-/// `moe_intermediate_size` wide, renormalised when `norm_topk_prob`, and a layer routes
-/// unless it is in `mlp_only_layers` or skipped by `decoder_sparse_step` (as transformers
-/// decides it).
+/// The experts of `mixtral`, `qwen2_moe` and `qwen3_moe` configs. Mixtral's experts are
+/// `intermediate_size` wide and always renormalised; Qwen-MoE's are `moe_intermediate_size`
+/// wide, renormalised when `norm_topk_prob`, and a layer routes unless it is in
+/// `mlp_only_layers` or skipped by `decoder_sparse_step` (as transformers decides it).
+/// Qwen2-MoE adds a shared expert of `shared_expert_intermediate_size`.
 fn hf_moe(cfg: &Value, model_type: &str, n_layers: usize) -> Result<Option<MoeConfig>, ModelError> {
     let req_u = |k: &str| -> Result<usize, ModelError> {
         cfg.get(k)
@@ -506,8 +524,9 @@ fn hf_moe(cfg: &Value, model_type: &str, n_layers: usize) -> Result<Option<MoeCo
             expert_ffn: req_u("intermediate_size")?,
             norm_topk: true,
             sparse_layers: vec![true; n_layers],
+            shared_ffn: None,
         })),
-        "qwen3_moe" => {
+        "qwen2_moe" | "qwen3_moe" => {
             // transformers 5 writes Qwen3-MoE's `num_experts` as `num_local_experts`.
             let n_experts = req_u("num_experts").or_else(|_| req_u("num_local_experts"))?;
             let step = cfg
@@ -531,6 +550,12 @@ fn hf_moe(cfg: &Value, model_type: &str, n_layers: usize) -> Result<Option<MoeCo
                     .and_then(Value::as_bool)
                     .unwrap_or(false),
                 sparse_layers,
+                shared_ffn: match model_type {
+                    "qwen2_moe" => {
+                        Some(req_u("shared_expert_intermediate_size")?).filter(|&w| w > 0)
+                    }
+                    _ => None,
+                },
             }))
         }
         _ => Ok(None),

@@ -71,6 +71,10 @@ impl TensorNames for GgufNames {
             Role::UpExps => blk("ffn_up_exps.weight"),
             Role::DownExps => blk("ffn_down_exps.weight"),
             Role::GateUpExps => blk("ffn_gate_up_exps.weight"),
+            Role::SharedGate => blk("ffn_gate_shexp.weight"),
+            Role::SharedUp => blk("ffn_up_shexp.weight"),
+            Role::SharedDown => blk("ffn_down_shexp.weight"),
+            Role::SharedExpertGate => blk("ffn_gate_inp_shexp.weight"),
         }
     }
 
@@ -104,7 +108,6 @@ pub fn open_file(path: &Path) -> Result<ModelArtifacts, ModelError> {
             "ffn_down.bias",
             "ffn_gate_inp.bias",
             "_exps.bias",
-            "_shexp.weight",
         ],
     )?;
     let chat_template = gguf

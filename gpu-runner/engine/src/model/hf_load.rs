@@ -74,6 +74,10 @@ impl TensorNames for HfNames {
             Role::UpExps => blk("mlp.experts.up_proj"),
             Role::DownExps => blk("mlp.experts.down_proj"),
             Role::GateUpExps => blk("mlp.experts.gate_up_proj"),
+            Role::SharedGate => blk("mlp.shared_expert.gate_proj.weight"),
+            Role::SharedUp => blk("mlp.shared_expert.up_proj.weight"),
+            Role::SharedDown => blk("mlp.shared_expert.down_proj.weight"),
+            Role::SharedExpertGate => blk("mlp.shared_expert_gate.weight"),
         }
     }
 
@@ -119,7 +123,6 @@ pub fn open_dir(dir: &Path) -> Result<ModelArtifacts, ModelError> {
             "gate_up_proj_bias",
             "down_proj_bias",
             "mlp.router.bias",
-            "shared_expert_gate.weight",
         ],
     )?;
 

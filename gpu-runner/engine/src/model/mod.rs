@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use config::{Activation, Arch, ModelConfig, MoeConfig, RopeScaling, RopeStyle};
-pub use weights::{DenseFfn, FeedForward, LayerWeights, MoeFfn, Weights};
+pub use weights::{DenseFfn, FeedForward, LayerWeights, MoeFfn, SharedExpert, Weights};
 
 use crate::gguf::GgufError;
 use crate::tokenizer::vocab::GgufVocab;
@@ -38,7 +38,7 @@ pub enum ModelError {
     #[error("missing config key `{0}`")]
     MissingKey(String),
     #[error(
-        "unsupported model architecture `{0}` (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3moe, gemma3)"
+        "unsupported model architecture `{0}` (supported: llama, mistral, mixtral, qwen2, qwen2moe, qwen3, qwen3moe, gemma3)"
     )]
     UnsupportedArch(String),
     #[error("unsupported model feature: {0}")]

@@ -9,7 +9,7 @@
 
 use crate::quant::QMatrix;
 
-use super::weights::{DenseFfn, MoeFfn, Role, TensorNames, TensorSource};
+use super::weights::{DenseFfn, MoeFfn, Role, SharedExpert, TensorNames, TensorSource};
 use super::{ModelError, MoeConfig};
 
 /// Reads layer `layer`'s router and experts, checked against `moe` and `hidden`.
@@ -63,7 +63,44 @@ pub(super) fn load(
             })
             .collect::<Result<Vec<_>, ModelError>>()?
     };
-    Ok(MoeFfn { router, experts })
+    let shared = shared_expert(src, names, layer, moe, hidden)?;
+    Ok(MoeFfn {
+        router,
+        experts,
+        shared,
+    })
+}
+
+/// The shared expert the config names, or `None`; one the config does not name is refused
+/// rather than left out of the sum.
+fn shared_expert(
+    src: &dyn TensorSource,
+    names: &dyn TensorNames,
+    layer: usize,
+    moe: &MoeConfig,
+    hidden: usize,
+) -> Result<Option<SharedExpert>, ModelError> {
+    let gate_name = names.name(Role::SharedExpertGate, layer);
+    let Some(f) = moe.shared_ffn else {
+        return match src.has(&gate_name) || src.has(&names.name(Role::SharedGate, layer)) {
+            true => Err(ModelError::Unsupported(format!(
+                "tensor `{gate_name}`: a shared expert the model's config does not declare"
+            ))),
+            false => Ok(None),
+        };
+    };
+    let one = |role, rows, cols| {
+        let name = names.name(role, layer);
+        shaped(&name, src.matrix(&name)?, rows, cols)
+    };
+    Ok(Some(SharedExpert {
+        ffn: DenseFfn {
+            gate: one(Role::SharedGate, f, hidden)?,
+            up: one(Role::SharedUp, f, hidden)?,
+            down: one(Role::SharedDown, hidden, f)?,
+        },
+        gate: one(Role::SharedExpertGate, 1, hidden)?,
+    }))
 }
 
 /// A stacked tensor of `experts` matrices of `[rows, cols]`, one view per expert.

@@ -215,7 +215,7 @@ fn multimodal_gemma3_config_reads_text_config_with_transformers_defaults() {
 }
 
 /// GGUF metadata from `(key, value)` pairs, numbers and strings as JSON values.
-struct Meta(Vec<(&'static str, Value)>);
+struct Meta(Vec<(String, Value)>);
 
 impl super::config::MetadataSource for Meta {
     fn get_u64(&self, key: &str) -> Option<u64> {
@@ -249,7 +249,7 @@ fn qwen3moe_meta(extra: &[(&'static str, Value)]) -> Meta {
         ("qwen3moe.expert_feed_forward_length", json!(32)),
     ];
     meta.extend(extra.iter().cloned());
-    Meta(meta)
+    Meta(meta.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
 }
 
 #[test]
@@ -261,6 +261,37 @@ fn a_qwen3moe_gguf_routes_every_layer_through_renormalised_top_k_experts() {
     let moe = c.moe.unwrap_or_else(|| panic!("qwen3moe routes"));
     assert_eq!((moe.n_experts, moe.top_k, moe.expert_ffn), (8, 2, 32));
     assert!(moe.norm_topk && moe.sparse_layers == [true, true]);
+}
+
+#[test]
+fn a_qwen2moe_gguf_adds_its_shared_expert_and_does_not_renormalise_as_llama_cpp() {
+    let meta = |extra: &[(&'static str, Value)]| {
+        let renamed = qwen3moe_meta(extra)
+            .0
+            .into_iter()
+            .map(|(k, v)| match k.as_str() {
+                "general.architecture" => (k, json!("qwen2moe")),
+                _ => (k.replacen("qwen3moe.", "qwen2moe.", 1), v),
+            });
+        Meta(renamed.collect())
+    };
+    let c = super::config::from_gguf(
+        &meta(&[("qwen3moe.expert_shared_feed_forward_length", json!(64))]),
+        320,
+    )
+    .unwrap_or_else(|e| panic!("config: {e}"));
+    assert_eq!(c.arch, Arch::Qwen2);
+    let moe = c.moe.unwrap_or_else(|| panic!("qwen2moe routes"));
+    assert!(!moe.norm_topk);
+    assert_eq!(moe.shared_ffn, Some(64));
+    let err = super::config::from_gguf(&meta(&[]), 320)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("qwen2moe.expert_shared_feed_forward_length"),
+        "{err}"
+    );
 }
 
 #[test]

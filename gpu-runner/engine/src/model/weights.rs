@@ -52,6 +52,15 @@ pub struct MoeFfn {
     /// `[n_experts, hidden]`.
     pub router: QMatrix,
     pub experts: Vec<DenseFfn>,
+    /// Qwen2-MoE's shared expert, which every token goes through.
+    pub shared: Option<SharedExpert>,
+}
+
+/// An expert every token goes through, its output scaled by `sigmoid(gate · x)`.
+pub struct SharedExpert {
+    pub ffn: DenseFfn,
+    /// `[1, hidden]`.
+    pub gate: QMatrix,
 }
 
 /// The feed-forward sub-block of one layer.
@@ -75,6 +84,7 @@ impl FeedForward {
             FeedForward::Dense(d) => d.matrices().to_vec(),
             FeedForward::Moe(m) => std::iter::once(&m.router)
                 .chain(m.experts.iter().flat_map(DenseFfn::matrices))
+                .chain(m.shared.iter().flat_map(|s| s.ffn.matrices()))
                 .collect(),
         }
     }
@@ -84,6 +94,7 @@ impl FeedForward {
             FeedForward::Dense(d) => d.matrices_mut().into_iter().collect(),
             FeedForward::Moe(m) => std::iter::once(&mut m.router)
                 .chain(m.experts.iter_mut().flat_map(DenseFfn::matrices_mut))
+                .chain(m.shared.iter_mut().flat_map(|s| s.ffn.matrices_mut()))
                 .collect(),
         }
     }
@@ -193,6 +204,11 @@ pub enum Role {
     DownExps,
     /// Gate and up stacked per expert in one 3-D tensor (`[n_experts, 2 × ffn, hidden]`).
     GateUpExps,
+    /// The shared expert's gate, up and down matrices, and its `[1, hidden]` gate.
+    SharedGate,
+    SharedUp,
+    SharedDown,
+    SharedExpertGate,
 }
 
 /// Maps a role (and layer, for block tensors) to the format's tensor name.

@@ -1,8 +1,9 @@
 //! The mixture-of-experts feed-forward on the CPU: route the step's tokens, gather each
 //! chosen expert's tokens, then run every chosen expert's gate and up products as one
 //! operation on the worker team, and their down products as another (each in the matrix's
-//! own quantized, interleaved layout), and add the weighted results back per token. An
-//! expert no token chose is never read.
+//! own quantized, interleaved layout), and add the weighted results back per token. A
+//! shared expert (Qwen2-MoE) runs over every token in the same two operations. An expert
+//! no token chose is never read.
 
 use super::ops;
 use crate::backend::moe_routing::Routing;
@@ -19,6 +20,10 @@ pub(super) struct MoeScratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     out: Vec<f32>,
+    /// The shared expert's gate, up and down outputs over all the step's tokens.
+    shared_gate: Vec<f32>,
+    shared_up: Vec<f32>,
+    shared_out: Vec<f32>,
     /// The step's choices, `[token][routed layer][k]` (see `Backend::routed_experts`).
     pub(super) routes: Vec<u32>,
 }
@@ -85,6 +90,9 @@ pub(super) fn moe_ffn(
         gate,
         up,
         out: y,
+        shared_gate,
+        shared_up,
+        shared_out,
         ..
     } = s;
     // Every chosen expert's tokens, gathered expert after expert: `(expert, first row, rows)`.
@@ -115,16 +123,30 @@ pub(super) fn moe_ffn(
         jobs.push(job(&expert.gate, x, m, g));
         jobs.push(job(&expert.up, x, m, u));
     }
+    if let Some(shared) = &ffn.shared {
+        let sf = shared.ffn.gate.rows;
+        shared_gate.resize(n * sf, 0.0);
+        shared_up.resize(n * sf, 0.0);
+        shared_out.resize(n * h, 0.0);
+        jobs.push(job(&shared.ffn.gate, xn, n, shared_gate));
+        jobs.push(job(&shared.ffn.up, xn, n, shared_up));
+    }
     QMatrix::matmul_grouped(&mut jobs);
     drop(jobs);
     // Each expert's rows are contiguous, so one pass activates them all.
     ops::gated_activation(activation, gate, up);
+    if ffn.shared.is_some() {
+        ops::gated_activation(activation, shared_gate, shared_up);
+    }
     let mut jobs = Vec::with_capacity(groups.len());
     let mut ys = &mut y[..];
     for &(e, r0, m) in &groups {
         let (o, rest) = std::mem::take(&mut ys).split_at_mut(m * h);
         ys = rest;
         jobs.push(job(&ffn.experts[e].down, &gate[r0 * f..(r0 + m) * f], m, o));
+    }
+    if let Some(shared) = &ffn.shared {
+        jobs.push(job(&shared.ffn.down, shared_gate, n, shared_out));
     }
     QMatrix::matmul_grouped(&mut jobs);
     drop(jobs);
@@ -134,6 +156,18 @@ pub(super) fn moe_ffn(
         for (&(t, w), row) in slots.iter().zip(y[r0 * h..(r0 + m) * h].chunks_exact(h)) {
             let t = t as usize;
             ops::axpy(&mut out[t * h..(t + 1) * h], w, row);
+        }
+    }
+    if let Some(shared) = &ffn.shared {
+        // Each token's share of the shared expert: sigmoid(gate · x).
+        let mut logits = vec![0.0; n];
+        shared.gate.matmul(xn, n, &mut logits);
+        for ((o, row), z) in out
+            .chunks_exact_mut(h)
+            .zip(shared_out.chunks_exact(h))
+            .zip(logits)
+        {
+            ops::axpy(o, 1.0 / (1.0 + (-z).exp()), row);
         }
     }
 }
