@@ -1,8 +1,9 @@
 //! The LoRA adapters this runner serves over its base models: those the operator named
-//! (`--lora NAME=PATH;base=MODEL`, a PEFT directory or a llama.cpp `.gguf`), and those requests name by path (`lora_path`) inside its
-//! `--lora-dir`. An adapter is read on first use, on a preparation thread, so the engine's
-//! steps never wait for it, and kept within `--lora-memory-mb`, least recently used out
-//! first, never one that a running sequence holds (see `lora_budget.rs`).
+//! (`--lora NAME=PATH;base=MODEL`, a PEFT directory or a llama.cpp `.gguf`), and those
+//! requests name by path (`lora_path`) inside its `--lora-dir`. An adapter is read on first
+//! use, on a preparation thread, so the engine's steps never wait for it, and kept within
+//! `--lora-memory-mb`, least recently used out first, never one that a running sequence
+//! holds (see `lora_budget.rs`).
 //!
 //! What it tells the rest of the runner: the adapter queues it claims for a base, and the
 //! adapter entries `/v1/models` lists with their `parent`.

@@ -288,7 +288,7 @@ impl LlmEngine {
             routes: Vec::new(),
             adapter: state.adapter.clone(),
         };
-        let params_want_routes = choice.want_routes;
+        let want_routes = choice.want_routes;
         choice.replay(&self.tokenizer, generated)?;
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -297,7 +297,7 @@ impl LlmEngine {
         let mut tokens = Vec::with_capacity(state.prompt.len() + generated.len());
         tokens.extend_from_slice(&state.prompt);
         tokens.extend_from_slice(generated);
-        let namespace = if params_want_routes {
+        let namespace = if want_routes {
             // Every position must run for its routes to be known: no shared prefix.
             Some(private_namespace(seq))
         } else {
@@ -432,7 +432,7 @@ impl LlmEngine {
         let Some(moe) = &self.backend.config().moe else {
             return Ok(());
         };
-        let width = moe.sparse_layers.iter().filter(|&&s| s).count() * moe.top_k;
+        let width = moe.routed_layers() * moe.top_k;
         let routes = self.backend.routed_experts().unwrap_or_default();
         let mut row = 0;
         for entry in &step.seqs {

@@ -76,6 +76,13 @@ pub struct MoeConfig {
     pub shared_ffn: Option<usize>,
 }
 
+impl MoeConfig {
+    /// How many layers route.
+    pub fn routed_layers(&self) -> usize {
+        self.sparse_layers.iter().filter(|&&s| s).count()
+    }
+}
+
 /// The resolved shape and numerics of a decoder-only transformer.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {

@@ -158,8 +158,8 @@ impl CpuBackend {
                 adapters.apply(layer, Target::Down, &s.gate, &mut s.proj);
             }
             FeedForward::Moe(ffn) => {
-                // Validated at load: a routed layer has a routing config.
-                if let Some(cfg) = c.layer_moe(layer) {
+                // A routed layer is built only from a routing config.
+                if let Some(cfg) = &c.moe {
                     let moe = MoeLayer {
                         ffn,
                         cfg,

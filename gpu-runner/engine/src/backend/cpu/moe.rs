@@ -15,15 +15,19 @@ use crate::quant::{MatJob, QMatrix};
 pub(super) struct MoeScratch {
     router_logits: Vec<f32>,
     pub(super) routing: Routing,
-    /// The rows of one expert's tokens, gathered.
+    /// Every chosen expert's tokens' rows, gathered expert after expert.
     rows: Vec<f32>,
+    /// `(expert, first row in rows, rows)` of each chosen expert.
+    groups: Vec<(usize, usize, usize)>,
     gate: Vec<f32>,
     up: Vec<f32>,
-    out: Vec<f32>,
+    down: Vec<f32>,
     /// The shared expert's gate, up and down outputs over all the step's tokens.
     shared_gate: Vec<f32>,
     shared_up: Vec<f32>,
     shared_out: Vec<f32>,
+    /// The shared expert's gate logit per token.
+    shared_logits: Vec<f32>,
     /// The step's choices, `[token][routed layer][k]` (see `Backend::routed_experts`).
     pub(super) routes: Vec<u32>,
 }
@@ -31,14 +35,13 @@ pub(super) struct MoeScratch {
 impl MoeScratch {
     /// Sizes the step's route record for `n` tokens.
     pub(super) fn start_step(&mut self, cfg: &MoeConfig, n: usize) {
-        let routed = cfg.sparse_layers.iter().filter(|&&s| s).count();
         self.routes.clear();
-        self.routes.resize(n * routed * cfg.top_k, 0);
+        self.routes.resize(n * cfg.routed_layers() * cfg.top_k, 0);
     }
 
     /// Writes the choices just made in `layer` into the step's route record.
     fn record_routes(&mut self, cfg: &MoeConfig, layer: usize, n: usize) {
-        let routed = cfg.sparse_layers.iter().filter(|&&s| s).count();
+        let routed = cfg.routed_layers();
         let ordinal = cfg.sparse_layers[..layer].iter().filter(|&&s| s).count();
         let k = cfg.top_k;
         for t in 0..n {
@@ -87,16 +90,17 @@ pub(super) fn moe_ffn(
     let MoeScratch {
         routing,
         rows,
+        groups,
         gate,
         up,
-        out: y,
+        down: y,
         shared_gate,
         shared_up,
         shared_out,
+        shared_logits,
         ..
     } = s;
-    // Every chosen expert's tokens, gathered expert after expert: `(expert, first row, rows)`.
-    let mut groups = Vec::with_capacity(cfg.n_experts);
+    groups.clear();
     rows.clear();
     for e in routing.active_experts() {
         let slots = routing.expert_slots(e);
@@ -113,7 +117,7 @@ pub(super) fn moe_ffn(
     // All experts' gate and up products as one operation on the team, then all downs.
     let mut jobs = Vec::with_capacity(2 * groups.len());
     let (mut gates, mut ups) = (&mut gate[..], &mut up[..]);
-    for &(e, r0, m) in &groups {
+    for &(e, r0, m) in groups.iter() {
         let expert = &ffn.experts[e];
         let x = &rows[r0 * h..(r0 + m) * h];
         let (g, rest) = std::mem::take(&mut gates).split_at_mut(m * f);
@@ -140,7 +144,7 @@ pub(super) fn moe_ffn(
     }
     let mut jobs = Vec::with_capacity(groups.len());
     let mut ys = &mut y[..];
-    for &(e, r0, m) in &groups {
+    for &(e, r0, m) in groups.iter() {
         let (o, rest) = std::mem::take(&mut ys).split_at_mut(m * h);
         ys = rest;
         jobs.push(job(&ffn.experts[e].down, &gate[r0 * f..(r0 + m) * f], m, o));
@@ -151,7 +155,7 @@ pub(super) fn moe_ffn(
     QMatrix::matmul_grouped(&mut jobs);
     drop(jobs);
     out.fill(0.0);
-    for &(e, r0, m) in &groups {
+    for &(e, r0, m) in groups.iter() {
         let slots = routing.expert_slots(e);
         for (&(t, w), row) in slots.iter().zip(y[r0 * h..(r0 + m) * h].chunks_exact(h)) {
             let t = t as usize;
@@ -160,12 +164,12 @@ pub(super) fn moe_ffn(
     }
     if let Some(shared) = &ffn.shared {
         // Each token's share of the shared expert: sigmoid(gate · x).
-        let mut logits = vec![0.0; n];
-        shared.gate.matmul(xn, n, &mut logits);
-        for ((o, row), z) in out
+        shared_logits.resize(n, 0.0);
+        shared.gate.matmul(xn, n, shared_logits);
+        for ((o, row), &z) in out
             .chunks_exact_mut(h)
             .zip(shared_out.chunks_exact(h))
-            .zip(logits)
+            .zip(shared_logits.iter())
         {
             ops::axpy(o, 1.0 / (1.0 + (-z).exp()), row);
         }

@@ -5,6 +5,7 @@
 use half::f16;
 
 use crate::model::Activation;
+
 /// `Σ a[i]·b[i]` with 32 independent accumulators, so it vectorises (and, inlined into an
 /// AVX2 caller, runs four 8-lane chains) without reassociation by the compiler.
 #[inline(always)]
@@ -218,7 +219,6 @@ fn low_rank_body<T>(
     }
 }
 
-/// `gate = silu(gate) · up`.
 /// `gate = act(gate) ⊙ up` for the model's gate activation.
 pub fn gated_activation(activation: Activation, gate: &mut [f32], up: &[f32]) {
     match activation {
@@ -227,6 +227,7 @@ pub fn gated_activation(activation: Activation, gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `gate = silu(gate) · up`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     elementwise(gate, up, swiglu_chunk);
 }
