@@ -88,32 +88,10 @@ fn quantize_tiles<A: ActBlock>(x: &[f32], n_tokens: usize, cols: usize) -> Vec<T
     }
 }
 
-/// Quantized path for weight format `W`: `outs[i] = mats[i] · x` for matrices that all
-/// take `x` (same `cols`), e.g. a layer's Q, K and V projections. The activations are
-/// quantized once for all of them and their row chunks go to the team as one operation.
-pub(crate) fn matmul_quantized<W: WeightFormat>(
-    mats: &[&QMatrix],
-    x: &[f32],
-    n_tokens: usize,
-    outs: &mut [&mut [f32]],
-) {
-    let mut jobs: Vec<MatJob<'_>> = mats
-        .iter()
-        .zip(outs.iter_mut())
-        .map(|(mat, out)| MatJob {
-            mat,
-            x,
-            n_tokens,
-            out,
-        })
-        .collect();
-    matmul_quantized_grouped::<W>(&mut jobs);
-}
-
 /// Quantized path for weight format `W` over products with their own inputs (a
 /// mixture-of-experts layer's experts, each over its tokens): every distinct input is
 /// quantized once, and the row chunks of all products go to the team as one operation.
-pub(crate) fn matmul_quantized_grouped<W: WeightFormat>(jobs: &mut [MatJob<'_>]) {
+pub(crate) fn matmul_quantized<W: WeightFormat>(jobs: &mut [MatJob<'_>]) {
     let kernel = W::row_kernel();
     let tile_kernel = W::tile_kernel();
     // Inputs shared by several products (Q, K and V) are quantized once.

@@ -301,55 +301,21 @@ impl QMatrix {
     /// As [`QMatrix::matmul`], for every matrix and its output.
     pub fn matmul_many(mats: &[&QMatrix], x: &[f32], n_tokens: usize, outs: &mut [&mut [f32]]) {
         assert_eq!(mats.len(), outs.len(), "matmul: one output per matrix");
-        for (m, out) in mats.iter().zip(outs.iter()) {
-            assert_eq!(
-                x.len(),
-                n_tokens * m.cols,
-                "matmul: x must be n_tokens × cols"
-            );
-            assert_eq!(
-                out.len(),
-                n_tokens * m.rows,
-                "matmul: out must be n_tokens × rows"
-            );
-            assert_eq!(
-                m.bytes().len(),
-                m.rows * m.row_bytes(),
-                "matmul: malformed QMatrix"
-            );
-        }
-        let Some(first) = mats.first() else {
-            return;
-        };
-        if n_tokens == 0 {
-            return;
-        }
-        if mats.iter().any(|m| m.dtype != first.dtype) {
-            for (m, out) in mats.iter().zip(outs.iter_mut()) {
-                QMatrix::matmul_many(&[m], x, n_tokens, &mut [&mut **out]);
-            }
-            return;
-        }
-        use formats as f;
-        match first.dtype {
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
-                for (m, out) in mats.iter().zip(outs.iter_mut()) {
-                    matmul::matmul_float(m, x, n_tokens, out)
-                }
-            }
-            GgmlType::Q4_0 => matmul::matmul_quantized::<f::Q4_0>(mats, x, n_tokens, outs),
-            GgmlType::Q4_1 => matmul::matmul_quantized::<f::Q4_1>(mats, x, n_tokens, outs),
-            GgmlType::Q5_0 => matmul::matmul_quantized::<f::Q5_0>(mats, x, n_tokens, outs),
-            GgmlType::Q5_1 => matmul::matmul_quantized::<f::Q5_1>(mats, x, n_tokens, outs),
-            GgmlType::Q8_0 => matmul::matmul_quantized::<f::Q8_0>(mats, x, n_tokens, outs),
-            GgmlType::Q4K => matmul::matmul_quantized::<f::Q4K>(mats, x, n_tokens, outs),
-            GgmlType::Q5K => matmul::matmul_quantized::<f::Q5K>(mats, x, n_tokens, outs),
-            GgmlType::Q6K => matmul::matmul_quantized::<f::Q6K>(mats, x, n_tokens, outs),
-        }
+        let mut jobs: Vec<MatJob<'_>> = mats
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(mat, out)| MatJob {
+                mat,
+                x,
+                n_tokens,
+                out,
+            })
+            .collect();
+        QMatrix::matmul_grouped(&mut jobs);
     }
 
-    /// Several products, each with its own input, as one operation when they share a
-    /// quantized format (a mixture-of-experts layer's experts over their own tokens): each
+    /// Several products, each with its own input (a mixture-of-experts layer's experts over
+    /// their own tokens), the products of each format as one operation: every distinct
     /// input is quantized once and all their rows are split over the team together.
     ///
     /// # Panics
@@ -372,30 +338,39 @@ impl QMatrix {
                 "matmul: malformed QMatrix"
             );
         }
-        let Some(dtype) = jobs.first().map(|j| j.mat.dtype) else {
-            return;
-        };
+        let mut dtypes: Vec<GgmlType> = Vec::new();
+        for j in jobs.iter().filter(|j| j.n_tokens > 0) {
+            if !dtypes.contains(&j.mat.dtype) {
+                dtypes.push(j.mat.dtype);
+            }
+        }
         use formats as f;
-        let same = jobs.iter().all(|j| j.mat.dtype == dtype && j.n_tokens > 0);
-        match dtype {
-            _ if !same => {
-                for j in jobs.iter_mut() {
-                    j.mat.matmul(j.x, j.n_tokens, j.out);
+        for dtype in dtypes {
+            let mut same: Vec<MatJob<'_>> = jobs
+                .iter_mut()
+                .filter(|j| j.mat.dtype == dtype && j.n_tokens > 0)
+                .map(|j| MatJob {
+                    mat: j.mat,
+                    x: j.x,
+                    n_tokens: j.n_tokens,
+                    out: &mut *j.out,
+                })
+                .collect();
+            match dtype {
+                GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+                    for j in same.iter_mut() {
+                        matmul::matmul_float(j.mat, j.x, j.n_tokens, j.out)
+                    }
                 }
+                GgmlType::Q4_0 => matmul::matmul_quantized::<f::Q4_0>(&mut same),
+                GgmlType::Q4_1 => matmul::matmul_quantized::<f::Q4_1>(&mut same),
+                GgmlType::Q5_0 => matmul::matmul_quantized::<f::Q5_0>(&mut same),
+                GgmlType::Q5_1 => matmul::matmul_quantized::<f::Q5_1>(&mut same),
+                GgmlType::Q8_0 => matmul::matmul_quantized::<f::Q8_0>(&mut same),
+                GgmlType::Q4K => matmul::matmul_quantized::<f::Q4K>(&mut same),
+                GgmlType::Q5K => matmul::matmul_quantized::<f::Q5K>(&mut same),
+                GgmlType::Q6K => matmul::matmul_quantized::<f::Q6K>(&mut same),
             }
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
-                for j in jobs.iter_mut() {
-                    matmul::matmul_float(j.mat, j.x, j.n_tokens, j.out)
-                }
-            }
-            GgmlType::Q4_0 => matmul::matmul_quantized_grouped::<f::Q4_0>(jobs),
-            GgmlType::Q4_1 => matmul::matmul_quantized_grouped::<f::Q4_1>(jobs),
-            GgmlType::Q5_0 => matmul::matmul_quantized_grouped::<f::Q5_0>(jobs),
-            GgmlType::Q5_1 => matmul::matmul_quantized_grouped::<f::Q5_1>(jobs),
-            GgmlType::Q8_0 => matmul::matmul_quantized_grouped::<f::Q8_0>(jobs),
-            GgmlType::Q4K => matmul::matmul_quantized_grouped::<f::Q4K>(jobs),
-            GgmlType::Q5K => matmul::matmul_quantized_grouped::<f::Q5K>(jobs),
-            GgmlType::Q6K => matmul::matmul_quantized_grouped::<f::Q6K>(jobs),
         }
     }
 
