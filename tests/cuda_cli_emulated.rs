@@ -131,6 +131,7 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
     };
     let gemma = tiny("gemma3");
     let qwen = tiny("qwen3");
+    let moe = tiny("qwen3_moe");
     let schema = schema.to_string_lossy().into_owned();
     let runs: Vec<(Env, Vec<String>)> = vec![
         // f.: the GEMV variants (and cuBLAS) timed at load, sampled decoding, the step clock
@@ -188,6 +189,13 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
                 "no-tensor-gemv,no-gemv-cublas,quick-tuning",
             )],
             bench(&qwen, &[]),
+        ),
+        // i.: a mixture of experts with its expert banks in bf16 (graphs on) and in Q8_0
+        // (every launch timed: the profile names the grouped Q8_0 products).
+        (vec![("FALLOW_CUDA_DEBUG", "gemv=w8u4")], bench(&moe, &[])),
+        (
+            vec![("FALLOW_CUDA_DEBUG", "profile,gemv=w8u4")],
+            bench(&moe, &["--cuda-weights", "q8_0"]),
         ),
     ];
     for (env, args) in &runs {
@@ -260,6 +268,14 @@ fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
                 stderr.contains("paged_attention") && stderr.contains("gemm lm_head"),
                 "no per-kernel profile:\n{stderr}"
             );
+            if args.contains(&moe.as_str()) {
+                assert!(
+                    ["moe_route", "moe_sort", "moe_gemv_q8_0", "moe_combine"]
+                        .iter()
+                        .all(|kernel| stderr.contains(kernel)),
+                    "no grouped Q8_0 expert products in the profile:\n{stderr}"
+                );
+            }
         }
     }
 }

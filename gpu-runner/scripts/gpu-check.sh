@@ -26,6 +26,9 @@
 #      FALLOW_CUDA_QUANT_X=int8, batch 64 on the int8 tensor cores; f2: without CUDA graphs)
 #   g. transformers generate() on it (hf_bench.py)
 #   h. a summary: Fallow vs transformers, and batch 1 against the bandwidth roofline
+#   i. a random-weight Qwen3-30B-A3B shaped checkpoint with 4 layers (128 experts, 8 per
+#      token), decode with its experts in bf16 and in Q8_0 (the grouped expert products);
+#      GPU_CHECK_ONLY=moe runs only a., b. and i.
 #
 #   bash gpu-runner/scripts/gpu-check.sh        (from anywhere; it runs in the repo root)
 #
@@ -34,7 +37,8 @@
 # next. The whole run keeps within GPU_CHECK_BUDGET_S seconds: a step gets the smaller of
 # its own limit and what is left, and is skipped when too little is.
 # Output, in $OUT (default /tmp/gpu-check-out; at most 8 flat files): gpu-check.log
-# (everything), summary.txt, steps.tsv, fallow-bench.log, fallow-profile.log, hf-bench.log.
+# (everything), summary.txt, steps.tsv, fallow-bench.log, fallow-profile.log, hf-bench.log,
+# moe-bench.log.
 #
 # The default model (94 MiB) is over one call's 64 MiB transfer limit, so it may arrive in
 # parts over two calls to the same warm machine: `.gpu/models/*.part-*` (first call) and
@@ -373,8 +377,33 @@ PY
     --prompt-tokens 32 --gen-tokens 64 --kv-cache-mib 2048 --temperature 0.8 --top-p 0.9
 }
 
+# i. A Qwen3-30B-A3B shaped random checkpoint, 4 layers of its 48 (about 6 GB): its mixture
+# of experts at the real expert count and width, decoding at batch 1 and 8 with the expert
+# banks in bf16 and in Q8_0 (bf16 x through both grouped products).
+step_moe() {
+  local dir="${MOE_DIR:-/tmp/qwen3moe}"
+  run_step "i. make random Qwen3-30B-A3B (4 layers)" 150 - \
+    "$PY" gpu-runner/scripts/make_random_llama.py "$dir" --qwen3-moe --layers 4
+  if [ ! -f "$dir/done.json" ]; then
+    record "i. MoE bench" "SKIPPED (no model in $dir)"
+    return 0
+  fi
+  run_step "i. MoE bench, bf16 and Q8_0 experts" 150 "$OUT/moe-bench.log" \
+    bash -c 'for s in bf16 q8_0; do "$0" bench engine --model "$1" --device cuda \
+      --cuda-weights $s --concurrency 1,8 --prompt-tokens 32 --gen-tokens 64 \
+      --kv-cache-mib 4096 2>&1 || exit; done' "$FALLOW" "$dir"
+}
+
 main() {
   echo "gpu-check: $(date -u +%FT%TZ), repo $ROOT, budget ${BUDGET_S}s, output $OUT"
+  if [ "${GPU_CHECK_ONLY:-}" = moe ]; then
+    step_environment
+    step_tests
+    step_moe
+    echo "gpu-check: GPU_CHECK_ONLY=moe, done in $((SECONDS - START_S))s"
+    ! grep -qE $'\t(FAILED|TIMEOUT)' "$OUT/steps.tsv"
+    return
+  fi
   step_environment
   assemble_model
   step_tests
@@ -481,6 +510,8 @@ main() {
     record "g. HF transformers bench" "SKIPPED (no model in $LLAMA_DIR)"
   fi
 
+  step_moe
+
   section "h. summary"
   local bw
   bw=$(sed -n 's/^bandwidth_gbs=//p' "$WORK/bandwidth.txt" 2>/dev/null | tail -n 1 || true)
@@ -510,5 +541,5 @@ main() {
 
 mkdir -p "$OUT" "$WORK"
 rm -rf "$OUT/steps.tsv" "$OUT/summary.txt" "$OUT/fallow-bench.log" "$OUT/fallow-profile.log" \
-  "$OUT/hf-bench.log" "${WORK:?}"/*
+  "$OUT/hf-bench.log" "$OUT/moe-bench.log" "${WORK:?}"/*
 main 2>&1 | tee "$OUT/gpu-check.log"

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Writes a Llama-3.1-8B-shaped Hugging Face model directory with random BF16 weights.
 
-    python3 gpu-runner/scripts/make_random_llama.py OUTDIR [--layers N] [--seed S]
+    python3 gpu-runner/scripts/make_random_llama.py OUTDIR [--layers N] [--seed S] [--qwen3-moe]
+
+With --qwen3-moe the shape is Qwen3-30B-A3B's instead (Qwen3MoeForCausalLM: 128 experts of
+768, 8 per token, q/k norms, head_dim 128), a matrix per expert as the published checkpoint
+has them; give it few --layers (each is about 1.2 GB), as gpu-check.sh's MoE step does.
 
 For benchmarking Fallow's CUDA backend against transformers without downloading the real
 checkpoint: the shapes, dtype, tensor names, sharding and config.json are those of
@@ -92,6 +96,79 @@ def llama3_special_tokens():
     return names
 
 
+# Qwen3-30B-A3B (config.json of Qwen/Qwen3-30B-A3B): (hidden, heads, kv heads, head_dim,
+# experts, experts per token, expert width).
+QWEN3_MOE = (2048, 32, 4, 128, 128, 8, 768)
+
+
+def qwen3_moe_config(layers, hidden, heads, kv_heads, head_dim, experts, top_k, expert_ffn):
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "attention_bias": False,
+        "bos_token_id": BOS_ID,
+        "decoder_sparse_step": 1,
+        "eos_token_id": EOS_IDS,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "intermediate_size": 6144,
+        "max_position_embeddings": 40960,
+        "mlp_only_layers": [],
+        "model_type": "qwen3_moe",
+        "moe_intermediate_size": expert_ffn,
+        "norm_topk_prob": True,
+        "num_attention_heads": heads,
+        "num_experts": experts,
+        "num_experts_per_tok": top_k,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv_heads,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_sliding_window": False,
+        "vocab_size": VOCAB,
+    }
+
+
+def attention_plan(p, hidden, q, kv, qk_norm=0):
+    """Layer prefix p's norms and attention (with q/k norms of width qk_norm, if any)."""
+    plan = [
+        (p + "input_layernorm.weight", (hidden,), True),
+        (p + "self_attn.q_proj.weight", (q, hidden), False),
+        (p + "self_attn.k_proj.weight", (kv, hidden), False),
+        (p + "self_attn.v_proj.weight", (kv, hidden), False),
+    ]
+    if qk_norm:
+        plan += [
+            (p + "self_attn.q_norm.weight", (qk_norm,), True),
+            (p + "self_attn.k_norm.weight", (qk_norm,), True),
+        ]
+    return plan + [
+        (p + "self_attn.o_proj.weight", (hidden, q), False),
+        (p + "post_attention_layernorm.weight", (hidden,), True),
+    ]
+
+
+def qwen3_moe_plan(layers, hidden, heads, kv_heads, head_dim, experts, top_k, expert_ffn):
+    """The tensor plan of a Qwen3-MoE model (see tensor_plan)."""
+    q, kv = heads * head_dim, kv_heads * head_dim
+    plan = [("model.embed_tokens.weight", (VOCAB, hidden), False)]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        plan += attention_plan(p, hidden, q, kv, qk_norm=head_dim)
+        plan.append((p + "mlp.gate.weight", (experts, hidden), False))
+        for e in range(experts):
+            x = f"{p}mlp.experts.{e}."
+            plan += [
+                (x + "gate_proj.weight", (expert_ffn, hidden), False),
+                (x + "up_proj.weight", (expert_ffn, hidden), False),
+                (x + "down_proj.weight", (hidden, expert_ffn), False),
+            ]
+    plan += [("model.norm.weight", (hidden,), True), ("lm_head.weight", (VOCAB, hidden), False)]
+    return plan
+
+
 def config_json(layers, hidden, inter, heads, kv_heads):
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -134,13 +211,8 @@ def tensor_plan(layers, hidden, inter, heads, kv_heads):
     plan = [("model.embed_tokens.weight", (VOCAB, hidden), False)]
     for i in range(layers):
         p = f"model.layers.{i}."
+        plan += attention_plan(p, hidden, q, kv)
         plan += [
-            (p + "input_layernorm.weight", (hidden,), True),
-            (p + "self_attn.q_proj.weight", (q, hidden), False),
-            (p + "self_attn.k_proj.weight", (kv, hidden), False),
-            (p + "self_attn.v_proj.weight", (kv, hidden), False),
-            (p + "self_attn.o_proj.weight", (hidden, q), False),
-            (p + "post_attention_layernorm.weight", (hidden,), True),
             (p + "mlp.gate_proj.weight", (inter, hidden), False),
             (p + "mlp.up_proj.weight", (inter, hidden), False),
             (p + "mlp.down_proj.weight", (hidden, inter), False),
@@ -327,10 +399,16 @@ def main():
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--max-shard-bytes", type=int, default=SHARD_MAX_BYTES)
+    ap.add_argument("--qwen3-moe", action="store_true", help="Qwen3-30B-A3B's shape instead")
     ap.add_argument("--force", action="store_true", help="rewrite a complete directory")
     args = ap.parse_args()
 
-    dims = (args.layers, args.hidden_size, args.intermediate_size, args.heads, args.kv_heads)
+    if args.qwen3_moe:
+        dims = (args.layers, *QWEN3_MOE)
+        make_config, make_plan = qwen3_moe_config, qwen3_moe_plan
+    else:
+        dims = (args.layers, args.hidden_size, args.intermediate_size, args.heads, args.kv_heads)
+        make_config, make_plan = config_json, tensor_plan
     out = args.outdir
     done_path = os.path.join(out, "done.json")
     stamp = {"dims": list(dims), "seed": args.seed, "max_shard_bytes": args.max_shard_bytes}
@@ -348,7 +426,7 @@ def main():
             os.remove(os.path.join(out, name))
 
     t_start = time.time()
-    config = config_json(*dims)
+    config = make_config(*dims)
     write_json(os.path.join(out, "config.json"), config)
     write_json(
         os.path.join(out, "generation_config.json"),
@@ -370,7 +448,7 @@ def main():
     )
     print(f"tokenizer: {time.time() - t0:.1f} s", flush=True)
 
-    plan = tensor_plan(*dims)
+    plan = make_plan(*dims)
     max_bytes = max(nbytes(s) for _, s, _ in plan)
     try:
         import torch
@@ -382,8 +460,13 @@ def main():
     dt = time.time() - t0
     print(f"weights: {total / 1e9:.2f} GB in {dt:.1f} s", flush=True)
 
-    # One decode step reads every matrix and norm but only one embedding row (untied head).
+    # One decode step reads every matrix and norm but only one embedding row (untied head),
+    # and of a mixture of experts only the chosen experts (top_k of them per layer).
     per_step = total - nbytes(plan[0][1])
+    if args.qwen3_moe:
+        experts, top_k = QWEN3_MOE[4], QWEN3_MOE[5]
+        expert_bytes = sum(nbytes(s) for n, s, _ in plan if ".mlp.experts." in n)
+        per_step -= expert_bytes * (experts - top_k) // experts
     with open(os.path.join(out, "bytes_per_step.txt"), "w") as f:
         f.write(f"{per_step}\n")
     write_json(done_path, stamp)

@@ -239,12 +239,12 @@ fn decode_step<'a>(tokens: &'a [u32], pos: usize, tables: &'a [Vec<u32>]) -> Vec
 }
 
 fn forward_both(
-    cpu: &mut CpuBackend,
-    cuda: &mut CudaBackend,
+    want: &mut impl Backend,
+    got: &mut impl Backend,
     batch: &[SeqSlice<'_>],
 ) -> (Vec<f32>, Vec<f32>) {
-    let a = cpu.forward(batch).expect("cpu forward");
-    let b = cuda.forward(batch).expect("cuda forward");
+    let a = want.forward(batch).expect("reference forward");
+    let b = got.forward(batch).expect("cuda forward");
     (a, b)
 }
 
@@ -252,8 +252,8 @@ fn forward_both(
 /// prefill chunks (the second attends to the first as a cached prefix; logits at every
 /// position), then three one-token decode steps (the GEMVs, graphs).
 fn chunked_prefill_then_decodes_diff(
-    cpu: &mut CpuBackend,
-    cuda: &mut CudaBackend,
+    cpu: &mut impl Backend,
+    cuda: &mut impl Backend,
     vocab: usize,
 ) -> f32 {
     let tokens: Vec<u32> = (0..26u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
@@ -301,11 +301,66 @@ fn every_tiny_architecture_matches_the_cpu_backend_with_a_cached_prefix() {
 }
 
 #[test]
+fn every_tiny_mixture_of_experts_matches_the_cpu_backend_with_a_cached_prefix() {
+    if !gpu() {
+        return;
+    }
+    // Qwen3-MoE, Mixtral, and Qwen2-MoE with its shared expert: the experts' grouped
+    // products over prompt chunks (several tiles per expert) and decode steps.
+    for name in ["qwen3_moe", "mixtral", "qwen2_moe"] {
+        let artifacts = tiny(name);
+        let vocab = artifacts.config.vocab_size;
+        let (mut cpu, mut cuda) = backends(&artifacts);
+        let worst = chunked_prefill_then_decodes_diff(&mut cpu, &mut cuda, vocab);
+        eprintln!("{name}: max relative |Δ logit| {worst:.4}");
+        assert!(worst <= RELATIVE_TOLERANCE, "{name}: {worst}");
+    }
+}
+
+#[test]
+fn a_mixture_of_experts_in_its_q8_0_blocks_decodes_as_from_bf16_weights() {
+    if !gpu() {
+        return;
+    }
+    let path = repo_root().join("gpu-runner/engine/tests/fixtures/tiny/qwen3_moe/model.q8_0.gguf");
+    let artifacts = model::open(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let vocab = artifacts.config.vocab_size;
+    // The experts in the file's Q8_0 blocks (the grouped Q8_0 product) against the same
+    // blocks expanded to bf16 at load (the grouped bf16 product): the same weights but for
+    // bf16's rounding of each d·q.
+    let mut bf16 = cuda_with(&artifacts, CudaWeights::Bf16);
+    let mut blocks = cuda_with(&artifacts, CudaWeights::Quantized);
+    assert!(
+        blocks.weight_bytes() < bf16.weight_bytes() * 2 / 3,
+        "the experts stay in their blocks: {} bytes against bf16's {}",
+        blocks.weight_bytes(),
+        bf16.weight_bytes()
+    );
+    let worst = chunked_prefill_then_decodes_diff(&mut bf16, &mut blocks, vocab);
+    eprintln!("qwen3_moe Q8_0 blocks vs bf16: max relative |Δ logit| {worst:.4}");
+    assert!(worst <= RELATIVE_TOLERANCE, "{worst}");
+}
+
+#[test]
 fn a_mixed_batch_gives_each_sequence_its_own_logits() {
     if !gpu() {
         return;
     }
-    let artifacts = tiny("qwen2");
+    // A dense model, and a mixture of experts (the sequences' tokens routed together).
+    for name in ["qwen2", "qwen3_moe"] {
+        let worst = mixed_batch_against_alone(name);
+        eprintln!("{name}: mixed batch vs alone: max relative |Δ logit| {worst:.5}");
+        assert!(
+            worst <= 0.01,
+            "{name}: batched logits differ from solo ones by {worst}"
+        );
+    }
+}
+
+/// The largest relative |Δ logit| between three sequences run together in mixed steps
+/// (prefill chunks beside decodes) and each alone, on tiny model `name`.
+fn mixed_batch_against_alone(name: &str) -> f32 {
+    let artifacts = tiny(name);
     let vocab = artifacts.config.vocab_size;
     let prompts: Vec<Vec<u32>> = [5usize, 13, 2]
         .iter()
@@ -410,11 +465,7 @@ fn a_mixed_batch_gives_each_sequence_its_own_logits() {
         ));
     }
     worst = worst.max(relative_diff(&row(&second, 8), &row(&alone[2], 1), vocab));
-    eprintln!("mixed batch vs alone: max relative |Δ logit| {worst:.5}");
-    assert!(
-        worst <= 0.01,
-        "batched logits differ from solo ones by {worst}"
-    );
+    worst
 }
 
 /// The default model's file, when there is a GPU to run it on and the file is here. On the
@@ -1315,7 +1366,16 @@ fn decode_steps_replayed_from_cuda_graphs_equal_eager_ones() {
     if !gpu() {
         return;
     }
-    let artifacts = tiny("qwen3");
+    // A dense model, and a mixture of experts (routed on the device inside the graph).
+    for name in ["qwen3", "qwen3_moe"] {
+        graphs_replay_eager_decodes(name);
+    }
+}
+
+/// Two sequences of tiny model `name` decoding 80 greedy steps give the same logits from
+/// CUDA graphs as from eager launches.
+fn graphs_replay_eager_decodes(name: &str) {
+    let artifacts = tiny(name);
     let run = |graphs: bool| -> Vec<f32> {
         let (_, mut cuda) = backends(&artifacts);
         cuda.update_options(|o| o.debug.graphs = graphs)
@@ -1348,7 +1408,7 @@ fn decode_steps_replayed_from_cuda_graphs_equal_eager_ones() {
     let replayed = run(true);
     assert!(
         eager == replayed,
-        "graph replay differs from eager launches (max |Δ| {})",
+        "{name}: graph replay differs from eager launches (max |Δ| {})",
         eager
             .iter()
             .zip(&replayed)

@@ -130,8 +130,8 @@ impl CudaBackend {
         let w = match product {
             "qkv" => layer.map(|l| &l.wqkv),
             "o" => layer.map(|l| &l.wo),
-            "gate_up" => layer.map(|l| &l.w_gate_up),
-            "down" => layer.map(|l| &l.w_down),
+            "gate_up" => layer.and_then(|l| l.ffn.gate_up()),
+            "down" => layer.and_then(|l| l.ffn.down()),
             "lm_head" => Some(self.weights.lm_head()),
             _ => None,
         }

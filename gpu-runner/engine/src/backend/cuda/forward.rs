@@ -17,7 +17,7 @@ use super::params::{
     RmsNormBf16, Softcap,
 };
 use super::step::{addr, grow, LOGPROB_STRIDE};
-use super::weights::DeviceMatrix;
+use super::weights::{DeviceFfn, DeviceMatrix};
 use super::{rope_style_code, CudaBackend, CudaError};
 use crate::backend::step_masks::{wait_for_masks, words_for};
 use crate::backend::{SeqSlice, StepMasks, StepOutput};
@@ -314,9 +314,16 @@ impl CudaBackend {
     fn splits_end(&self, layer: usize, what: Product, n: usize) -> bool {
         let l = &self.weights.layers[layer];
         let (w, post, next) = match what {
-            Product::Output => (&l.wo, &l.post_attn_norm, Some(&l.w_gate_up)),
+            // A mixture of experts ends its sub-block with its own launches.
+            Product::Output => match l.ffn.gate_up() {
+                Some(gate_up) => (&l.wo, &l.post_attn_norm, Some(gate_up)),
+                None => return false,
+            },
             Product::Down(_) => (
-                &l.w_down,
+                match l.ffn.down() {
+                    Some(down) => down,
+                    None => return false,
+                },
                 &l.post_ffn_norm,
                 self.weights.layers.get(layer + 1).map(|next| &next.wqkv),
             ),
@@ -376,7 +383,12 @@ impl CudaBackend {
         let (x, proj) = (addr(&s.x), addr(&s.proj));
         let (w, act) = match what {
             Product::Output => (&l.wo, None),
-            Product::Down(act) => (&l.w_down, act),
+            Product::Down(act) => match &l.ffn {
+                DeviceFfn::Dense { down, .. } => (down, act),
+                DeviceFfn::Moe(_) => {
+                    return Err(CudaError::Failure("a down product in an MoE layer".into()))
+                }
+            },
         };
         let fused = self.gemm.fuses_into_gemv(w, n);
         let mut input = input;
@@ -485,6 +497,13 @@ impl CudaBackend {
     /// The feed-forward of `layer`; returns whether it also applied the model's final norm
     /// into the LM head's input (after the last layer, when its GEMV ends the sub-block).
     pub(super) fn feed_forward(&mut self, layer: usize, n: usize) -> Result<bool, CudaError> {
+        let (w_gate_up, w_down) = match &self.weights.layers[layer].ffn {
+            DeviceFfn::Dense { gate_up, down } => (gate_up, down),
+            DeviceFfn::Moe(_) => {
+                self.moe_feed_forward(layer, n)?;
+                return Ok(false);
+            }
+        };
         let c = &self.config;
         let l = &self.weights.layers[layer];
         let s = &self.scratch;
@@ -498,21 +517,20 @@ impl CudaBackend {
         // Both products decode GEMVs: the gate/up one writes the activation itself (bf16,
         // into `act`), and the down one reads it as a plain product.
         let glu = self.options.debug.fused_glu
-            && self.gemm.fuses_into_gemv(&l.w_gate_up, n)
-            && self.gemm.fuses_into_gemv(&l.w_down, n);
+            && self.gemm.fuses_into_gemv(w_gate_up, n)
+            && self.gemm.fuses_into_gemv(w_down, n);
         let (input, down) = if glu {
             let activated = addr(&s.act);
             let started = self.profiler.start(&self.ctx, &self.stream)?;
-            self.gemm
-                .matmul_glu(ffn_in, &l.w_gate_up, n, activated, act)?;
-            let w = &l.w_gate_up;
+            self.gemm.matmul_glu(ffn_in, w_gate_up, n, activated, act)?;
+            let w = w_gate_up;
             let scaled = if ffn_in.scale != 0 { "+scale" } else { "" };
             let label = || format!("gemm gate_up+act{scaled} {}x{} n={n}", w.rows, w.cols);
             self.profiler
                 .stop(started, &self.stream, label, w.bytes() as u64)?;
             (activated, Product::Down(None))
         } else {
-            gemm!(self, "gate_up", ffn_in, &l.w_gate_up, n, gate_up)?;
+            gemm!(self, "gate_up", ffn_in, w_gate_up, n, gate_up)?;
             (gate_up, Product::Down(Some(act)))
         };
         let gated = !glu;
@@ -525,7 +543,7 @@ impl CudaBackend {
             // (One row: the head reads x[logit_rows[r]], which is row 0 alone here.)
             None if n == 1
                 && !self.splits_end(layer, down, n)
-                && self.norm_in_gemv(&l.w_down, n, gated) =>
+                && self.norm_in_gemv(w_down, n, gated) =>
             {
                 (self.weights.output_norm.ptr(), head_in, true)
             }

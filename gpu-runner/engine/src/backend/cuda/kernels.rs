@@ -12,7 +12,8 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 
 /// The kernel source (also compiled by the PTX test on machines without a GPU): the step's
 /// row kernels and GEMV with the helpers all share, attention, the tensor-core GEMV, token
-/// picking, the kernels that read GGUF block formats, and their int8 tensor-core products.
+/// picking, the kernels that read GGUF block formats, their int8 tensor-core products, and
+/// the mixture-of-experts feed-forward's.
 pub const SOURCE: &str = concat!(
     include_str!("kernels/kernels.cu"),
     include_str!("kernels/attention.cu"),
@@ -20,7 +21,8 @@ pub const SOURCE: &str = concat!(
     include_str!("kernels/gemv_mma.cu"),
     include_str!("kernels/pick.cu"),
     include_str!("kernels/quant.cu"),
-    include_str!("kernels/mmq.cu")
+    include_str!("kernels/mmq.cu"),
+    include_str!("kernels/moe.cu")
 );
 
 /// The values `#define NAME value` lines of [`SOURCE`] give `name` (tests check the constants
@@ -37,7 +39,7 @@ pub(super) fn source_defines(name: &str) -> Vec<&'static str> {
 }
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 97] = [
+pub const NAMES: [&str; 110] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -135,6 +137,19 @@ pub const NAMES: [&str; 97] = [
     "mmq_q5_k",
     "mmq_q6_k",
     "mmq_sum",
+    "moe_route",
+    "moe_sort",
+    "moe_gather",
+    "moe_gemv_bf16",
+    "moe_gemv_q4_0",
+    "moe_gemv_q4_1",
+    "moe_gemv_q5_0",
+    "moe_gemv_q5_1",
+    "moe_gemv_q8_0",
+    "moe_gemv_q4_k",
+    "moe_gemv_q5_k",
+    "moe_gemv_q6_k",
+    "moe_combine",
 ];
 
 /// NVRTC's options besides the architecture.
@@ -608,6 +623,7 @@ mod tests {
         };
         use super::super::gemm::{EXPAND_THREADS, QUANT_GEMV_WARPS};
         use super::super::mmq::{MMQ_SUM_THREADS, MMQ_WARPS};
+        use super::super::moe::{ROUTE_THREADS, SORT_THREADS};
         use super::super::prefill::PrefillKernel;
         use super::super::tune::gemv_tune::{GEMV_VARIANTS, RESIDENT_BYTES};
         if let Some(v) = GEMV_VARIANTS
@@ -620,12 +636,16 @@ mod tests {
         let threads = match name {
             "embed" | "rms_norm_bf16" | "add_rms_norm" => ROW_THREADS,
             "qkv_prepare" => HEAD_THREADS,
-            "gated_act" | "softcap" | "mask_rows" => ELEMENT_THREADS,
+            "gated_act" | "softcap" | "mask_rows" | "moe_combine" => ELEMENT_THREADS,
+            "moe_route" | "moe_gather" => ROUTE_THREADS,
+            "moe_sort" => SORT_THREADS,
             "pick_rows" => PICK_THREADS,
             _ if name.starts_with("paged_attention_") => ATTN_THREADS,
             _ if name.starts_with("paged_prefill_mma_") => PrefillKernel::TensorCores.threads(),
             _ if name.starts_with("paged_prefill_") => PrefillKernel::F32.threads(),
-            _ if name.starts_with("gemv_q") => (QUANT_GEMV_WARPS * 32) as u32,
+            _ if name.starts_with("gemv_q") || name.starts_with("moe_gemv_") => {
+                (QUANT_GEMV_WARPS * 32) as u32
+            }
             _ if name.starts_with("dequant_") => EXPAND_THREADS as u32,
             "mmq_sum" => MMQ_SUM_THREADS as u32,
             _ if name.starts_with("mmq_") => (MMQ_WARPS * 32) as u32,

@@ -18,6 +18,7 @@ mod diag;
 /// `emulator` feature, which the crate's own tests turn on).
 #[cfg(any(test, feature = "emulator"))]
 pub mod emu;
+#[macro_use]
 mod forward;
 mod gemm;
 mod graphs;
@@ -25,6 +26,7 @@ pub mod kernels;
 mod l2_prefetch;
 mod launch;
 mod mmq;
+mod moe;
 mod options;
 mod params;
 mod prefill;

@@ -281,6 +281,69 @@ kernel_params! {
     }
 }
 
+kernel_params! {
+    /// Each token's experts and weights from its router logits (moe.cu).
+    MoeRoute for "moe_route" {
+        logits: u64,
+        ld: i32,
+        ids: u64,
+        weights: u64,
+        shared_scale: u64,
+        n: i32,
+        n_experts: i32,
+        top_k: i32,
+        norm_topk: i32,
+    }
+}
+
+kernel_params! {
+    /// The step's choices grouped by expert, and the tiles of the grouped products.
+    MoeSort for "moe_sort" {
+        ids: u64,
+        slots: i32,
+        top_k: i32,
+        n_experts: i32,
+        max_tiles: i32,
+        slot_token: u64,
+        slot_of: u64,
+        tiles: u64,
+    }
+}
+
+kernel_params! {
+    /// Each sorted slot's input row.
+    MoeGather for "moe_gather" { x: u64, slot_token: u64, out: u64, hidden: i32 }
+}
+
+kernel_params! {
+    /// Every tile's product through its expert (`moe_gemv_bf16`, `moe_gemv_q4_k`, …).
+    MoeGemv for "moe_gemv_##name" {
+        w: u64,
+        stride: i64,
+        tiles: u64,
+        x: u64,
+        out: u64,
+        m: i32,
+        k: i32,
+        ldo: i32,
+        glu: i32,
+    }
+}
+
+kernel_params! {
+    /// Each token's weighted sum of its experts' outputs, plus a shared expert's.
+    MoeCombine for "moe_combine" {
+        down: u64,
+        slot_of: u64,
+        weights: u64,
+        shared: u64,
+        shared_scale: u64,
+        out: u64,
+        hidden: i32,
+        top_k: i32,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,6 +434,11 @@ mod tests {
         check::<GemvBf16>();
         assert_mirrors::<GemvBf16>(GEMV_MMA);
         check::<GemvBf16Gated>();
+        check::<MoeRoute>();
+        check::<MoeSort>();
+        check::<MoeGather>();
+        check::<MoeGemv>();
+        check::<MoeCombine>();
     }
 
     #[test]

@@ -9,6 +9,7 @@ use cudarc::driver::CudaStream;
 use super::attention_split::head_blocks;
 use super::buffer::DeviceBuf;
 use super::gemm::GEMV_MAX_ROWS;
+use super::moe::MoeScratch;
 use super::CudaError;
 use crate::backend::batch::BatchLayout;
 use crate::backend::SeqSlice;
@@ -394,6 +395,8 @@ pub struct Scratch {
     /// Grammar masks of the step's masked draws `[masks, vocab / 32 rounded up]`, written
     /// after the step's launches (never read by a captured graph).
     pub masks: Option<DeviceBuf<u32>>,
+    /// The mixture-of-experts layers' buffers (none for a dense model).
+    pub moe: MoeScratch,
 }
 
 /// Makes `slot` hold `len` elements; returns whether its address changed.
@@ -453,6 +456,7 @@ impl Scratch {
             )?,
             grow(&mut self.norm_done, stream, 1)?,
             grow(&mut self.norm_inv, stream, GEMV_MAX_ROWS)?,
+            self.moe.ensure(stream, c, n)?,
         ];
         Ok(moved.contains(&true))
     }

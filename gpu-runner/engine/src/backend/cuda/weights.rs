@@ -13,8 +13,9 @@ use cudarc::driver::CudaStream;
 use rayon::prelude::*;
 
 use super::buffer::DeviceBuf;
+use super::moe::DeviceMoe;
 use super::CudaError;
-use crate::model::{ModelConfig, Weights};
+use crate::model::{FeedForward, ModelConfig, Weights};
 use crate::quant::ggml_type::{QK, QK_K};
 use crate::quant::{GgmlType, Layout, QMatrix};
 
@@ -105,6 +106,8 @@ pub struct QuantKernels {
     pub dequant: &'static str,
     /// Its int8 tensor-core product of larger batches with x as int8 (mmq.cu).
     pub mmq: &'static str,
+    /// Its grouped product through a layer's experts (moe.cu).
+    pub moe: &'static str,
 }
 
 impl QuantKernels {
@@ -145,7 +148,7 @@ impl std::str::FromStr for QuantX {
 }
 
 /// A block format's kernels, named after it (quant.cu, mmq.cu): `gemv_f`, `gemv_f_x8`,
-/// `dequant_f`, `mmq_f`.
+/// `dequant_f`, `mmq_f`, `moe_gemv_f`.
 macro_rules! format_kernels {
     ($f:literal) => {
         QuantKernels {
@@ -153,6 +156,7 @@ macro_rules! format_kernels {
             gemv_int8_x: concat!("gemv_", $f, "_x8"),
             dequant: concat!("dequant_", $f),
             mmq: concat!("mmq_", $f),
+            moe: concat!("moe_gemv_", $f),
         }
     };
 }
@@ -183,10 +187,52 @@ pub struct DeviceLayer {
     pub wo: DeviceMatrix,
     pub post_attn_norm: Option<DeviceBuf<f32>>,
     pub ffn_norm: DeviceBuf<f32>,
-    /// `[2·ffn, hidden]`: gate rows, then up rows.
-    pub w_gate_up: DeviceMatrix,
-    pub w_down: DeviceMatrix,
+    pub ffn: DeviceFfn,
     pub post_ffn_norm: Option<DeviceBuf<f32>>,
+}
+
+/// A layer's feed-forward.
+pub enum DeviceFfn {
+    Dense {
+        /// `[2·ffn, hidden]`: gate rows, then up rows.
+        gate_up: DeviceMatrix,
+        down: DeviceMatrix,
+    },
+    Moe(Box<DeviceMoe>),
+}
+
+impl DeviceFfn {
+    /// The dense feed-forward's `[gate | up]` matrix (`None`: experts).
+    pub fn gate_up(&self) -> Option<&DeviceMatrix> {
+        match self {
+            DeviceFfn::Dense { gate_up, .. } => Some(gate_up),
+            DeviceFfn::Moe(_) => None,
+        }
+    }
+
+    /// The dense feed-forward's down projection (`None`: experts).
+    pub fn down(&self) -> Option<&DeviceMatrix> {
+        match self {
+            DeviceFfn::Dense { down, .. } => Some(down),
+            DeviceFfn::Moe(_) => None,
+        }
+    }
+
+    /// Every matrix a step may read (an expert bank counts as none: it is not one matrix).
+    fn matrices(&self) -> Vec<&DeviceMatrix> {
+        match self {
+            DeviceFfn::Dense { gate_up, down } => vec![gate_up, down],
+            DeviceFfn::Moe(moe) => moe.matrices(),
+        }
+    }
+
+    /// Bytes on the device.
+    fn bytes(&self) -> usize {
+        match self {
+            DeviceFfn::Dense { gate_up, down } => gate_up.bytes() + down.bytes(),
+            DeviceFfn::Moe(moe) => moe.bytes(),
+        }
+    }
 }
 
 pub struct DeviceWeights {
@@ -208,14 +254,16 @@ impl DeviceWeights {
         let vector = |v: &[f32]| DeviceBuf::from_host(stream, v);
         let optional = |v: &Option<Vec<f32>>| v.as_deref().map(vector).transpose();
         let mut layers = Vec::with_capacity(w.layers.len());
-        for (i, l) in w.layers.iter().enumerate() {
-            // The grouped expert GEMM is not written yet (issue 41): refuse at load.
-            let ffn = l.ffn.dense().ok_or_else(|| {
-                CudaError::Failure(format!(
-                    "layer {i} is a mixture of experts, which the CUDA backend does not run \
-                     yet; serve this model with the CPU backend"
-                ))
-            })?;
+        for l in &w.layers {
+            let ffn = match &l.ffn {
+                FeedForward::Dense(d) => DeviceFfn::Dense {
+                    gate_up: stacked(&[&d.gate, &d.up])?,
+                    down: stacked(&[&d.down])?,
+                },
+                FeedForward::Moe(m) => {
+                    DeviceFfn::Moe(Box::new(DeviceMoe::upload(stream, m, mode)?))
+                }
+            };
             let bqkv = if l.bq.is_some() || l.bk.is_some() || l.bv.is_some() {
                 let mut b = Vec::with_capacity(config.q_dim() + 2 * config.kv_dim());
                 for (bias, len) in [
@@ -241,8 +289,7 @@ impl DeviceWeights {
                 wo: stacked(&[&l.wo])?,
                 post_attn_norm: optional(&l.post_attn_norm)?,
                 ffn_norm: vector(&l.ffn_norm)?,
-                w_gate_up: stacked(&[&ffn.gate, &ffn.up])?,
-                w_down: stacked(&[&ffn.down])?,
+                ffn,
                 post_ffn_norm: optional(&l.post_ffn_norm)?,
             });
         }
@@ -274,7 +321,7 @@ impl DeviceWeights {
     pub fn matrices(&self) -> impl Iterator<Item = &DeviceMatrix> {
         self.layers
             .iter()
-            .flat_map(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down])
+            .flat_map(|l| [&l.wqkv, &l.wo].into_iter().chain(l.ffn.matrices()))
             .chain(self.output.as_ref())
     }
 
@@ -283,7 +330,7 @@ impl DeviceWeights {
         let layers: usize = self
             .layers
             .iter()
-            .map(|l| l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes())
+            .map(|l| l.wqkv.bytes() + l.wo.bytes() + l.ffn.bytes())
             .sum();
         layers + self.token_embd.bytes() + self.output.as_ref().map_or(0, DeviceMatrix::bytes)
     }
@@ -347,7 +394,7 @@ pub fn device_layout(dtype: GgmlType, blocks: &[u8]) -> Cow<'_, [u8]> {
 
 /// Uploads matrices with the same column count as one matrix, rows stacked in order: in
 /// their blocks when `mode` asks for it and every part can, else as bf16.
-fn upload_stacked(
+pub(super) fn upload_stacked(
     stream: &Arc<CudaStream>,
     parts: &[&QMatrix],
     mode: CudaWeights,
@@ -420,7 +467,7 @@ fn write_bf16(
 
 /// A bf16 matrix's bytes as its u16 bits where they already are: little-endian, in row
 /// order and 2-byte aligned (files align their tensors; an unaligned one is copied).
-fn bf16_bits_in_place(m: &QMatrix) -> Option<&[u16]> {
+pub(super) fn bf16_bits_in_place(m: &QMatrix) -> Option<&[u16]> {
     if m.dtype != GgmlType::BF16 || m.layout != Layout::Rows || cfg!(target_endian = "big") {
         return None;
     }
@@ -429,7 +476,7 @@ fn bf16_bits_in_place(m: &QMatrix) -> Option<&[u16]> {
 
 /// Fills `dst` with `m`'s rows as bf16 bits: bf16 rows are copied, everything else
 /// dequantized (in parallel over rows) and rounded to nearest even.
-fn fill_bf16(m: &QMatrix, dst: &mut [u16]) {
+pub(super) fn fill_bf16(m: &QMatrix, dst: &mut [u16]) {
     if m.dtype == GgmlType::BF16 && m.layout == Layout::Rows {
         for (d, s) in dst.iter_mut().zip(m.bytes().chunks_exact(2)) {
             *d = u16::from_le_bytes([s[0], s[1]]);

@@ -523,8 +523,8 @@ impl CudaBackend {
             return Ok(());
         }
         let layers = &self.weights.layers;
-        let gate_up: Vec<&DeviceMatrix> = layers.iter().map(|l| &l.w_gate_up).collect();
-        let down: Vec<&DeviceMatrix> = layers.iter().map(|l| &l.w_down).collect();
+        let gate_up: Vec<&DeviceMatrix> = layers.iter().filter_map(|l| l.ffn.gate_up()).collect();
+        let down: Vec<&DeviceMatrix> = layers.iter().filter_map(|l| l.ffn.down()).collect();
         let mut products: Vec<(&str, GemvForm, Vec<&DeviceMatrix>)> = vec![
             (
                 "qkv",

@@ -42,8 +42,11 @@ impl CudaBackend {
         let products: [(&'static str, Vec<&DeviceMatrix>); 5] = [
             ("qkv", layers.iter().map(|l| &l.wqkv).collect()),
             ("o", layers.iter().map(|l| &l.wo).collect()),
-            ("gate_up", layers.iter().map(|l| &l.w_gate_up).collect()),
-            ("down", layers.iter().map(|l| &l.w_down).collect()),
+            (
+                "gate_up",
+                layers.iter().filter_map(|l| l.ffn.gate_up()).collect(),
+            ),
+            ("down", layers.iter().filter_map(|l| l.ffn.down()).collect()),
             ("lm_head", self.weights.output.iter().collect()),
         ];
         let mut groups: Vec<Group> = Vec::new();

@@ -7,6 +7,7 @@
 use half::bf16;
 
 mod attention;
+mod moe;
 mod picks;
 mod quant;
 mod rows;
