@@ -5,18 +5,21 @@
 //! parser decides one character at a time and holds back only what the next characters may
 //! still change.
 //!
-//! - [`ChoiceParser`]: one choice's pipeline (reasoning first, then tool calls in the rest).
+//! - [`ChoiceParser`]: one choice's pipeline (reasoning first, then tool calls in the rest;
+//!   or [`harmony`]'s one machine for both, whose channels carry reasoning and calls).
 //! - [`ParsedMessage`]: pieces folded into a whole message.
 //! - [`OutputCollector`]: a job's choices for a non-streamed answer (deltas as they come,
 //!   then the stored text), with reasoning token counts.
 //! - [`grammar`]: the Lark grammar that forces a call (`tool_choice: required` or named).
 
 pub mod grammar;
+pub mod harmony;
 pub mod markers;
 pub mod reasoning;
 pub mod tool_calls;
 
 use fallow_protocol::job::{Completion, OutputFormat, Usage};
+use harmony::{HarmonyParser, HARMONY};
 use reasoning::ReasoningSplitter;
 use tool_calls::ToolCallParser;
 
@@ -57,61 +60,101 @@ pub fn push_piece(pieces: &mut Vec<Piece>, piece: Piece) {
 
 /// One choice's parsers, as the job's [`OutputFormat`] asks.
 pub struct ChoiceParser {
-    reasoning: Option<ReasoningSplitter>,
-    tools: Option<ToolCallParser>,
+    pipeline: Pipeline,
     reasoning_tokens: u32,
+}
+
+/// How a choice's text is read.
+enum Pipeline {
+    /// Reasoning split off first, then tool calls read in the rest (`<think>` families).
+    Layered {
+        reasoning: Option<ReasoningSplitter>,
+        tools: Option<ToolCallParser>,
+    },
+    /// One machine for reasoning, calls and content: harmony's channels carry all three,
+    /// so the names runners publish for both roles are `harmony`.
+    Harmony(HarmonyParser),
 }
 
 impl ChoiceParser {
     /// `seed` (the job's id) and `choice` make stable call ids.
     pub fn new(format: &OutputFormat, seed: u128, choice: u32) -> Self {
+        let harmony_reasoning = format.reasoning_parser.as_deref() == Some(HARMONY);
+        let harmony_calls = format.tool_parser.as_deref() == Some(HARMONY);
+        let pipeline = if harmony_reasoning || harmony_calls {
+            Pipeline::Harmony(HarmonyParser::new(
+                harmony_reasoning,
+                harmony_calls,
+                format.single_tool_call,
+                seed,
+                choice,
+            ))
+        } else {
+            Pipeline::Layered {
+                reasoning: format
+                    .reasoning_parser
+                    .as_deref()
+                    .and_then(ReasoningSplitter::for_parser),
+                tools: format
+                    .tool_parser
+                    .as_deref()
+                    .map(|name| ToolCallParser::new(name, format.single_tool_call, seed, choice)),
+            }
+        };
         ChoiceParser {
-            reasoning: format
-                .reasoning_parser
-                .as_deref()
-                .and_then(ReasoningSplitter::for_parser),
-            tools: format
-                .tool_parser
-                .as_deref()
-                .map(|name| ToolCallParser::new(name, format.single_tool_call, seed, choice)),
+            pipeline,
             reasoning_tokens: 0,
         }
     }
 
     /// Whether reasoning is split off at all.
     pub fn splits_reasoning(&self) -> bool {
-        self.reasoning.is_some()
+        match &self.pipeline {
+            Pipeline::Layered { reasoning, .. } => reasoning.is_some(),
+            Pipeline::Harmony(harmony) => harmony.splits_reasoning(),
+        }
     }
 
     /// Feeds a delta of `tokens` tokens (when known). A delta counts as reasoning when the
     /// reasoning was open at its start or is open at its end (so the tokens of `<think>`
     /// and `</think>` count too) or it carried reasoning text.
     pub fn feed(&mut self, text: &str, tokens: Option<u32>) -> Vec<Piece> {
-        let (entry, pieces) = match self.reasoning.as_mut() {
-            Some(splitter) => (splitter.in_reasoning(), splitter.feed(text)),
-            None => (false, vec![Piece::Content(text.to_owned())]),
+        let entry = self.in_reasoning();
+        let pieces = match &mut self.pipeline {
+            Pipeline::Layered { reasoning, tools } => {
+                let pieces = match reasoning.as_mut() {
+                    Some(splitter) => splitter.feed(text),
+                    None => vec![Piece::Content(text.to_owned())],
+                };
+                through_tools(tools.as_mut(), pieces)
+            }
+            Pipeline::Harmony(harmony) => harmony.feed(text),
         };
-        let exit = self.reasoning.as_ref().is_some_and(|s| s.in_reasoning());
+        let exit = self.in_reasoning();
         let carried = pieces.iter().any(|p| matches!(p, Piece::Reasoning(_)));
         if entry || exit || carried {
             self.reasoning_tokens += tokens.unwrap_or(0);
         }
-        self.through_tools(pieces)
+        pieces
     }
 
     pub fn finish(&mut self) -> Vec<Piece> {
-        let pieces = self
-            .reasoning
-            .as_mut()
-            .map(ReasoningSplitter::finish)
-            .unwrap_or_default();
-        let mut out = self.through_tools(pieces);
-        if let Some(tools) = self.tools.as_mut() {
-            for piece in tools.finish() {
-                push_piece(&mut out, piece);
+        match &mut self.pipeline {
+            Pipeline::Layered { reasoning, tools } => {
+                let pieces = reasoning
+                    .as_mut()
+                    .map(ReasoningSplitter::finish)
+                    .unwrap_or_default();
+                let mut out = through_tools(tools.as_mut(), pieces);
+                if let Some(tools) = tools.as_mut() {
+                    for piece in tools.finish() {
+                        push_piece(&mut out, piece);
+                    }
+                }
+                out
             }
+            Pipeline::Harmony(harmony) => harmony.finish(),
         }
-        out
     }
 
     /// Reasoning tokens counted from the deltas fed with token counts.
@@ -119,27 +162,38 @@ impl ChoiceParser {
         self.reasoning_tokens
     }
 
-    fn through_tools(&mut self, pieces: Vec<Piece>) -> Vec<Piece> {
-        let Some(tools) = self.tools.as_mut() else {
-            let mut out = Vec::new();
-            for piece in pieces {
-                push_piece(&mut out, piece);
-            }
-            return out;
-        };
-        let mut out = Vec::new();
-        for piece in pieces {
-            match piece {
-                Piece::Content(text) => {
-                    for parsed in tools.feed(&text) {
-                        push_piece(&mut out, parsed);
-                    }
-                }
-                other => push_piece(&mut out, other),
-            }
+    /// Whether the text fed so far ends inside the reasoning (only where it is split off).
+    fn in_reasoning(&self) -> bool {
+        match &self.pipeline {
+            Pipeline::Layered { reasoning, .. } => reasoning
+                .as_ref()
+                .is_some_and(ReasoningSplitter::in_reasoning),
+            Pipeline::Harmony(harmony) => harmony.in_reasoning(),
         }
-        out
     }
+}
+
+/// The content pieces through the tool-call parser (when calls are parsed), the others as
+/// they are.
+fn through_tools(tools: Option<&mut ToolCallParser>, pieces: Vec<Piece>) -> Vec<Piece> {
+    let mut out = Vec::new();
+    let Some(tools) = tools else {
+        for piece in pieces {
+            push_piece(&mut out, piece);
+        }
+        return out;
+    };
+    for piece in pieces {
+        match piece {
+            Piece::Content(text) => {
+                for parsed in tools.feed(&text) {
+                    push_piece(&mut out, parsed);
+                }
+            }
+            other => push_piece(&mut out, other),
+        }
+    }
+    out
 }
 
 /// A call as it ends up in the message.

@@ -15,8 +15,9 @@ use super::{push_piece, Piece};
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
 
-/// The reasoning syntaxes this server splits, by the names runners publish.
-pub const REASONING_PARSERS: [&str; 2] = ["qwen3", "deepseek_r1"];
+/// The reasoning syntaxes this server splits, by the names runners publish (`harmony` is
+/// split by [`super::harmony`], which also reads its tool calls).
+pub const REASONING_PARSERS: [&str; 3] = ["qwen3", "deepseek_r1", "harmony"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {

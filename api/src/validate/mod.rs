@@ -23,6 +23,7 @@ pub use tools::{ToolChoice, ToolRequest, DEFAULT_TOOL_PARSER};
 use crate::error::ApiError;
 use crate::openai::request::ChatCompletionRequest;
 use crate::parsers::grammar;
+use crate::parsers::harmony::HARMONY;
 use fallow_protocol::job::{GenerateRequest, OutputFormat};
 use serde_json::{Map, Value};
 
@@ -51,6 +52,15 @@ pub struct Limits {
 pub struct ModelParsers {
     pub tool: Option<String>,
     pub reasoning: Option<String>,
+}
+
+impl ModelParsers {
+    /// Whether the model writes harmony (gpt-oss), in either role.
+    pub fn speaks_harmony(&self) -> bool {
+        [&self.tool, &self.reasoning]
+            .iter()
+            .any(|name| name.as_deref() == Some(HARMONY))
+    }
 }
 
 /// How the client wants the answer delivered.
@@ -119,8 +129,9 @@ pub fn validate_chat(wire: ChatCompletionRequest, limits: &Limits) -> Result<Val
         &limits.parsers,
         &chat_template_kwargs,
     );
-    if output.tool_parser.as_deref() == Some("mistral") {
-        // `[TOOL_CALLS]` is a special token: it must reach the parser.
+    if output.tool_parser.as_deref() == Some("mistral") || limits.parsers.speaks_harmony() {
+        // `[TOOL_CALLS]` and harmony's channel markers are special tokens: they must reach
+        // the parser (and, unparsed, the client, so harmony's messages stay told apart).
         sampling.skip_special_tokens = false;
     }
     // A forced call (`tool_choice: "required"` or a named function) is enforced by grammar,
@@ -180,7 +191,9 @@ pub fn validate_chat(wire: ChatCompletionRequest, limits: &Limits) -> Result<Val
 
 /// How the job's text will be read: the model's tool syntax when the request lets it call
 /// (Hermes when the runner published none), its reasoning syntax unless the client asked to
-/// keep reasoning in the content or turned thinking off in the template.
+/// keep reasoning in the content or turned thinking off in the template. Harmony models
+/// reason whatever the template is told, so turning thinking off leaves their reasoning
+/// split off.
 fn output_format(
     wire: &ChatCompletionRequest,
     tools: Option<&ToolRequest>,
@@ -188,7 +201,10 @@ fn output_format(
     template_kwargs: &Map<String, Value>,
 ) -> OutputFormat {
     let calling = tools.filter(|t| t.choice != ToolChoice::None);
-    let separate = wire.separate_reasoning.unwrap_or(true) && !thinking_off(template_kwargs);
+    let separate = |name: &String| {
+        wire.separate_reasoning.unwrap_or(true)
+            && (name == HARMONY || !thinking_off(template_kwargs))
+    };
     OutputFormat {
         tool_parser: calling.map(|_| {
             parsers
@@ -198,7 +214,7 @@ fn output_format(
         }),
         legacy_functions: calling.is_some_and(|t| t.legacy),
         single_tool_call: calling.is_some_and(|t| !t.several_calls()),
-        reasoning_parser: parsers.reasoning.clone().filter(|_| separate),
+        reasoning_parser: parsers.reasoning.clone().filter(separate),
         stream_reasoning: wire.stream_reasoning.unwrap_or(true),
         text_completion: None,
         cached_tokens_details: wire.return_cached_tokens_details.unwrap_or(false),

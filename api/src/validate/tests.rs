@@ -548,3 +548,39 @@ fn return_cached_tokens_details_and_no_stop_trim_reach_the_job() {
 
 #[path = "caps_tests.rs"]
 mod caps_tests;
+
+fn harmony_limits() -> Limits {
+    Limits {
+        parsers: ModelParsers {
+            tool: Some("harmony".into()),
+            reasoning: Some("harmony".into()),
+        },
+        ..LIMITS
+    }
+}
+
+#[test]
+fn a_harmony_model_keeps_its_special_tokens_and_its_reasoning_split_even_without_thinking() {
+    let limits = harmony_limits();
+    let plain = validate_chat(request(json!({})), &limits).expect("valid");
+    assert!(!plain.request.sampling.skip_special_tokens);
+    assert_eq!(
+        plain.request.output.reasoning_parser.as_deref(),
+        Some("harmony")
+    );
+    assert_eq!(plain.request.output.tool_parser, None);
+    let off = request(json!({"chat_template_kwargs": {"enable_thinking": false},
+                             "reasoning_effort": "high"}));
+    let off = validate_chat(off, &limits).expect("valid");
+    assert_eq!(
+        off.request.output.reasoning_parser.as_deref(),
+        Some("harmony")
+    );
+    assert_eq!(
+        off.request.chat_template_kwargs.get("reasoning_effort"),
+        Some(&json!("high"))
+    );
+    let kept = request(json!({"separate_reasoning": false}));
+    let kept = validate_chat(kept, &limits).expect("valid");
+    assert_eq!(kept.request.output.reasoning_parser, None);
+}

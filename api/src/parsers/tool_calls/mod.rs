@@ -12,8 +12,9 @@ mod mistral;
 use super::markers::{MarkerWatch, Watch};
 use super::{push_piece, Piece};
 
-/// The syntaxes this server parses, by the names runners publish.
-pub const TOOL_PARSERS: [&str; 3] = ["hermes", "llama3_json", "mistral"];
+/// The syntaxes this server parses, by the names runners publish (`harmony` is read by
+/// [`super::harmony`], which also splits its reasoning).
+pub const TOOL_PARSERS: [&str; 4] = ["hermes", "llama3_json", "mistral", "harmony"];
 
 /// One family's state machine. It reports content and calls to the sink.
 trait Syntax: Send {
@@ -38,12 +39,7 @@ impl ToolCallParser {
         };
         ToolCallParser {
             syntax,
-            sink: CallSink {
-                single_call,
-                seed,
-                choice,
-                ..CallSink::default()
-            },
+            sink: CallSink::new(single_call, seed, choice),
         }
     }
 
@@ -56,11 +52,8 @@ impl ToolCallParser {
 
     pub fn finish(&mut self) -> Vec<Piece> {
         self.syntax.finish(&mut self.sink);
-        if self.sink.calls == 0 {
-            let held = std::mem::take(&mut self.sink.held_ws);
-            push_piece(&mut self.sink.pieces, Piece::Content(held));
-        }
-        std::mem::take(&mut self.sink.pieces)
+        self.sink.end();
+        self.sink.take()
     }
 }
 
@@ -80,6 +73,35 @@ pub struct CallSink {
 }
 
 impl CallSink {
+    /// `seed` and `choice` make the call ids; `single_call` leaves out calls after the first.
+    pub fn new(single_call: bool, seed: u128, choice: u32) -> Self {
+        CallSink {
+            single_call,
+            seed,
+            choice,
+            ..CallSink::default()
+        }
+    }
+
+    /// The pieces reported since the last take.
+    pub fn take(&mut self) -> Vec<Piece> {
+        std::mem::take(&mut self.pieces)
+    }
+
+    /// The output ended: whitespace held after content is content after all, unless calls
+    /// followed it (then it only separated them).
+    pub fn end(&mut self) {
+        if self.calls == 0 {
+            let held = std::mem::take(&mut self.held_ws);
+            push_piece(&mut self.pieces, Piece::Content(held));
+        }
+    }
+
+    /// Reasoning text, passed through as it is (a syntax that has a reasoning channel).
+    pub fn reasoning(&mut self, text: &str) {
+        push_piece(&mut self.pieces, Piece::Reasoning(text.to_owned()));
+    }
+
     /// Passes `c` through as content unless it completes `marker` (held back while it might);
     /// true when the marker was just read.
     pub fn content_until(&mut self, watch: &mut MarkerWatch, c: char, marker: &str) -> bool {
