@@ -17,7 +17,8 @@ pub struct FunctionSpec<'a> {
 
 /// The grammar for `functions` in the syntax of `tool_parser` (as in
 /// [`super::tool_calls::TOOL_PARSERS`]; unknown names get Hermes). `parallel` allows more
-/// than one call. `None` when there is nothing to call.
+/// than one call (harmony has one per turn, and its grammar lets the model reason first).
+/// `None` when there is nothing to call.
 pub fn forced_call_grammar(
     tool_parser: &str,
     functions: &[FunctionSpec<'_>],
@@ -27,6 +28,7 @@ pub fn forced_call_grammar(
         return None;
     }
     Some(match tool_parser {
+        super::harmony::HARMONY => super::harmony::grammar::forced_call(functions),
         "llama3_json" | "llama3" | "llama" => {
             let call = call_schema(functions, "parameters");
             let repeat = if parallel { " (\"; \" call)*" } else { "" };
@@ -66,7 +68,7 @@ pub fn forced_call_grammar(
 /// (the template opened `<think>`: the output starts inside the block) or `qwen3` (the model
 /// may open a block itself). The reasoning is free text up to `</think>` (a lazy rule, so
 /// the grammar takes over right after it); `None` or an unknown syntax leaves the grammar as
-/// it is.
+/// it is (harmony's grammar has its reasoning in it already).
 pub fn after_reasoning(grammar: String, reasoning_parser: Option<&str>) -> String {
     let prefix = match reasoning_parser {
         Some("deepseek_r1") => {

@@ -584,3 +584,18 @@ fn a_harmony_model_keeps_its_special_tokens_and_its_reasoning_split_even_without
     let kept = validate_chat(kept, &limits).expect("valid");
     assert_eq!(kept.request.output.reasoning_parser, None);
 }
+
+#[test]
+fn a_forced_harmony_call_is_a_grammar_over_its_special_tokens_that_compiles() {
+    let limits = harmony_limits();
+    let wire = request(json!({"tools": [weather_tool()], "tool_choice": "required"}));
+    let valid = validate_chat(wire, &limits).expect("valid");
+    assert_eq!(valid.request.output.tool_parser.as_deref(), Some("harmony"));
+    match &valid.request.sampling.constraint {
+        Some(constraint @ Constraint::Lark { grammar }) => {
+            assert!(grammar.contains("<|channel|> \"commentary to=functions.get_weather \""));
+            assert_eq!(fallow_protocol::grammar::check(constraint), Ok(()));
+        }
+        other => panic!("expected a Lark constraint, got {other:?}"),
+    }
+}

@@ -126,14 +126,15 @@ pub fn check(constraint: &Constraint) -> Result<(), String> {
 }
 
 /// Whether `constraint` admits `text` as a whole output (over bytes, no model needed): for
-/// tests and diagnostics of what a grammar allows.
+/// tests and diagnostics of what a grammar allows. The [`NAMED_SPECIALS`] in `text` are read
+/// as those special tokens, everything else byte by byte.
 pub fn admits(constraint: &Constraint, text: &str) -> Result<bool, String> {
     let factory = byte_factory()?;
     let parser = factory
         .create_parser(top_level_grammar(constraint))
         .map_err(|e| first_line(&e.to_string()))?;
     let mut matcher = llguidance::Matcher::new(Ok(parser));
-    let bytes: Vec<TokenId> = text.bytes().map(TokenId::from).collect();
+    let bytes = ByteEnv::tokens(text);
     let valid = matcher
         .validate_tokens(&bytes)
         .map_err(|e| first_line(&e.to_string()))?;
@@ -167,22 +168,63 @@ fn byte_factory() -> Result<&'static ParserFactory, String> {
         .map_err(Clone::clone)
 }
 
-/// Tokens 0..=254 are single bytes; 255 (a byte no UTF-8 text contains) is EOS.
+/// The special tokens Fallow's own grammars name: harmony's (gpt-oss), whose forced calls
+/// spell its headers with them. They are in the byte vocabulary so that those grammars
+/// compile, and can be tested, without a model.
+pub const NAMED_SPECIALS: [&str; 7] = [
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|constrain|>",
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
+];
+
+/// Tokens 0..=254 are single bytes; 255 (a byte no UTF-8 text contains) is EOS; the
+/// [`NAMED_SPECIALS`] follow, from 256.
 struct ByteEnv {
     trie: TokTrie,
 }
 
 impl ByteEnv {
     const EOS: TokenId = 255;
+    const FIRST_SPECIAL: TokenId = 256;
 
     fn new() -> Self {
         let mut words: Vec<Vec<u8>> = (0u8..255).map(|b| vec![b]).collect();
-        let mut eos = vec![TokTrie::SPECIAL_TOKEN_MARKER];
-        eos.extend_from_slice(b"<eos>");
-        words.push(eos);
-        ByteEnv {
-            trie: TokTrie::from(&TokRxInfo::new(256, Self::EOS), &words),
+        for name in std::iter::once("<eos>").chain(NAMED_SPECIALS) {
+            let mut word = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+            word.extend_from_slice(name.as_bytes());
+            words.push(word);
         }
+        let size = words.len() as u32;
+        ByteEnv {
+            trie: TokTrie::from(&TokRxInfo::new(size, Self::EOS), &words),
+        }
+    }
+
+    /// `text` as this vocabulary's tokens: named specials as themselves, the rest as bytes.
+    fn tokens(text: &str) -> Vec<TokenId> {
+        let mut tokens = Vec::with_capacity(text.len());
+        let mut rest = text;
+        while !rest.is_empty() {
+            let special = (Self::FIRST_SPECIAL..)
+                .zip(NAMED_SPECIALS)
+                .find(|(_, name)| rest.starts_with(name));
+            match special {
+                Some((id, name)) => {
+                    tokens.push(id);
+                    rest = &rest[name.len()..];
+                }
+                None => {
+                    let len = rest.chars().next().map_or(1, char::len_utf8);
+                    tokens.extend(rest.as_bytes()[..len].iter().map(|&b| TokenId::from(b)));
+                    rest = &rest[len..];
+                }
+            }
+        }
+        tokens
     }
 }
 

@@ -14,11 +14,14 @@
 //! `<|return|>` and `<|call|>` end generation, so the engine does not write them into the
 //! text; the end of the output closes the last message as well.
 //!
+//! A forced call is held to [`grammar::forced_call`].
+//!
 //! Text outside any message is content, and so is a header that never reaches
 //! `<|message|>` within [`header::MAX_HEADER`] bytes or a line: malformed output degrades to
 //! content, never to an error. A header cut off by the end of the output carries no text
 //! and is dropped.
 
+pub mod grammar;
 mod header;
 
 use super::markers::{MarkerWatch, Watch};
