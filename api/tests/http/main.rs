@@ -11,6 +11,7 @@ mod chat;
 mod completions;
 mod embeddings;
 mod errors;
+mod harmony;
 mod local_mode;
 mod ops;
 mod rate_limits;

@@ -37,8 +37,8 @@ async fn models_are_listed_and_fetched_by_id_with_slashes() {
         .iter()
         .filter_map(|m| m["id"].as_str())
         .collect();
-    assert_eq!(ids.len(), 3, "{list}");
-    assert!(ids.contains(&THINKER) && ids.contains(&EMBEDDER));
+    assert_eq!(ids.len(), 4, "{list}");
+    assert!(ids.contains(&THINKER) && ids.contains(&GPT_OSS) && ids.contains(&EMBEDDER));
     let model = list["data"]
         .as_array()
         .and_then(|d| d.iter().find(|m| m["id"] == MODEL))

@@ -16,6 +16,8 @@ use uuid::Uuid;
 pub const MODEL: &str = "test-org/test-model";
 /// A model whose runner published Hermes tool calls and Qwen3-style reasoning.
 pub const THINKER: &str = "test-org/thinker";
+/// A model whose runner published harmony (gpt-oss) for calls and reasoning.
+pub const GPT_OSS: &str = "test-org/gpt-oss";
 pub const CONTEXT: u32 = 2048;
 /// An embedding model of 4 dimensions that may be cut to 2.
 pub const EMBEDDER: &str = "test-org/embedder";
@@ -110,6 +112,20 @@ pub async fn spawn_app_on(config: ApiConfig, redis: &str) -> TestApp {
                 lora_path: None,
             },
             ModelEntry {
+                id: GPT_OSS.into(),
+                context_length: CONTEXT,
+                owned_by: "fallow".into(),
+                created: 1_700_000_000,
+                tool_parser: Some("harmony".into()),
+                reasoning_parser: Some("harmony".into()),
+                kind: Default::default(),
+                dimensions: None,
+                matryoshka_dimensions: Vec::new(),
+                parent: None,
+                lora_dir: false,
+                lora_path: None,
+            },
+            ModelEntry {
                 id: EMBEDDER.into(),
                 context_length: 512,
                 owned_by: "fallow".into(),
@@ -124,7 +140,12 @@ pub async fn spawn_app_on(config: ApiConfig, redis: &str) -> TestApp {
                 lora_path: None,
             },
         ],
-        warm: vec![MODEL.into(), THINKER.into(), EMBEDDER.into()],
+        warm: vec![
+            MODEL.into(),
+            THINKER.into(),
+            GPT_OSS.into(),
+            EMBEDDER.into(),
+        ],
         pool: runners::DEFAULT_POOL.into(),
     };
     let runner_id = runners::register(&pool, &info)
