@@ -135,7 +135,8 @@ fn chat_tokens(
 }
 
 /// One message as templates read it: `content` is `null` for a turn that only called tools
-/// (as in transformers), `tool_calls` carry their arguments as an object.
+/// (as in transformers), `tool_calls` carry their arguments as an object, reasoning is both
+/// `reasoning_content` (Qwen3) and `thinking` (gpt-oss).
 fn message_value(message: &ChatMessage) -> Value {
     let mut value = json!({
         "role": message.role.as_str(),
@@ -152,6 +153,8 @@ fn message_value(message: &ChatMessage) -> Value {
     }
     if let Some(reasoning) = &message.reasoning_content {
         value["reasoning_content"] = json!(reasoning);
+        // gpt-oss's template reads an assistant turn's reasoning as `thinking`.
+        value["thinking"] = json!(reasoning);
     }
     value
 }
@@ -198,6 +201,7 @@ mod tests {
                 "tool_calls": [{"id": "call_1", "type": "function",
                                 "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
                 "reasoning_content": "think",
+                "thinking": "think",
             })
         );
     }

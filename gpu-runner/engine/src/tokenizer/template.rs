@@ -109,12 +109,40 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| TemplateError::Render(describe(&e)))?;
-        let rendered = template.render(&ctx).map_err(|e| render_error(&e))?;
+        let rendered = match template.render(&ctx).map_err(|e| render_error(&e)) {
+            Ok(rendered) => rendered,
+            Err(TemplateError::Render(message)) if messages.iter().any(has_null_content) => {
+                // Some templates (gpt-oss's) test `'…' in message.content`, which fails on the
+                // `null` content of a turn that only called tools; as llama.cpp does, they get
+                // an empty text instead. The first error stands if that fails too.
+                let texts: Vec<serde_json::Value> = messages.iter().map(with_text).collect();
+                ctx.insert("messages".into(), Value::from_serialize(&texts));
+                template
+                    .render(&ctx)
+                    .map_err(|_| TemplateError::Render(message))?
+            }
+            Err(e) => return Err(e),
+        };
         if continue_final_message {
             return cut_after_final_message(rendered, messages);
         }
         Ok(rendered)
     }
+}
+
+fn has_null_content(message: &serde_json::Value) -> bool {
+    message
+        .get("content")
+        .is_some_and(serde_json::Value::is_null)
+}
+
+/// `message` with a `null` content replaced by an empty text.
+fn with_text(message: &serde_json::Value) -> serde_json::Value {
+    let mut message = message.clone();
+    if has_null_content(&message) {
+        message["content"] = serde_json::Value::String(String::new());
+    }
+    message
 }
 
 /// Like transformers: find the final message's text in the prompt and cut right after it,

@@ -165,3 +165,19 @@ fn none_prints_like_python_and_raise_exception_works_inside_macros() {
     let printed = render("{{ messages[0].content }}", &messages).unwrap();
     assert_eq!(printed, "None");
 }
+
+#[test]
+fn a_template_that_cannot_test_null_content_gets_an_empty_text_instead() {
+    let source = "{% for m in messages %}{% if '<x>' in m.content %}bad{% endif %}[{{ m.content }}]{% endfor %}";
+    let messages = [
+        json!({"role": "user", "content": "hi"}),
+        json!({"role": "assistant", "content": null}),
+    ];
+    assert_eq!(render(source, &messages).unwrap(), "[hi][]");
+    // A failure that is not about the content stays the first error.
+    let broken = "{{ messages[0].content }}{{ 1 + none }}";
+    assert!(matches!(
+        render(broken, &messages),
+        Err(TemplateError::Render(_))
+    ));
+}
