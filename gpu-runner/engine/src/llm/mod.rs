@@ -111,10 +111,10 @@ impl LlmEngine {
     }
 
     /// Adds end-of-generation ids the tokenizer does not know about (e.g. from an HF
-    /// `generation_config.json`).
+    /// `generation_config.json`), except one the tokenizer knows ends only a message.
     pub fn add_eos_ids(&mut self, ids: &[u32]) {
         for &id in ids {
-            if !self.eos_ids.contains(&id) {
+            if !self.eos_ids.contains(&id) && !self.tokenizer.ends_only_a_message(id) {
                 self.eos_ids.push(id);
             }
         }

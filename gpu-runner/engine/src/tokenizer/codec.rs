@@ -22,6 +22,27 @@ pub(super) const END_OF_GENERATION_TEXTS: [&str; 7] = [
     "<EOT>",
 ];
 
+/// Harmony (gpt-oss) ends a turn with `<|return|>` (an answer) or `<|call|>` (a tool call);
+/// its `<|end|>` only ends one message of the turn, such as the reasoning before the answer.
+const HARMONY_TURN_ENDS: [&str; 2] = ["<|return|>", "<|call|>"];
+
+/// In a harmony vocabulary (one that has both turn ends), those end generation and
+/// `<|end|>` does not, although it ends the turns of other vocabularies (Phi-3), as
+/// llama.cpp decides too. Returns harmony's `<|end|>`, which ends only a message.
+fn harmony_turn_ends(table: &TokenTable, eos_ids: &mut Vec<u32>) -> Option<u32> {
+    let ends: Vec<u32> = HARMONY_TURN_ENDS
+        .iter()
+        .filter_map(|text| table.find(text))
+        .collect();
+    if ends.len() < HARMONY_TURN_ENDS.len() {
+        return None;
+    }
+    eos_ids.extend(ends);
+    let end = table.find("<|end|>")?;
+    eos_ids.retain(|&id| id != end);
+    Some(end)
+}
+
 /// How ordinary (non-special) text becomes ids.
 pub(super) enum TextEncoder {
     /// Byte-level BPE from GGUF; special tokens are split out by [`SpecialSplitter`] first.
@@ -53,6 +74,8 @@ pub struct Tokenizer {
     bos: Option<u32>,
     eos: Option<u32>,
     eos_ids: Vec<u32>,
+    /// A token that ends a message within a turn, never generation (harmony's `<|end|>`).
+    message_end: Option<u32>,
     add_bos: bool,
     add_space_prefix: bool,
     chat_template: Option<String>,
@@ -130,6 +153,7 @@ impl Tokenizer {
         for text in END_OF_GENERATION_TEXTS {
             eos_ids.extend(parts.table.find(text));
         }
+        let message_end = harmony_turn_ends(&parts.table, &mut eos_ids);
         let mut seen = std::collections::HashSet::new();
         eos_ids.retain(|id| seen.insert(*id));
         Self {
@@ -139,6 +163,7 @@ impl Tokenizer {
             bos: parts.bos,
             eos: parts.eos,
             eos_ids,
+            message_end,
             add_bos: parts.add_bos,
             add_space_prefix: parts.add_space_prefix,
             chat_template: parts.chat_template,
@@ -259,6 +284,12 @@ impl Tokenizer {
     /// `<|im_end|>` and `<end_of_turn>` when the vocabulary has them.
     pub fn eos_ids(&self) -> Vec<u32> {
         self.eos_ids.clone()
+    }
+
+    /// Whether `id` ends only a message within a turn (harmony's `<|end|>`): a model's
+    /// configuration that lists it as an end of generation is overruled.
+    pub fn ends_only_a_message(&self, id: u32) -> bool {
+        self.message_end == Some(id)
     }
 
     pub fn is_eos(&self, id: u32) -> bool {

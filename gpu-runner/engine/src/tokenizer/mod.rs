@@ -10,7 +10,7 @@
 //!   minijinja, with Python-style `tojson` ([`pyjson`]); [`GEMMA_CHAT_TEMPLATE`] for Gemma
 //!   models whose files carry none.
 //! - [`OutputSyntax`] ([`template_syntax`]): the tool-call and reasoning syntax a template
-//!   reveals, published so the api can parse the model's output.
+//!   reveals (`harmony` for gpt-oss), published so the api can parse the model's output.
 //! - [`vocab`]: the `tokenizer.ggml.*` metadata as plain data.
 
 pub mod bpe;
@@ -34,6 +34,8 @@ mod codec_tests;
 mod fixture_tests;
 #[cfg(test)]
 mod gemma_tests;
+#[cfg(test)]
+mod harmony_tests;
 #[cfg(test)]
 mod hf_files_tests;
 #[cfg(test)]

@@ -1,20 +1,35 @@
 //! What a chat template tells about the model's output syntax: how it writes tool calls and
-//! whether it reasons in `<think>` blocks. The api parses the output by these names (runners
-//! publish them with their models); a model's configuration may override them.
+//! whether it reasons in `<think>` blocks, or speaks harmony (gpt-oss), whose channels carry
+//! both. The api parses the output by these names (runners publish them with their models);
+//! a model's configuration may override them.
+
+/// The parser name of OpenAI's harmony format, for tool calls and reasoning alike.
+pub const HARMONY: &str = "harmony";
+
+/// The marker only harmony templates write: every message names its channel.
+const HARMONY_CHANNEL: &str = "<|channel|>";
 
 /// The output syntaxes a template reveals; `None` where it reveals nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OutputSyntax {
-    /// `hermes`, `llama3_json` or `mistral`.
+    /// `hermes`, `llama3_json`, `mistral` or `harmony`.
     pub tool_parser: Option<String>,
-    /// `qwen3` (the model opens `<think>` itself) or `deepseek_r1` (the generation prompt
-    /// already opened it).
+    /// `qwen3` (the model opens `<think>` itself), `deepseek_r1` (the generation prompt
+    /// already opened it) or `harmony` (the `analysis` channel).
     pub reasoning_parser: Option<String>,
 }
 
 impl OutputSyntax {
     /// Reads the syntaxes off a template's source.
     pub fn detect(template: &str) -> Self {
+        if template.contains(HARMONY_CHANNEL) {
+            // Harmony (gpt-oss): reasoning and calls are messages on channels, read by one
+            // parser that the api knows under this name for both roles.
+            return OutputSyntax {
+                tool_parser: Some(HARMONY.to_owned()),
+                reasoning_parser: Some(HARMONY.to_owned()),
+            };
+        }
         OutputSyntax {
             tool_parser: tool_parser(template).map(str::to_owned),
             reasoning_parser: reasoning_parser(template).map(str::to_owned),
@@ -110,6 +125,12 @@ mod tests {
     fn llama_and_mistral_templates_are_recognised() {
         assert_eq!(names(LLAMA31), some("llama3_json", None));
         assert_eq!(names(MISTRAL), some("mistral", None));
+    }
+
+    #[test]
+    fn a_harmony_template_uses_harmony_for_calls_and_reasoning() {
+        let gpt_oss = r#"{{- "<|start|>assistant<|channel|>final<|message|>" + message.content + "<|end|>" }}{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}"#;
+        assert_eq!(names(gpt_oss), some("harmony", Some("harmony")));
     }
 
     #[test]
