@@ -148,3 +148,42 @@ fn malformed_and_truncated_output_degrades_to_content_without_panicking() {
         parse(text);
     }
 }
+
+#[test]
+fn any_mix_of_markers_and_text_reads_the_same_streamed_and_never_panics() {
+    const PARTS: [&str; 14] = [
+        "<|start|>",
+        "assistant",
+        "<|channel|>",
+        "analysis",
+        "final",
+        "commentary to=functions.f ",
+        "<|constrain|>json",
+        "<|message|>",
+        "<|end|>",
+        "<|call|>",
+        "<|return|>",
+        "{\"a\": \"<|\"}",
+        " \n",
+        "é<",
+    ];
+    // A small linear congruential generator: the same texts on every run.
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = |n: usize| {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (state >> 33) as usize % n
+    };
+    for _ in 0..200 {
+        let text: String = (0..1 + next(12))
+            .map(|_| PARTS[next(PARTS.len())])
+            .collect();
+        for (split, calls) in [(true, true), (false, false)] {
+            let whole = parse_in(&[&text], split, calls);
+            let chars: Vec<String> = text.chars().map(String::from).collect();
+            let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
+            assert_eq!(parse_in(&chars, split, calls), whole, "{text:?}");
+        }
+    }
+}
