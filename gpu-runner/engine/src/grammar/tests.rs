@@ -253,3 +253,91 @@ fn json_schema_masks_are_cheap_to_compute() {
     eprintln!("{steps} masks, {per_token:?} per mask + advance");
     assert!(per_token.as_millis() < 50, "{per_token:?}");
 }
+
+/// A byte-fallback vocabulary with harmony's markers as control tokens, as gpt-oss's are.
+fn harmony_vocabulary() -> Arc<Tokenizer> {
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    let mut types = vec![2, 3, 3];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+    }
+    for special in [
+        "<|start|>",
+        "<|channel|>",
+        "<|message|>",
+        "<|constrain|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+    ] {
+        tokens.push(special.into());
+        types.push(3);
+    }
+    let scores = Some(vec![0.0; tokens.len()]);
+    let vocab = crate::tokenizer::GgufVocab {
+        model: "llama".into(),
+        tokens,
+        scores,
+        token_types: Some(types),
+        bos_id: Some(1),
+        eos_id: Some(2),
+        ..Default::default()
+    };
+    Arc::new(Tokenizer::from_gguf_vocab(&vocab).expect("vocabulary builds"))
+}
+
+#[test]
+fn a_grammar_naming_harmonys_markers_allows_them_as_special_tokens_only() {
+    let tok = harmony_vocabulary();
+    let mut g = grammars(&tok);
+    // As the api writes a forced harmony call (`parsers::harmony::grammar`).
+    let grammar = "start: analysis? call\n\
+                   analysis: <|channel|> \"analysis\" <|message|> REASONING <|end|> <|start|> \"assistant\"\n\
+                   REASONING: /(?s:.*)/\n\
+                   call: call_0\n\
+                   call_0: <|channel|> \"commentary to=functions.f \" <|constrain|> \"json\" <|message|> args_0\n\
+                   args_0: %json {\"type\": \"object\", \"properties\": {}, \"additionalProperties\": false}\n";
+    let mut grammar = g
+        .compile(&Constraint::Lark {
+            grammar: grammar.into(),
+        })
+        .expect("compiles against the vocabulary");
+    let special = |text: &str| {
+        (0..tok.vocab_size() as u32)
+            .find(|&id| tok.vocab_entry(id) == Some(text))
+            .expect("in the vocabulary")
+    };
+    let byte = |b: u8| 3 + u32::from(b);
+    let text = |s: &str| s.bytes().map(byte).collect::<Vec<u32>>();
+    let call = special("<|call|>");
+    assert_eq!(allowed(&mut grammar), [special("<|channel|>")]);
+    let mut walk = vec![special("<|channel|>")];
+    walk.extend(text("analysis"));
+    walk.push(special("<|message|>"));
+    walk.extend(text("hm <|end"));
+    walk.extend([special("<|end|>"), special("<|start|>")]);
+    walk.extend(text("assistant"));
+    walk.push(special("<|channel|>"));
+    walk.extend(text("commentary to=functions.f "));
+    walk.push(special("<|constrain|>"));
+    walk.extend(text("json"));
+    walk.push(special("<|message|>"));
+    walk.extend(text("{"));
+    for &token in &walk {
+        assert!(grammar.allows(token), "token {token} is allowed");
+        assert!(!grammar.allows(call), "no end before the arguments");
+        assert_eq!(grammar.advance(token).unwrap(), Advance::Continue);
+    }
+    assert!(
+        !grammar.allows(byte(b'<')),
+        "the markers are never spelled as text"
+    );
+    let close = byte(b'}');
+    assert!(grammar.allows(close));
+    let step = grammar.advance(close).unwrap();
+    assert!(
+        step == Advance::Complete || grammar.allows(call),
+        "{step:?}"
+    );
+}
