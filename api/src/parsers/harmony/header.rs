@@ -13,6 +13,9 @@ pub const MAX_HEADER: usize = 256;
 /// What a header says about the message after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
+    /// Who writes the message: the word after `<|start|>` (`None` for a bare channel, which
+    /// continues the assistant's turn).
+    pub author: Option<String>,
     /// `analysis`, `commentary`, `final`, … (`None` when the header names none).
     pub channel: Option<String>,
     /// The `to=` recipient, as written (`functions.get_weather`).
@@ -32,12 +35,25 @@ impl Header {
             .find_map(|w| w.strip_prefix("to="))
             .filter(|r| !r.is_empty())
             .map(str::to_owned);
-        Header { channel, recipient }
+        let author = raw
+            .strip_prefix(super::START)
+            .and_then(|rest| words(rest).next())
+            .filter(|w| !w.starts_with("to="))
+            .map(str::to_owned);
+        Header {
+            author,
+            channel,
+            recipient,
+        }
     }
 
-    /// The function a message addressed to `functions.NAME` calls; any other recipient (a
-    /// built-in tool such as `browser.search`) is named as written.
+    /// The function a message of the assistant addressed to `functions.NAME` calls; any
+    /// other recipient (a built-in tool such as `browser.search`) is named as written. A
+    /// message by anyone else (a tool's answer the model went on to imagine) calls nothing.
     pub fn function(&self) -> Option<&str> {
+        if self.author.as_deref().is_some_and(|a| a != "assistant") {
+            return None;
+        }
         self.recipient
             .as_deref()
             .map(|r| r.strip_prefix("functions.").unwrap_or(r))
@@ -61,8 +77,9 @@ fn words(raw: &str) -> impl Iterator<Item = &str> {
 mod tests {
     use super::*;
 
-    fn header(channel: Option<&str>, recipient: Option<&str>) -> Header {
+    fn header(author: Option<&str>, channel: Option<&str>, recipient: Option<&str>) -> Header {
         Header {
+            author: author.map(str::to_owned),
             channel: channel.map(str::to_owned),
             recipient: recipient.map(str::to_owned),
         }
@@ -72,26 +89,41 @@ mod tests {
     fn the_channel_and_the_recipient_are_read_wherever_the_recipient_stands() {
         assert_eq!(
             Header::parse("<|channel|>analysis"),
-            header(Some("analysis"), None)
+            header(None, Some("analysis"), None)
         );
         assert_eq!(
             Header::parse("<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"),
-            header(Some("commentary"), Some("functions.get_weather"))
+            header(
+                Some("assistant"),
+                Some("commentary"),
+                Some("functions.get_weather")
+            )
         );
         assert_eq!(
             Header::parse("<|start|>assistant to=functions.f<|channel|>commentary json"),
-            header(Some("commentary"), Some("functions.f"))
+            header(Some("assistant"), Some("commentary"), Some("functions.f"))
         );
     }
 
     #[test]
     fn a_header_without_a_channel_has_none_and_a_bare_recipient_is_kept() {
         let parsed = Header::parse("<|start|>assistant to=browser.search");
-        assert_eq!(parsed, header(None, Some("browser.search")));
+        assert_eq!(
+            parsed,
+            header(Some("assistant"), None, Some("browser.search"))
+        );
         assert_eq!(parsed.function(), Some("browser.search"));
         assert_eq!(
             Header::parse("<|channel|>commentary to=functions.f").function(),
             Some("f")
         );
+    }
+
+    #[test]
+    fn a_message_written_by_a_tool_calls_nothing() {
+        let answer =
+            Header::parse("<|start|>functions.get_weather to=assistant<|channel|>commentary");
+        assert_eq!(answer.author.as_deref(), Some("functions.get_weather"));
+        assert_eq!(answer.function(), None);
     }
 }

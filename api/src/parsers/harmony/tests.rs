@@ -187,3 +187,13 @@ fn any_mix_of_markers_and_text_reads_the_same_streamed_and_never_panics() {
         }
     }
 }
+
+#[test]
+fn a_tools_answer_the_model_goes_on_to_imagine_is_no_call() {
+    let m = parse(
+        "<|channel|>commentary to=functions.f<|message|>{}<|call|>\
+         <|start|>functions.f to=assistant<|channel|>commentary<|message|>\"sunny\"<|end|>",
+    );
+    assert_eq!(m.tool_calls, [call(0, "f", "{}")]);
+    assert_eq!(m.content, "\"sunny\"");
+}
