@@ -104,6 +104,40 @@ fn generate_on_cuda_streams_tokens_from_the_emulated_gpu() {
 }
 
 #[test]
+fn bench_engine_on_cuda_serves_the_base_and_many_lora_adapters_side_by_side() {
+    let Some(preload) = emulated_driver() else {
+        return;
+    };
+    // c5.: each of 4 sequences over its own random adapter, beside the base alone.
+    let out = fallow(
+        &preload,
+        &[("FALLOW_CUDA_DEBUG", "gemv=w8u4,quick-tuning")],
+        &[
+            "bench",
+            "engine",
+            "--model",
+            &tiny("qwen3"),
+            "--device",
+            "cuda",
+            "--concurrency",
+            "4",
+            "--prompt-tokens",
+            "8",
+            "--gen-tokens",
+            "8",
+            "--kv-cache-mib",
+            "64",
+            "--loras",
+            "1,4",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for row in ["lora x1", "lora x4", "4 adapters/base"] {
+        assert!(stdout.contains(row), "no `{row}` row in\n{stdout}");
+    }
+}
+
+#[test]
 fn bench_engine_on_cuda_runs_every_configuration_the_gpu_check_measures() {
     let Some(preload) = emulated_driver() else {
         return;

@@ -7,7 +7,7 @@
 #   c. `fallow generate` with SmolLM2-135M on cuda and on cpu; its decode speed with bf16
 #      and with quantized (the file's blocks) weights (c2; also with x as int8,
 #      FALLOW_CUDA_QUANT_X=int8), under a JSON schema (c3), and sampled
-#      with top-p 0.9 (c4)
+#      with top-p 0.9 (c4), and over 1, 4 and 16 LoRA adapters (c5)
 #   d. a random-weight Llama-3.1-8B shaped bf16 checkpoint (make_random_llama.py)
 #   e. the GPU's memory read bandwidth (bandwidth.py)
 #   f. `fallow bench engine` on that checkpoint (f3: per-kernel GPU time, FALLOW_CUDA_DEBUG=profile;
@@ -370,6 +370,11 @@ PY
   run_step "c3. SmolLM2 bench, JSON schema" 60 "$WORK/smol-bench-json.log" \
     "$FALLOW" bench engine --model "$SMOL" --device cuda --concurrency 1,16 \
     --prompt-tokens 32 --gen-tokens 64 --kv-cache-mib 2048 --json-schema bench/schema.json
+  # Many LoRA adapters over the base: 16 streams of the base alone, then over 1, 4 and 16
+  # different random rank-8 adapters (the BGMV deltas, steps run unfused and eagerly).
+  run_step "c5. SmolLM2 bench, LoRA adapters" 90 "$WORK/smol-bench-lora.log" \
+    "$FALLOW" bench engine --model "$SMOL" --device cuda --concurrency 16 \
+    --prompt-tokens 32 --gen-tokens 64 --kv-cache-mib 2048 --loras 1,4,16
   # Sampled decoding with top-p (the threshold searched among gathered tokens on the GPU)
   # against c2's greedy decoding of the same model.
   run_step "c4. SmolLM2 bench, top-p sampling" 60 "$WORK/smol-bench-sampled.log" \

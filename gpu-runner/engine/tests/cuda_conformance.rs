@@ -41,6 +41,7 @@ use fallow_engine::backend::cuda::{
 use fallow_engine::backend::{Backend, LogitsMode, NoMasks, ReadyMasks, SeqSlice};
 use fallow_engine::footprint::KvPoolSize;
 use fallow_engine::llm::EngineRequest;
+use fallow_engine::lora::{peft, LoraAdapter, LoraPrecision};
 use fallow_engine::model::{self, DenseFfn, FeedForward, LayerWeights, ModelArtifacts, Weights};
 use fallow_engine::quant::{GgmlType, QMatrix};
 use fallow_engine::runtime::{load, Device, LoadOptions};
@@ -339,6 +340,134 @@ fn a_mixture_of_experts_in_its_q8_0_blocks_decodes_as_from_bf16_weights() {
     let worst = chunked_prefill_then_decodes_diff(&mut bf16, &mut blocks, vocab);
     eprintln!("qwen3_moe Q8_0 blocks vs bf16: max relative |Δ logit| {worst:.4}");
     assert!(worst <= RELATIVE_TOLERANCE, "{worst}");
+}
+
+/// A LoRA fixture over tiny model `base`, held in f16 as runners serve adapters.
+fn lora_fixture(name: &str, base: &ModelArtifacts) -> LoraAdapter {
+    let dir = repo_root()
+        .join("gpu-runner/engine/tests/fixtures/tiny/lora")
+        .join(name);
+    peft::load_as(&dir, name, &base.config, LoraPrecision::F16)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The largest relative |Δ logit| between two backends over three sequences, each with
+/// its own adapter (or the base), run together: one step of three prompt chunks, two steps
+/// of decodes, then a step of one sequence's second chunk beside the others' decodes.
+fn mixed_adapter_steps_diff(
+    want: &mut impl Backend,
+    got: &mut impl Backend,
+    adapters: [Option<&LoraAdapter>; 3],
+    vocab: usize,
+) -> f32 {
+    let seqs: Vec<Vec<u32>> = (0..3u32)
+        .map(|s| {
+            (0..20u32)
+                .map(|i| (i * 29 + s * 7 + 3) % vocab as u32)
+                .collect()
+        })
+        .collect();
+    let tables: Vec<Vec<u32>> = (0..3u32).map(|s| table(s * 10, 40)).collect();
+    let slice = |s: usize, from: usize, to: usize, logits| SeqSlice {
+        adapter: adapters[s],
+        tokens: &seqs[s][from..to],
+        start_pos: from,
+        block_table: &tables[s],
+        logits,
+    };
+    let steps: Vec<Vec<SeqSlice<'_>>> = vec![
+        vec![
+            slice(0, 0, 5, LogitsMode::All),
+            slice(1, 0, 7, LogitsMode::All),
+            slice(2, 0, 3, LogitsMode::All),
+        ],
+        vec![
+            slice(0, 5, 6, LogitsMode::Last),
+            slice(1, 7, 8, LogitsMode::Last),
+            slice(2, 3, 4, LogitsMode::Last),
+        ],
+        vec![
+            slice(0, 6, 7, LogitsMode::Last),
+            slice(1, 8, 9, LogitsMode::Last),
+            slice(2, 4, 5, LogitsMode::Last),
+        ],
+        vec![
+            slice(0, 7, 8, LogitsMode::Last),
+            slice(1, 9, 15, LogitsMode::All),
+            slice(2, 5, 6, LogitsMode::Last),
+        ],
+    ];
+    let mut worst = 0f32;
+    for step in &steps {
+        let (a, b) = forward_both(want, got, step);
+        worst = worst.max(relative_diff(&b, &a, vocab));
+    }
+    worst
+}
+
+#[test]
+fn lora_adapters_mixed_with_the_base_in_one_step_match_the_cpu_backend() {
+    if !gpu() {
+        return;
+    }
+    // Every target (q/k/v/o/gate/up/down) and ranks 4 and 8 over Llama; attention with
+    // rank-stabilised scaling and the feed-forward over Qwen3.
+    for (name, fixtures) in [
+        ("llama", [None, Some("llama_all_r8"), Some("llama_qv_r4")]),
+        (
+            "qwen3",
+            [Some("qwen3_attn_r8_rslora"), None, Some("qwen3_mlp_r4")],
+        ),
+    ] {
+        let artifacts = tiny(name);
+        let vocab = artifacts.config.vocab_size;
+        let loaded: Vec<Option<LoraAdapter>> = fixtures
+            .iter()
+            .map(|f| f.map(|f| lora_fixture(f, &artifacts)))
+            .collect();
+        let adapters = [loaded[0].as_ref(), loaded[1].as_ref(), loaded[2].as_ref()];
+        let (mut cpu, mut cuda) = backends(&artifacts);
+        let worst = mixed_adapter_steps_diff(&mut cpu, &mut cuda, adapters, vocab);
+        eprintln!("{name} with adapters {fixtures:?}: max relative |Δ logit| {worst:.4}");
+        assert!(worst <= RELATIVE_TOLERANCE, "{name}: {worst}");
+        // The adapters matter: without them the logits are far past the tolerance.
+        let (_, mut plain) = backends(&artifacts);
+        let (_, mut adapted) = backends(&artifacts);
+        let moved = adapter_rows_moved(&mut plain, &mut adapted, adapters, vocab);
+        eprintln!("{name}: the adapters move the logits by {moved:.4}");
+        assert!(
+            moved > 4.0 * RELATIVE_TOLERANCE,
+            "{name}: the adapters changed nothing"
+        );
+    }
+}
+
+/// How far the adapters move the logits: `base` runs the steps without adapters, `adapted`
+/// with them.
+fn adapter_rows_moved(
+    base: &mut CudaBackend,
+    adapted: &mut CudaBackend,
+    adapters: [Option<&LoraAdapter>; 3],
+    vocab: usize,
+) -> f32 {
+    let prompt: Vec<u32> = (0..9u32).map(|i| (i * 29 + 3) % vocab as u32).collect();
+    let blocks = table(0, prompt.len());
+    let mut moved = 0f32;
+    for adapter in adapters.into_iter().flatten() {
+        let run = |cuda: &mut CudaBackend, adapter| {
+            cuda.forward(&[SeqSlice {
+                adapter,
+                tokens: &prompt,
+                start_pos: 0,
+                block_table: &blocks,
+                logits: LogitsMode::All,
+            }])
+            .expect("forward")
+        };
+        let (plain, with) = (run(base, None), run(adapted, Some(adapter)));
+        moved = moved.max(relative_diff(&with, &plain, vocab));
+    }
+    moved
 }
 
 #[test]

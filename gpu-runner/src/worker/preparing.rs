@@ -337,7 +337,7 @@ impl Shared {
             return Err((
                 "invalid_request".to_string(),
                 format!(
-                    "`{}` runs on a backend that serves no LoRA adapters yet (CUDA)",
+                    "`{}` runs on a backend that serves no LoRA adapters",
                     self.name
                 ),
             ));

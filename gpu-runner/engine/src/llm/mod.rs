@@ -173,9 +173,7 @@ impl LlmEngine {
         if let Some(adapter) = &request.adapter {
             if !self.backend.serves_adapters() {
                 return Err(EngineError::InvalidRequest(
-                    "LoRA adapters are not served by the CUDA backend yet; this model runs on \
-                     CUDA"
-                        .into(),
+                    "this model's backend serves no LoRA adapters".into(),
                 ));
             }
             if !adapter.fits(self.backend.config()) {

@@ -73,7 +73,7 @@ impl Preparer {
     }
 
     /// The shape LoRA adapters must have to run over this model, or `None` when its backend
-    /// serves no adapters (CUDA, for now).
+    /// serves no adapters.
     pub fn adapter_base(&self) -> Option<&ModelConfig> {
         self.adapter_base.as_deref()
     }

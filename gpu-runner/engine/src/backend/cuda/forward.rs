@@ -12,6 +12,7 @@ use cudarc::driver::LaunchConfig;
 
 use super::attention_split::{head_blocks, AttentionSplit};
 use super::gemm::{GemvForm, GemvInput, NormAfter};
+use super::lora::Delta;
 use super::params::{
     AddRmsNorm, Embed, GatedAct, MaskRows, PagedAttention, PagedPrefill, PickRows, QkvPrepare,
     RmsNormBf16, Softcap,
@@ -21,6 +22,7 @@ use super::weights::{DeviceFfn, DeviceMatrix};
 use super::{rope_style_code, CudaBackend, CudaError};
 use crate::backend::step_masks::{wait_for_masks, words_for};
 use crate::backend::{SeqSlice, StepMasks, StepOutput};
+use crate::lora::Target;
 use crate::model::Activation;
 use crate::sampler::Sampled;
 
@@ -66,7 +68,8 @@ fn last_block_ends_rows_of(hidden: usize, threads: usize) -> bool {
 /// Threads per row of `pick_rows`.
 pub(super) const PICK_THREADS: u32 = 1024;
 
-fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {
+/// `x × y` blocks of `threads` threads, no dynamic shared memory.
+pub(super) fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (x as u32, y as u32, 1),
         block_dim: (threads, 1, 1),
@@ -161,13 +164,16 @@ impl CudaBackend {
     }
 
     pub(super) fn attention(&mut self, layer: usize, n: usize) -> Result<(), CudaError> {
-        let c = &self.config;
         let l = &self.weights.layers[layer];
         let s = &self.scratch;
         let (qkv, attn) = (addr(&s.qkv), addr(&s.attn));
         // After the first block: the previous feed-forward's end, maybe split into this.
         let input = self.next_input(layer.checked_sub(1), Product::Down(None), n);
         gemm!(self, "qkv", input, &l.wqkv, n, qkv)?;
+        if self.adapters.active() {
+            self.qkv_deltas(layer, input.x, qkv, n)?;
+        }
+        let (c, l, s) = (&self.config, &self.weights.layers[layer], &self.scratch);
 
         let inv_freq = if c.uses_local_rope(layer) {
             self.inv_freq_local.ptr()
@@ -312,6 +318,9 @@ impl CudaBackend {
     /// the head normalises): where asked for, the model has no post-norm there (Gemma's
     /// needs the whole output first), and both products are bf16 GEMVs.
     fn splits_end(&self, layer: usize, what: Product, n: usize) -> bool {
+        if self.adapters.active() {
+            return false; // an adapter's delta is added to the whole product
+        }
         let l = &self.weights.layers[layer];
         let (w, post, next) = match what {
             // A mixture of experts ends its sub-block with its own launches.
@@ -357,6 +366,7 @@ impl CudaBackend {
             GemvForm::Plain
         };
         self.options.debug.fused_norm
+            && !self.adapters.active()
             && n <= FUSED_NORM_MAX_ROWS
             && self.gemm.fuses_into_gemv(w, n)
             && last_block_ends_rows_of(self.config.hidden, self.gemm.gemv_threads(w, n, form))
@@ -390,7 +400,12 @@ impl CudaBackend {
                 }
             },
         };
-        let fused = self.gemm.fuses_into_gemv(w, n);
+        // (With adapters the down product reads the activation, which its delta needs.)
+        let fused = self.gemm.fuses_into_gemv(w, n) && !self.adapters.active();
+        let (w_cols, target) = match what {
+            Product::Output => (w.cols, Target::O),
+            Product::Down(_) => (w.cols, Target::Down),
+        };
         let mut input = input;
         if let (false, Some(kind)) = (fused, act) {
             let activated = addr(&s.act);
@@ -458,6 +473,17 @@ impl CudaBackend {
         if norm.is_some() {
             return Ok(());
         }
+        let hidden = self.config.hidden;
+        let delta = Delta {
+            target,
+            x: input,
+            k: w_cols,
+            y: proj,
+            ldy: hidden,
+            col0: 0,
+            out: hidden,
+        };
+        self.lora_delta(layer, delta, n)?;
         let (hidden, eps) = (self.config.hidden as i32, self.config.rms_eps);
         launch!(
             self,
@@ -505,7 +531,6 @@ impl CudaBackend {
             }
         };
         let c = &self.config;
-        let l = &self.weights.layers[layer];
         let s = &self.scratch;
         let (xn, gate_up, head_in) = (addr(&s.xn), addr(&s.gate_up), addr(&s.head_in));
         // Attention's end, maybe split into the gate/up product.
@@ -517,6 +542,7 @@ impl CudaBackend {
         // Both products decode GEMVs: the gate/up one writes the activation itself (bf16,
         // into `act`), and the down one reads it as a plain product.
         let glu = self.options.debug.fused_glu
+            && !self.adapters.active()
             && self.gemm.fuses_into_gemv(w_gate_up, n)
             && self.gemm.fuses_into_gemv(w_down, n);
         let (input, down) = if glu {
@@ -531,8 +557,16 @@ impl CudaBackend {
             (activated, Product::Down(None))
         } else {
             gemm!(self, "gate_up", ffn_in, w_gate_up, n, gate_up)?;
+            if self.adapters.active() {
+                self.gate_up_deltas(layer, ffn_in.x, gate_up, n)?;
+            }
             (gate_up, Product::Down(Some(act)))
         };
+        let w_down = self.weights.layers[layer]
+            .ffn
+            .down()
+            .ok_or_else(|| CudaError::Failure(format!("layer {layer} has no down projection")))?;
+        let l = &self.weights.layers[layer];
         let gated = !glu;
         let post = addr(&l.post_ffn_norm);
         // After the last block: the final norm, straight into the LM head's input where the

@@ -12,8 +12,8 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 
 /// The kernel source (also compiled by the PTX test on machines without a GPU): the step's
 /// row kernels and GEMV with the helpers all share, attention, the tensor-core GEMV, token
-/// picking, the kernels that read GGUF block formats, their int8 tensor-core products, and
-/// the mixture-of-experts feed-forward's.
+/// picking, the kernels that read GGUF block formats, their int8 tensor-core products, the
+/// mixture-of-experts feed-forward's, and the LoRA deltas.
 pub const SOURCE: &str = concat!(
     include_str!("kernels/kernels.cu"),
     include_str!("kernels/attention.cu"),
@@ -22,7 +22,8 @@ pub const SOURCE: &str = concat!(
     include_str!("kernels/pick.cu"),
     include_str!("kernels/quant.cu"),
     include_str!("kernels/mmq.cu"),
-    include_str!("kernels/moe.cu")
+    include_str!("kernels/moe.cu"),
+    include_str!("kernels/lora.cu")
 );
 
 /// The values `#define NAME value` lines of [`SOURCE`] give `name` (tests check the constants
@@ -39,7 +40,7 @@ pub(super) fn source_defines(name: &str) -> Vec<&'static str> {
 }
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 110] = [
+pub const NAMES: [&str; 112] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -150,6 +151,8 @@ pub const NAMES: [&str; 110] = [
     "moe_gemv_q5_k",
     "moe_gemv_q6_k",
     "moe_combine",
+    "lora_shrink",
+    "lora_expand",
 ];
 
 /// NVRTC's options besides the architecture.
@@ -622,6 +625,7 @@ mod tests {
             ATTN_THREADS, ELEMENT_THREADS, HEAD_THREADS, PICK_THREADS, ROW_THREADS,
         };
         use super::super::gemm::{EXPAND_THREADS, QUANT_GEMV_WARPS};
+        use super::super::lora::SHRINK_THREADS;
         use super::super::mmq::{MMQ_SUM_THREADS, MMQ_WARPS};
         use super::super::moe::{ROUTE_THREADS, SORT_THREADS};
         use super::super::prefill::PrefillKernel;
@@ -636,7 +640,10 @@ mod tests {
         let threads = match name {
             "embed" | "rms_norm_bf16" | "add_rms_norm" => ROW_THREADS,
             "qkv_prepare" => HEAD_THREADS,
-            "gated_act" | "softcap" | "mask_rows" | "moe_combine" => ELEMENT_THREADS,
+            "gated_act" | "softcap" | "mask_rows" | "moe_combine" | "lora_expand" => {
+                ELEMENT_THREADS
+            }
+            "lora_shrink" => SHRINK_THREADS,
             "moe_route" | "moe_gather" => ROUTE_THREADS,
             "moe_sort" => SORT_THREADS,
             "pick_rows" => PICK_THREADS,

@@ -25,6 +25,7 @@ mod graphs;
 pub mod kernels;
 mod l2_prefetch;
 mod launch;
+mod lora;
 mod mmq;
 mod moe;
 mod options;
@@ -52,6 +53,7 @@ use self::graphs::{DecodeGraphs, GraphKey, Replay};
 use self::kernels::Kernels;
 use self::l2_prefetch::L2Prefetch;
 use self::launch::Launcher;
+use self::lora::DeviceAdapters;
 pub use self::prefill::PrefillKernel;
 use self::step::{Padding, Scratch, StepInputs};
 use self::weights::DeviceWeights;
@@ -141,6 +143,8 @@ pub struct CudaBackend {
     /// The step's grammar masks on their way to `scratch.masks`.
     host_masks: Vec<u32>,
     graphs: DecodeGraphs,
+    /// LoRA adapters on the device, and the step's.
+    adapters: DeviceAdapters,
     profiler: Profiler,
     /// GPU vs host time per step shape, with graphs on (`step-clock`).
     step_clock: StepClock,
@@ -253,6 +257,7 @@ impl CudaBackend {
             scratch: Scratch::default(),
             host_masks: Vec::new(),
             graphs: DecodeGraphs::new(true),
+            adapters: DeviceAdapters::default(),
             profiler: Profiler::default(),
             step_clock: StepClock::default(),
             stream,
@@ -277,7 +282,12 @@ impl CudaBackend {
         masks: &mut dyn StepMasks,
     ) -> Result<StepOutput, CudaError> {
         self.ctx.bind_to_thread().map_err(CudaError::driver)?;
-        let key = self.graphs.key_for(batch, self.block_size);
+        // A step with adapters runs eagerly (its deltas are launched per step's adapters).
+        let key = if self.adapters.active() {
+            None
+        } else {
+            self.graphs.key_for(batch, self.block_size)
+        };
         let padding = key.map(|k| Padding {
             tokens: k.tokens,
             table_width: k.table_width,
@@ -368,6 +378,10 @@ impl Backend for CudaBackend {
         true
     }
 
+    fn serves_adapters(&self) -> bool {
+        true
+    }
+
     /// Rows that pick a token (greedy or drawn, masked by a grammar or not) go through the
     /// LM head with the others, but only their token comes back.
     fn forward_step(
@@ -375,16 +389,14 @@ impl Backend for CudaBackend {
         batch: &[SeqSlice<'_>],
         masks: &mut dyn StepMasks,
     ) -> Result<StepOutput, BackendError> {
-        if batch.iter().any(|s| s.adapter.is_some()) {
-            return Err(BackendError::InvalidBatch(
-                "LoRA adapters are not served by the CUDA backend yet".into(),
-            ));
-        }
         self.layout
             .build(batch, &self.config, self.block_size, self.num_blocks)?;
         if self.layout.n_tokens() == 0 {
             return Ok(StepOutput::default());
         }
+        self.ctx.bind_to_thread().map_err(CudaError::driver)?;
+        self.adapters
+            .prepare(&self.stream, batch, &self.layout.offsets)?;
         Ok(self.run(batch, masks)?)
     }
 }

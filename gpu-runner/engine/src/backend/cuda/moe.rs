@@ -14,10 +14,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, LaunchConfig};
+use cudarc::driver::CudaStream;
 
 use super::buffer::DeviceBuf;
-use super::forward::ELEMENT_THREADS;
+use super::forward::{grid, ELEMENT_THREADS};
 use super::gemm::{GemvInput, GEMV_MAX_ROWS, QUANT_GEMV_WARPS};
 use super::params::{AddRmsNorm, GatedAct, MoeCombine, MoeGather, MoeGemv, MoeRoute, MoeSort};
 use super::step::{addr, grow};
@@ -296,14 +296,6 @@ impl MoeScratch {
             grow(&mut self.shared_out, stream, (n * c.hidden).max(1))?,
         ];
         Ok(moved.contains(&true))
-    }
-}
-
-fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (x as u32, y as u32, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
     }
 }
 

@@ -344,6 +344,36 @@ kernel_params! {
     }
 }
 
+kernel_params! {
+    /// Each adapter row's `A·x` for one projection (lora.cu).
+    LoraShrink for "lora_shrink" {
+        x: u64,
+        k: i32,
+        row_slot: u64,
+        slot_desc: u64,
+        slot_rank: u64,
+        entry: i32,
+        t: u64,
+        max_rank: i32,
+    }
+}
+
+kernel_params! {
+    /// Each adapter row's `Bᵀ·t` added to its projection's output.
+    LoraExpand for "lora_expand" {
+        t: u64,
+        row_slot: u64,
+        slot_desc: u64,
+        slot_rank: u64,
+        entry: i32,
+        y: u64,
+        ldy: i32,
+        col0: i32,
+        out: i32,
+        max_rank: i32,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,6 +469,8 @@ mod tests {
         check::<MoeGather>();
         check::<MoeGemv>();
         check::<MoeCombine>();
+        check::<LoraShrink>();
+        check::<LoraExpand>();
     }
 
     #[test]

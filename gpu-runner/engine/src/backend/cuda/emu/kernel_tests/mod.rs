@@ -7,6 +7,7 @@
 use half::bf16;
 
 mod attention;
+mod lora;
 mod moe;
 mod picks;
 mod quant;
