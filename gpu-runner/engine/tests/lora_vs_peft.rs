@@ -7,7 +7,7 @@
 //! Each adapter alone, and one step mixing the base with three Llama adapters, must match
 //! within the safetensors tolerance.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use fallow_engine::backend::cpu::{CpuBackend, KvDtype};
 use fallow_engine::backend::{Backend, LogitsMode, SeqSlice};
@@ -131,8 +131,20 @@ fn worst(got: &[f32], want: &Rows, vocab: usize) -> f32 {
 /// Runs each sequence of adapter `name`'s reference alone with the adapter read from `file`
 /// (in its directory) in `precision`, and checks every position within `tolerance`.
 fn check_alone(name: &str, file: &str, precision: LoraPrecision, tolerance: f32) {
+    check_alone_over(name, file, "", precision, tolerance);
+}
+
+/// As [`check_alone`], over the base read from `base_file` in the base's directory (`""`:
+/// the directory, its safetensors).
+fn check_alone_over(
+    name: &str,
+    file: &str,
+    base_file: &str,
+    precision: LoraPrecision,
+    tolerance: f32,
+) {
     let reference = reference(name);
-    let base = base(&reference.base);
+    let base = base(&Path::new(&reference.base).join(base_file).to_string_lossy());
     let path = fixtures().join("lora").join(name).join(file);
     let lora = lora::load(&path, name, &base.config, precision)
         .unwrap_or_else(|e| panic!("load {name}/{file}: {e}"));
@@ -144,10 +156,12 @@ fn check_alone(name: &str, file: &str, precision: LoraPrecision, tolerance: f32)
     {
         let got = step(&base, &[(tokens, Some(&lora))]);
         let diff = worst(&got[0], want, base.config.vocab_size);
-        eprintln!("{name}/{file} {precision:?} sequence {i}: max |Δ logit| {diff}");
+        eprintln!(
+            "{name}/{file} over {base_file:?} {precision:?} sequence {i}: max |Δ logit| {diff}"
+        );
         assert!(
             diff <= tolerance,
-            "{name}/{file} {precision:?} sequence {i}: max |Δ logit| {diff}"
+            "{name}/{file} over {base_file:?} {precision:?} sequence {i}: max |Δ logit| {diff}"
         );
     }
 }
@@ -173,6 +187,30 @@ fn a_llama_cpp_gguf_adapter_matches_peft() {
     for name in ["llama_qv_r4", "llama_all_r8", "qwen3_mlp_r4"] {
         check_alone(name, "adapter.gguf", LoraPrecision::F32, TOLERANCE);
     }
+}
+
+/// The same Llama base as llama.cpp's converter writes it (`llama/model.f32.gguf`, Q/K rows
+/// interleaved for its RoPE): llama.cpp's adapters then apply as stored, and PEFT's
+/// Hugging Face rows are interleaved to match.
+#[test]
+fn adapters_of_either_format_over_a_llama_cpp_gguf_base_match_peft() {
+    for name in ["llama_qv_r4", "llama_all_r8"] {
+        check_alone_over(
+            name,
+            "adapter.gguf",
+            "model.f32.gguf",
+            LoraPrecision::F32,
+            TOLERANCE,
+        );
+        check_alone_over(name, "", "model.f32.gguf", LoraPrecision::F32, TOLERANCE);
+    }
+    check_alone_over(
+        "llama_mlp_r8_rslora",
+        "",
+        "model.f32.gguf",
+        LoraPrecision::F32,
+        TOLERANCE,
+    );
 }
 
 #[test]
