@@ -3,6 +3,7 @@
 //! alone. Rows are grouped by adapter, so one adapter's small matrices stay in cache over
 //! its rows; large steps (prefill) split the rows over the worker team.
 
+use std::cell::RefCell;
 use std::ops::Range;
 
 use super::{LoraAdapter, Target};
@@ -18,6 +19,9 @@ const CHUNK_ROWS: usize = 16;
 pub struct StepAdapters<'a> {
     /// Each distinct adapter of the step with its rows (ranges in row order).
     groups: Vec<(&'a LoraAdapter, Vec<Range<usize>>)>,
+    /// One projection's tasks, kept for the step's next projection (no allocation per
+    /// projection after the first).
+    tasks: RefCell<Vec<(&'a LoraAdapter, Range<usize>)>>,
 }
 
 impl<'a> StepAdapters<'a> {
@@ -34,7 +38,10 @@ impl<'a> StepAdapters<'a> {
                 None => groups.push((adapter, vec![rows])),
             }
         }
-        StepAdapters { groups }
+        StepAdapters {
+            groups,
+            tasks: RefCell::new(Vec::new()),
+        }
     }
 
     /// Whether no row of the step has an adapter.
@@ -46,7 +53,8 @@ impl<'a> StepAdapters<'a> {
     /// projection's input `x` (`n × in_dim`).
     pub fn apply(&self, layer: usize, target: Target, x: &[f32], out: &mut [f32]) {
         let (mut work, mut out_dim) = (0, 0);
-        let mut tasks: Vec<(&'a LoraAdapter, Range<usize>)> = Vec::new();
+        let mut tasks = self.tasks.borrow_mut();
+        tasks.clear();
         for (adapter, ranges) in &self.groups {
             let Some(pair) = adapter.layers.get(layer).and_then(|l| l.get(target)) else {
                 continue;
@@ -75,18 +83,19 @@ impl<'a> StepAdapters<'a> {
             );
         };
         if work < TEAM_WORK {
-            for (adapter, rows) in tasks {
+            for (adapter, rows) in tasks.iter() {
                 let slice = &mut out[rows.start * out_dim..rows.end * out_dim];
-                run(adapter, rows, slice);
+                run(adapter, rows.clone(), slice);
             }
             return;
         }
-        // Disjoint row ranges of `out`, one per task.
+        // Disjoint row ranges of `out`, one per task (a prompt-sized step: its allocation
+        // is nothing beside the work).
         tasks.sort_by_key(|(_, rows)| rows.start);
         let mut pieces = Vec::with_capacity(tasks.len());
         let mut rest = out;
         let mut at = 0;
-        for (adapter, rows) in tasks {
+        for (adapter, rows) in tasks.drain(..) {
             let (_, tail) = std::mem::take(&mut rest).split_at_mut((rows.start - at) * out_dim);
             let (piece, tail) = tail.split_at_mut(rows.len() * out_dim);
             at = rows.end;

@@ -207,15 +207,22 @@ fn low_rank_body<T>(
     if in_dim == 0 || out_dim == 0 {
         return;
     }
-    let mut t = vec![0f32; rank];
+    // A·x a slice of the rank at a time, on the stack (no allocation per call); a rank of
+    // at most RANK_SLICE is one slice, the whole sum in one pass.
+    const RANK_SLICE: usize = 64;
+    let mut t = [0f32; RANK_SLICE];
     for (x, y) in x_rows
         .chunks_exact(in_dim)
         .zip(out_rows.chunks_exact_mut(out_dim))
     {
-        for (ti, a_r) in t.iter_mut().zip(a.chunks_exact(in_dim)) {
-            *ti = dot(a_r, x);
+        for r0 in (0..rank).step_by(RANK_SLICE) {
+            let r1 = (r0 + RANK_SLICE).min(rank);
+            let a_rows = a[r0 * in_dim..r1 * in_dim].chunks_exact(in_dim);
+            for (ti, a_r) in t.iter_mut().zip(a_rows) {
+                *ti = dot(a_r, x);
+            }
+            weighted_sum(y, &t[..r1 - r0], &b_t[r0 * out_dim..r1 * out_dim]);
         }
-        weighted_sum(y, &t, b_t);
     }
 }
 
