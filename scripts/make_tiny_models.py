@@ -17,6 +17,7 @@ Models (all: hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16, FFN 128):
 | gemma3  | Gemma3ForCausalLM| F16, one file, tied head   | sliding window 5 + global layer, linear RoPE scaling on the global layer only, two RoPE bases, (1 + w) norms, sandwich norms, GELU, embedding scale, query_pre_attn_scalar, final logit softcap (no attention softcap: real Gemma 3 has none, and transformers 5 ignores it for Gemma 3) |
 | qwen3_moe | Qwen3MoeForCausalLM | F32, one file, untied | 8 experts of width 32, top-2, `norm_topk_prob` |
 | qwen2_moe | Qwen2MoeForCausalLM | F32, one file, untied | 4 experts of width 32, top-2, not renormalised, a shared expert of width 64 with its sigmoid gate, Q/K/V biases |
+| gpt_oss | GptOssForCausalLM | BF16, one file, untied | 8 biased experts of width 32 (transposed, gate/up interleaved), top-2 of a biased router, clamped SwiGLU (limit 1.5, so it bites), Q/K/V/O biases, attention sinks, sliding window 5 then a full layer, YaRN (x32 over 4096, truncate false) |
 | mixtral | MixtralForCausalLM | BF16, one file, untied     | 4 experts of width 128, top-2, `block_sparse_moe.experts.E.w1/w2/w3` names |
 
 Weights are drawn with fan-in scaling (not transformers' std 0.02 init) so logits are O(1..10)
@@ -57,6 +58,8 @@ from transformers import (
     AutoTokenizer,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MixtralConfig,
@@ -170,9 +173,18 @@ def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen))
             elif "norm" in name:
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
-            elif name.endswith(".bias"):
+            elif name.endswith((".bias", "_proj_bias")):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
-            elif name.endswith((".mlp.gate.weight", "block_sparse_moe.gate.weight")):
+            elif name.endswith(".sinks"):
+                # Sink logits of the size of attention scores: a head's sink takes a real
+                # share of its softmax, so leaving it out moves the logits.
+                p.copy_(torch.randn(p.shape, generator=gen))
+            elif name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")) and \
+                    isinstance(model, GptOssForCausalLM):
+                # gpt-oss stores experts for x @ W: fan-in is the middle dimension.
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
+            elif name.endswith((".mlp.gate.weight", "block_sparse_moe.gate.weight",
+                               ".mlp.router.weight")):
                 # Router logits of a few units: top-2 choices stay well apart, and a
                 # wrong route changes the output far beyond the tolerance.
                 p.copy_(3.0 * torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
@@ -376,6 +388,19 @@ def main() -> int:
           "shared_expert_intermediate_size": 64, "norm_topk_prob": False,
           "rope_theta": 1000000.0, "tie_word_embeddings": False},
          torch.float32, 1, False, False, plain, torch.Generator().manual_seed(SEED + 42))
+    make("gpt_oss", GptOssForCausalLM, GptOssConfig,
+         {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32,
+          # Small, so the clamp bites on these activations (gpt-oss ships 7.0).
+          "swiglu_limit": 1.5,
+          "attention_bias": True,
+          "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 5,
+          # gpt-oss's YaRN: with head_dim 16 two pairs are kept, three blended, three
+          # divided by 32, and cos/sin scaled by 1 + 0.1 ln 32.
+          "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                              "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                              "original_max_position_embeddings": 4096},
+          "max_position_embeddings": 131072, "tie_word_embeddings": False},
+         torch.bfloat16, 1, False, True, plain, torch.Generator().manual_seed(SEED + 43))
     return 0
 
 

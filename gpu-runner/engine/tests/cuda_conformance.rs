@@ -2059,6 +2059,8 @@ fn wide_llama(store: impl Fn(QMatrix) -> QMatrix) -> ModelArtifacts {
             bq: None,
             bk: None,
             bv: None,
+            bo: None,
+            sinks: None,
             q_norm: None,
             k_norm: None,
             post_attn_norm: None,

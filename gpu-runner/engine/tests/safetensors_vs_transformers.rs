@@ -21,13 +21,18 @@
 //! - `mixtral`: BF16, 4 experts, top-2, Mixtral's `block_sparse_moe.experts.E.w1/w2/w3`.
 //! - `qwen2_moe`: F32, 4 experts, top-2 not renormalised, a shared expert with its sigmoid
 //!   gate, Q/K/V biases.
+//! - `gpt_oss`: BF16, 8 biased experts stored transposed with gate and up interleaved, top-2
+//!   of a biased router, the clamped SwiGLU (limit 1.5, so it bites), Q/K/V/O biases,
+//!   attention sinks, a 5-token sliding window then a full layer, YaRN RoPE.
 //!   Their routers are scaled so that a wrong expert moves logits far past the tolerance.
 
 use std::path::PathBuf;
 
 use fallow_engine::backend::cpu::{CpuBackend, KvDtype};
 use fallow_engine::backend::{Backend, LogitsMode, SeqSlice};
-use fallow_engine::model::{self, Arch, ModelArtifacts, MoeConfig, RopeScaling, VocabSource};
+use fallow_engine::model::{
+    self, Arch, ClampedSwiglu, ModelArtifacts, MoeConfig, RopeScaling, VocabSource, Yarn,
+};
 use fallow_engine::runtime::{load, LoadOptions};
 use fallow_engine::tokenizer::Tokenizer;
 use serde::Deserialize;
@@ -63,7 +68,7 @@ struct Chat {
     rendered: String,
 }
 
-const MODELS: [&str; 7] = [
+const MODELS: [&str; 8] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -71,6 +76,7 @@ const MODELS: [&str; 7] = [
     "qwen3_moe",
     "mixtral",
     "qwen2_moe",
+    "gpt_oss",
 ];
 
 fn model_dir(name: &str) -> PathBuf {
@@ -233,6 +239,12 @@ fn bf16_mixtral_matches_transformers_logits_at_every_position() {
 }
 
 #[test]
+fn bf16_gpt_oss_with_sinks_yarn_and_biased_clamped_experts_matches_transformers_logits_at_every_position(
+) {
+    assert_logits_match("gpt_oss");
+}
+
+#[test]
 fn greedy_decoding_through_the_kv_cache_picks_the_tokens_transformers_picks() {
     for name in MODELS {
         assert_greedy_matches(name);
@@ -360,6 +372,7 @@ fn config_json_is_read_into_the_architecture_transformers_built() {
             norm_topk: true,
             sparse_layers: vec![true; 2],
             shared_ffn: None,
+            clamped_swiglu: None,
         })
     );
     let mixtral = open("mixtral").config;
@@ -374,6 +387,7 @@ fn config_json_is_read_into_the_architecture_transformers_built() {
             norm_topk: true,
             sparse_layers: vec![true; 2],
             shared_ffn: None,
+            clamped_swiglu: None,
         })
     );
 
@@ -389,6 +403,40 @@ fn config_json_is_read_into_the_architecture_transformers_built() {
             norm_topk: false,
             sparse_layers: vec![true; 2],
             shared_ffn: Some(64),
+            clamped_swiglu: None,
+        })
+    );
+
+    let gpt_oss = open("gpt_oss").config;
+    assert_eq!(gpt_oss.arch, Arch::GptOss);
+    assert!(gpt_oss.qkv_bias && gpt_oss.o_bias && gpt_oss.attn_sinks);
+    assert_eq!(gpt_oss.sliding_window, Some(5));
+    assert_eq!(gpt_oss.local_layers, vec![true, false]);
+    assert_eq!(gpt_oss.rope_theta, 150_000.0, "gpt_oss rope_theta");
+    assert_eq!(
+        gpt_oss.rope_scaling,
+        RopeScaling::Yarn(Yarn {
+            factor: 32.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            original_context: 4096,
+            truncate: false,
+            attention_factor: 1.0 + 0.1 * 32f64.ln() as f32,
+        })
+    );
+    assert_eq!(
+        gpt_oss.moe,
+        Some(MoeConfig {
+            n_experts: 8,
+            top_k: 2,
+            expert_ffn: 32,
+            norm_topk: true,
+            sparse_layers: vec![true; 2],
+            shared_ffn: None,
+            clamped_swiglu: Some(ClampedSwiglu {
+                alpha: 1.702,
+                limit: 1.5
+            }),
         })
     );
 
@@ -402,7 +450,9 @@ fn config_json_is_read_into_the_architecture_transformers_built() {
             c.head_dim,
             c.ffn,
         );
-        assert_eq!(shape, (2, 64, 4, 2, 16, 128), "{name}: shape");
+        // gpt-oss's `intermediate_size` is its experts' width.
+        let ffn = if name == "gpt_oss" { 32 } else { 128 };
+        assert_eq!(shape, (2, 64, 4, 2, 16, ffn), "{name}: shape");
         assert!((c.rms_eps - 1e-5).abs() < 1e-9, "{name}: rms_norm_eps");
     }
 }

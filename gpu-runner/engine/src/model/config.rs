@@ -18,6 +18,9 @@ pub enum Arch {
     Qwen3,
     /// Gemma 3 (text): GELU, sandwich norms, scaled embeddings, local/global attention.
     Gemma3,
+    /// OpenAI's gpt-oss: biased attention with per-head sinks, alternating sliding and full
+    /// layers, YaRN RoPE, and biased experts with a clamped SwiGLU.
+    GptOss,
 }
 
 /// How RoPE pairs up the dimensions of a head.
@@ -45,6 +48,24 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_context: usize,
     },
+    /// YaRN (as transformers' `_compute_yarn_parameters`): frequencies blended between
+    /// kept and divided by `factor` over a ramp of rotation counts `beta_fast..beta_slow`,
+    /// and cos/sin multiplied by an attention factor.
+    Yarn(Yarn),
+}
+
+/// YaRN's settings, as `rope_scaling` / `rope_parameters` give them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Yarn {
+    pub factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub original_context: usize,
+    /// Round the ramp's ends to whole dimensions (transformers' default; gpt-oss says false).
+    pub truncate: bool,
+    /// Multiplier on cos and sin (so on every attention score, squared): the config's
+    /// `attention_factor`, else `0.1 ln(factor) + 1` (or the `mscale`/`mscale_all_dim` ratio).
+    pub attention_factor: f32,
 }
 
 /// The feed-forward gate activation.
@@ -74,6 +95,17 @@ pub struct MoeConfig {
     /// Width of the shared expert every token also goes through, weighted by a sigmoid gate
     /// of its own (Qwen2-MoE).
     pub shared_ffn: Option<usize>,
+    /// gpt-oss's experts: their activation is the clamped SwiGLU below instead of the
+    /// model's [`Activation`] (router and experts also have biases, found by the loader).
+    pub clamped_swiglu: Option<ClampedSwiglu>,
+}
+
+/// gpt-oss's expert activation: `(clamp(up, ±limit) + 1) · g · sigmoid(alpha · g)` with
+/// `g = min(gate, limit)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClampedSwiglu {
+    pub alpha: f32,
+    pub limit: f32,
 }
 
 impl MoeConfig {
@@ -127,6 +159,11 @@ pub struct ModelConfig {
     pub final_logit_softcap: Option<f32>,
     /// Set for mixture-of-experts models.
     pub moe: Option<MoeConfig>,
+    /// The attention output projection has a bias (gpt-oss).
+    pub o_bias: bool,
+    /// Each query head has a learned sink logit that joins its softmax's denominator and
+    /// contributes no value (gpt-oss's `self_attn.sinks`).
+    pub attn_sinks: bool,
 }
 
 impl ModelConfig {
@@ -341,6 +378,8 @@ pub fn from_gguf(
         attn_logit_softcap: opt_f("attn_logit_softcapping").filter(|v| *v > 0.0),
         final_logit_softcap: opt_f("final_logit_softcapping").filter(|v| *v > 0.0),
         moe,
+        o_bias: false,
+        attn_sinks: false,
     };
     config.validate()?;
     Ok(config)
@@ -403,6 +442,7 @@ fn gguf_moe(
         norm_topk: !qwen2,
         sparse_layers: vec![true; n_layers],
         shared_ffn,
+        clamped_swiglu: None,
     }))
 }
 
@@ -437,8 +477,10 @@ pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
         "qwen2" | "qwen2_moe" => Arch::Qwen2,
         "qwen3" | "qwen3_moe" => Arch::Qwen3,
         "gemma3" | "gemma3_text" => Arch::Gemma3,
+        "gpt_oss" => Arch::GptOss,
         other => return Err(ModelError::UnsupportedArch(other.to_string())),
     };
+    refuse_quantization(root)?;
     let merged = with_defaults(arch, nested.unwrap_or(root));
     let cfg = &merged;
     let req_u = |k: &str| -> Result<usize, ModelError> {
@@ -457,7 +499,7 @@ pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
     let n_heads = req_u("num_attention_heads")?;
     let head_dim = opt_u("head_dim").unwrap_or(hidden / n_heads.max(1));
     let sliding_window = match arch {
-        Arch::Gemma3 => opt_u("sliding_window"),
+        Arch::Gemma3 | Arch::GptOss => opt_u("sliding_window"),
         Arch::Llama if model_type != "llama" => opt_u("sliding_window"),
         _ => None,
     };
@@ -486,9 +528,14 @@ pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
         rope_theta_local: theta_of(rope_local)
             .or_else(|| opt_f("rope_local_base_freq"))
             .unwrap_or(10_000.0),
-        rope_scaling: hf_rope_scaling(rope_global.or_else(|| cfg.get("rope_scaling")))?,
+        rope_scaling: hf_rope_scaling(
+            rope_global.or_else(|| cfg.get("rope_scaling")),
+            opt_u("max_position_embeddings"),
+        )?,
         rope_style: RopeStyle::Neox,
         qkv_bias: arch == Arch::Qwen2 || opt_b("attention_bias").unwrap_or(false),
+        o_bias: arch == Arch::GptOss && opt_b("attention_bias").unwrap_or(true),
+        attn_sinks: arch == Arch::GptOss,
         qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
         tie_embeddings: opt_b("tie_word_embeddings")
             .or_else(|| root.get("tie_word_embeddings").and_then(Value::as_bool))
@@ -524,6 +571,7 @@ fn hf_moe(cfg: &Value, model_type: &str, n_layers: usize) -> Result<Option<MoeCo
             .map(|v| v as usize)
             .ok_or_else(|| ModelError::MissingKey(format!("config.json: {k}")))
     };
+    let opt_f = |k: &str| cfg.get(k).and_then(Value::as_f64).map(|v| v as f32);
     match model_type {
         "mixtral" => Ok(Some(MoeConfig {
             n_experts: req_u("num_local_experts")?,
@@ -532,6 +580,21 @@ fn hf_moe(cfg: &Value, model_type: &str, n_layers: usize) -> Result<Option<MoeCo
             norm_topk: true,
             sparse_layers: vec![true; n_layers],
             shared_ffn: None,
+            clamped_swiglu: None,
+        })),
+        "gpt_oss" => Ok(Some(MoeConfig {
+            n_experts: req_u("num_local_experts")?,
+            top_k: req_u("num_experts_per_tok")?,
+            expert_ffn: req_u("intermediate_size")?,
+            // Softmax over the top-k logits: the same weights as renormalising the top-k
+            // of the softmax over all experts.
+            norm_topk: true,
+            sparse_layers: vec![true; n_layers],
+            shared_ffn: None,
+            clamped_swiglu: Some(ClampedSwiglu {
+                alpha: opt_f("swiglu_alpha").unwrap_or(GPT_OSS_SWIGLU_ALPHA),
+                limit: opt_f("swiglu_limit").unwrap_or(GPT_OSS_SWIGLU_LIMIT),
+            }),
         })),
         "qwen2_moe" | "qwen3_moe" => {
             // transformers 5 writes Qwen3-MoE's `num_experts` as `num_local_experts`.
@@ -563,10 +626,31 @@ fn hf_moe(cfg: &Value, model_type: &str, n_layers: usize) -> Result<Option<MoeCo
                     }
                     _ => None,
                 },
+                clamped_swiglu: None,
             }))
         }
         _ => Ok(None),
     }
+}
+
+/// gpt-oss's default `swiglu_alpha` and `swiglu_limit` (transformers' `GptOssConfig`).
+const GPT_OSS_SWIGLU_ALPHA: f32 = 1.702;
+const GPT_OSS_SWIGLU_LIMIT: f32 = 7.0;
+
+/// A `quantization_config` names weights stored in a way the loader would misread; none is
+/// read yet (gpt-oss's MXFP4 experts included), so any is refused with its method.
+fn refuse_quantization(root: &Value) -> Result<(), ModelError> {
+    let Some(q) = root.get("quantization_config").filter(|v| !v.is_null()) else {
+        return Ok(());
+    };
+    let method = q
+        .get("quant_method")
+        .and_then(Value::as_str)
+        .unwrap_or("unnamed");
+    Err(ModelError::Unsupported(format!(
+        "config.json: quantization_config.quant_method {method:?} (only unquantized \
+         safetensors are read; use a bf16/f32 checkpoint or a GGUF file)"
+    )))
 }
 
 /// Multimodal Gemma 3 checkpoints leave out `text_config` keys that equal transformers'
@@ -604,6 +688,10 @@ fn hf_local_layers(cfg: &Value, arch: Arch, n_layers: usize, has_window: bool) -
                 .collect();
         }
     }
+    if arch == Arch::GptOss {
+        // transformers' default: even layers (0, 2, …) slide, odd layers attend fully.
+        return (0..n_layers).map(|l| l % 2 == 0).collect();
+    }
     if arch == Arch::Gemma3 {
         let every = cfg
             .get("sliding_window_pattern")
@@ -631,7 +719,12 @@ fn hf_rope_parameters(cfg: &Value) -> (Option<&Value>, Option<&Value>) {
     }
 }
 
-fn hf_rope_scaling(v: Option<&Value>) -> Result<RopeScaling, ModelError> {
+/// `rope_scaling` (or the scaling keys of `rope_parameters`); `max_positions` is YaRN's
+/// fallback for `original_max_position_embeddings`, as in transformers.
+fn hf_rope_scaling(
+    v: Option<&Value>,
+    max_positions: Option<usize>,
+) -> Result<RopeScaling, ModelError> {
     let Some(obj) = v.filter(|v| v.is_object()) else {
         return Ok(RopeScaling::None);
     };
@@ -654,8 +747,50 @@ fn hf_rope_scaling(v: Option<&Value>) -> Result<RopeScaling, ModelError> {
                 .and_then(Value::as_u64)
                 .unwrap_or(8192) as usize,
         }),
+        "yarn" => Ok(RopeScaling::Yarn(hf_yarn(obj, max_positions))),
         other => Err(ModelError::Unsupported(format!(
             "config.json: rope_scaling.rope_type {other:?}"
         ))),
+    }
+}
+
+/// YaRN's settings with transformers' defaults (`beta_fast` 32, `beta_slow` 1, `truncate`
+/// true, the original context `max_positions`, `factor` the ratio of the two) and its
+/// attention factor: the config's `attention_factor`, else `mscale(factor)`, or
+/// `mscale(factor, mscale) / mscale(factor, mscale_all_dim)` when both are given
+/// (`mscale(s, m) = 0.1 m ln(s) + 1` for `s > 1`, else 1).
+fn hf_yarn(obj: &Value, max_positions: Option<usize>) -> Yarn {
+    let f = |k: &str| obj.get(k).and_then(Value::as_f64);
+    let original_context = obj
+        .get("original_max_position_embeddings")
+        .and_then(Value::as_u64)
+        .map(|v| v as usize)
+        .or(max_positions)
+        .unwrap_or(4096);
+    let factor = f("factor").unwrap_or_else(|| {
+        max_positions.unwrap_or(original_context) as f64 / original_context.max(1) as f64
+    }) as f32;
+    let mscale = |scale: f64, m: f64| {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * scale.ln() + 1.0
+        }
+    };
+    let factor64 = factor as f64;
+    let attention_factor = match (f("attention_factor"), f("mscale"), f("mscale_all_dim")) {
+        (Some(a), _, _) => a,
+        (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+            mscale(factor64, m) / mscale(factor64, all)
+        }
+        _ => mscale(factor64, 1.0),
+    };
+    Yarn {
+        factor,
+        beta_fast: f("beta_fast").unwrap_or(32.0) as f32,
+        beta_slow: f("beta_slow").unwrap_or(1.0) as f32,
+        original_context,
+        truncate: obj.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+        attention_factor: attention_factor as f32,
     }
 }

@@ -58,6 +58,8 @@ impl TensorNames for GgufNames {
             Role::QBias => blk("attn_q.bias"),
             Role::KBias => blk("attn_k.bias"),
             Role::VBias => blk("attn_v.bias"),
+            Role::OBias => blk("attn_output.bias"),
+            Role::AttnSinks => blk("attn_sinks.weight"),
             Role::QNorm => blk("attn_q_norm.weight"),
             Role::KNorm => blk("attn_k_norm.weight"),
             Role::PostAttnNorm => blk("post_attention_norm.weight"),
@@ -71,6 +73,14 @@ impl TensorNames for GgufNames {
             Role::UpExps => blk("ffn_up_exps.weight"),
             Role::DownExps => blk("ffn_down_exps.weight"),
             Role::GateUpExps => blk("ffn_gate_up_exps.weight"),
+            // llama.cpp's converter writes gpt-oss's experts in the usual layout.
+            Role::GateUpExpsTransposed | Role::DownExpsTransposed | Role::GateUpExpsBias => {
+                blk("__not_in_gguf__")
+            }
+            Role::RouterBias => blk("ffn_gate_inp.bias"),
+            Role::GateExpsBias => blk("ffn_gate_exps.bias"),
+            Role::UpExpsBias => blk("ffn_up_exps.bias"),
+            Role::DownExpsBias => blk("ffn_down_exps.bias"),
             Role::SharedGate => blk("ffn_gate_shexp.weight"),
             Role::SharedUp => blk("ffn_up_shexp.weight"),
             Role::SharedDown => blk("ffn_down_shexp.weight"),

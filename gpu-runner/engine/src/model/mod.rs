@@ -10,6 +10,7 @@
 
 pub mod config;
 mod gguf_load;
+mod gpt_oss_experts;
 mod hf_load;
 mod moe_weights;
 pub mod safetensors;
@@ -18,8 +19,12 @@ mod weights;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use config::{Activation, Arch, ModelConfig, MoeConfig, RopeScaling, RopeStyle};
-pub use weights::{DenseFfn, FeedForward, LayerWeights, MoeFfn, SharedExpert, Weights};
+pub use config::{
+    Activation, Arch, ClampedSwiglu, ModelConfig, MoeConfig, RopeScaling, RopeStyle, Yarn,
+};
+pub use weights::{
+    DenseFfn, ExpertBiases, FeedForward, LayerWeights, MoeFfn, SharedExpert, Weights,
+};
 
 use crate::gguf::GgufError;
 use crate::tokenizer::vocab::GgufVocab;
@@ -38,7 +43,7 @@ pub enum ModelError {
     #[error("missing config key `{0}`")]
     MissingKey(String),
     #[error(
-        "unsupported model architecture `{0}` (supported: llama, mistral, mixtral, qwen2, qwen2moe, qwen3, qwen3moe, gemma3)"
+        "unsupported model architecture `{0}` (supported: llama, mistral, mixtral, qwen2, qwen2moe, qwen3, qwen3moe, gemma3, gpt-oss)"
     )]
     UnsupportedArch(String),
     #[error("unsupported model feature: {0}")]

@@ -3,13 +3,18 @@
 //! - one 3-D tensor per projection (llama.cpp's `ffn_{gate,up,down}_exps`);
 //! - gate and up fused in one 3-D tensor, down in another (transformers 5's
 //!   `mlp.experts.gate_up_proj` / `down_proj`);
-//! - a matrix per expert (published Qwen3-MoE and Mixtral checkpoints).
+//! - a matrix per expert (published Qwen3-MoE and Mixtral checkpoints);
+//! - gpt-oss's transposed, interleaved tensors ([`super::gpt_oss_experts`], copied).
 //!
-//! Splitting a stacked tensor copies nothing ([`QMatrix::split_rows`]).
+//! Splitting a stacked tensor copies nothing ([`QMatrix::split_rows`]). The router's and
+//! experts' biases (gpt-oss) are read where the format has them.
 
 use crate::quant::QMatrix;
 
-use super::weights::{DenseFfn, MoeFfn, Role, SharedExpert, TensorNames, TensorSource};
+use super::gpt_oss_experts;
+use super::weights::{
+    DenseFfn, ExpertBiases, MoeFfn, Role, SharedExpert, TensorNames, TensorSource,
+};
 use super::{ModelError, MoeConfig};
 
 /// Reads layer `layer`'s router and experts, checked against `moe` and `hidden`.
@@ -24,7 +29,11 @@ pub(super) fn load(
     let router_name = names.name(Role::Router, layer);
     let router = shaped(&router_name, src.matrix(&router_name)?, e, hidden)?;
     let fused = names.name(Role::GateUpExps, layer);
-    let experts = if src.has(&fused) {
+    let transposed = names.name(Role::GateUpExpsTransposed, layer);
+    let experts = if src.has(&transposed) {
+        let down = names.name(Role::DownExpsTransposed, layer);
+        gpt_oss_experts::experts(src, &transposed, &down, (e, f, hidden))?
+    } else if src.has(&fused) {
         let gate_up = split(src, &fused, e, 2 * f, hidden)?;
         let down = split(src, &names.name(Role::DownExps, layer), e, hidden, f)?;
         gate_up
@@ -64,11 +73,59 @@ pub(super) fn load(
             .collect::<Result<Vec<_>, ModelError>>()?
     };
     let shared = shared_expert(src, names, layer, moe, hidden)?;
+    let biased = moe.clamped_swiglu.is_some();
+    let router_bias = match biased {
+        true => Some(vector(src, &names.name(Role::RouterBias, layer), e)?),
+        false => None,
+    };
+    let expert_biases = match biased {
+        true => Some(expert_biases(src, names, layer, (e, f, hidden))?),
+        false => None,
+    };
     Ok(MoeFfn {
         router,
+        router_bias,
         experts,
+        expert_biases,
         shared,
     })
+}
+
+/// gpt-oss's expert biases: gate and up apart (GGUF) or alternating in one tensor
+/// (transformers), and down.
+fn expert_biases(
+    src: &dyn TensorSource,
+    names: &dyn TensorNames,
+    layer: usize,
+    (e, f, hidden): (usize, usize, usize),
+) -> Result<ExpertBiases, ModelError> {
+    let fused = names.name(Role::GateUpExpsBias, layer);
+    let (gate, up) = if src.has(&fused) {
+        gpt_oss_experts::split_gate_up_bias(&vector(src, &fused, e * 2 * f)?)
+    } else {
+        (
+            vector(src, &names.name(Role::GateExpsBias, layer), e * f)?,
+            vector(src, &names.name(Role::UpExpsBias, layer), e * f)?,
+        )
+    };
+    let down = vector(src, &names.name(Role::DownExpsBias, layer), e * hidden)?;
+    Ok(ExpertBiases { gate, up, down })
+}
+
+/// A float tensor of `len` elements whatever its shape (biases of all experts at once).
+fn vector(src: &dyn TensorSource, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+    if !src.has(name) {
+        return Err(ModelError::MissingTensor(name.into()));
+    }
+    let v = src.vector(name)?;
+    if v.len() != len {
+        return Err(ModelError::Shape {
+            name: name.into(),
+            found: vec![v.len()],
+            expected: vec![len],
+        });
+    }
+    Ok(v)
 }
 
 /// The shared expert the config names, or `None`; one the config does not name is refused

@@ -19,6 +19,10 @@ pub struct LayerWeights {
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
+    /// Bias of the attention output projection (gpt-oss).
+    pub bo: Option<Vec<f32>>,
+    /// One sink logit per query head (gpt-oss): joins the softmax's denominator only.
+    pub sinks: Option<Vec<f32>>,
     /// Per-head RMSNorm weights (`head_dim`) applied to Q and K before RoPE.
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
@@ -51,9 +55,27 @@ impl DenseFfn {
 pub struct MoeFfn {
     /// `[n_experts, hidden]`.
     pub router: QMatrix,
+    /// Added to the router's logits (gpt-oss).
+    pub router_bias: Option<Vec<f32>>,
     pub experts: Vec<DenseFfn>,
+    /// The experts' biases (gpt-oss).
+    pub expert_biases: Option<ExpertBiases>,
     /// Qwen2-MoE's shared expert, which every token goes through.
     pub shared: Option<SharedExpert>,
+}
+
+/// Every expert's gate, up and down biases, expert after expert: `gate` and `up` hold
+/// `n_experts × ffn`, `down` `n_experts × hidden`.
+pub struct ExpertBiases {
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    pub down: Vec<f32>,
+}
+
+impl ExpertBiases {
+    fn len(&self) -> usize {
+        self.gate.len() + self.up.len() + self.down.len()
+    }
 }
 
 /// An expert every token goes through, its output scaled by `sigmoid(gate · x)`.
@@ -152,10 +174,19 @@ impl Weights {
             .layers
             .iter()
             .map(|l| {
+                let moe = match &l.ffn {
+                    FeedForward::Moe(m) => {
+                        m.router_bias.as_ref().map_or(0, Vec::len)
+                            + m.expert_biases.as_ref().map_or(0, ExpertBiases::len)
+                    }
+                    FeedForward::Dense(_) => 0,
+                };
                 let optional = [
                     &l.bq,
                     &l.bk,
                     &l.bv,
+                    &l.bo,
+                    &l.sinks,
                     &l.q_norm,
                     &l.k_norm,
                     &l.post_attn_norm,
@@ -163,6 +194,7 @@ impl Weights {
                 ];
                 l.attn_norm.len()
                     + l.ffn_norm.len()
+                    + moe
                     + optional
                         .iter()
                         .map(|v| v.as_ref().map_or(0, Vec::len))
@@ -188,6 +220,10 @@ pub enum Role {
     QBias,
     KBias,
     VBias,
+    /// The attention output projection's bias.
+    OBias,
+    /// Per-head attention sink logits (`[n_heads]`).
+    AttnSinks,
     QNorm,
     KNorm,
     PostAttnNorm,
@@ -204,6 +240,19 @@ pub enum Role {
     DownExps,
     /// Gate and up stacked per expert in one 3-D tensor (`[n_experts, 2 × ffn, hidden]`).
     GateUpExps,
+    /// transformers' gpt-oss experts, stored for `x · W`: `[n_experts, hidden, 2 × ffn]`
+    /// with gate and up in alternate columns, and down `[n_experts, ffn, hidden]`.
+    GateUpExpsTransposed,
+    DownExpsTransposed,
+    /// The router's bias (`[n_experts]`).
+    RouterBias,
+    /// The experts' biases: `[n_experts, ffn]` each for gate and up, `[n_experts, hidden]`
+    /// for down, or gate and up alternating in one `[n_experts, 2 × ffn]` (gpt-oss in
+    /// transformers).
+    GateExpsBias,
+    UpExpsBias,
+    DownExpsBias,
+    GateUpExpsBias,
     /// The shared expert's gate, up and down matrices, and its `[1, hidden]` gate.
     SharedGate,
     SharedUp,
@@ -364,6 +413,15 @@ impl Loader<'_> {
             bq: bias(Role::QBias, q)?,
             bk: bias(Role::KBias, kv)?,
             bv: bias(Role::VBias, kv)?,
+            // Read only where the config declares them: elsewhere the loader refuses them.
+            bo: match c.o_bias {
+                true => Some(self.vector(Role::OBias, i, h)?),
+                false => None,
+            },
+            sinks: match c.attn_sinks {
+                true => Some(self.vector(Role::AttnSinks, i, c.n_heads)?),
+                false => None,
+            },
             q_norm: qk_norm(Role::QNorm)?,
             k_norm: qk_norm(Role::KNorm)?,
             post_attn_norm: post(Role::PostAttnNorm)?,

@@ -19,7 +19,7 @@
 use half::f16;
 
 use super::kv_pool::{KvLayer, KvPool};
-use super::ops::{dot, softcap, softmax, weighted_sum};
+use super::ops::{dot, softcap, softmax, softmax_with_sink, weighted_sum};
 use crate::backend::batch::BatchLayout;
 use crate::backend::SeqSlice;
 use crate::team;
@@ -28,7 +28,7 @@ use crate::team;
 const TOKENS_PER_TASK: usize = 32;
 
 /// Per-layer attention settings.
-pub struct AttnParams {
+pub struct AttnParams<'a> {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
@@ -36,6 +36,9 @@ pub struct AttnParams {
     pub logit_softcap: Option<f32>,
     /// Attend only to the last `window` positions (sliding-window layers).
     pub window: Option<usize>,
+    /// Per query head, a logit that joins the softmax's denominator and carries no value
+    /// (gpt-oss's sinks): a head can attend to "nothing".
+    pub sinks: Option<&'a [f32]>,
 }
 
 struct Task<'a> {
@@ -69,7 +72,7 @@ struct Shared<'a, T> {
     positions: &'a [usize],
     /// The pool `k`/`v` come from, for its layout.
     pool: &'a KvPool,
-    p: &'a AttnParams,
+    p: &'a AttnParams<'a>,
     /// Round queries and attention weights to f16 as llama.cpp does when its cache is f16
     /// (its matrix products convert the f32 operand to the f16 operand's type).
     round_f16: bool,
@@ -96,7 +99,7 @@ pub fn paged_attention(
     layer: usize,
     batch: &[SeqSlice<'_>],
     layout: &BatchLayout,
-    p: &AttnParams,
+    p: &AttnParams<'_>,
     out_gm: &mut [f32],
 ) {
     let n = layout.n_tokens();
@@ -311,11 +314,14 @@ fn run_task_body<T>(
                 }
             }
         }
-        for head_scores in scores.chunks_exact_mut(n_pos) {
+        for (h, head_scores) in scores.chunks_exact_mut(n_pos).enumerate() {
             if let Some(cap) = p.logit_softcap {
                 softcap(head_scores, cap);
             }
-            softmax(head_scores);
+            match p.sinks.and_then(|s| s.get(task.kv_head * group + h)) {
+                Some(&sink) => softmax_with_sink(head_scores, sink),
+                None => softmax(head_scores),
+            }
             if s.round_f16 {
                 head_scores.iter_mut().for_each(|w| *w = s.round(*w));
             }

@@ -101,6 +101,7 @@ impl CpuBackend {
             scale: c.attn_scale,
             logit_softcap: c.attn_logit_softcap,
             window: c.layer_window(layer),
+            sinks: w.sinks.as_deref(),
         };
         s.attn_groups.resize(n * qd, 0.0);
         paged_attention(
@@ -123,6 +124,9 @@ impl CpuBackend {
 
         s.proj.resize(n * c.hidden, 0.0);
         w.wo.matmul(&s.attn, n, &mut s.proj);
+        if let Some(b) = &w.bo {
+            ops::add_bias_rows(&mut s.proj, b);
+        }
         adapters.apply(layer, Target::O, &s.attn, &mut s.proj);
         if let Some(norm) = &w.post_attn_norm {
             ops::rms_norm_rows_inplace(&mut s.proj, norm, c.rms_eps);

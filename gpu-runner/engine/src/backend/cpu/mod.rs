@@ -65,6 +65,8 @@ pub struct CpuBackend {
     /// RoPE inverse frequencies of global (or all) layers and of Gemma's local layers.
     inv_freq_global: Vec<f64>,
     inv_freq_local: Vec<f64>,
+    /// What the global table's cos and sin are multiplied by (YaRN's attention factor).
+    rope_scale_global: f32,
     layout: BatchLayout,
     scratch: Scratch,
 }
@@ -111,7 +113,9 @@ impl CpuBackend {
             crate::model::RopeScaling::None,
             None,
         );
+        let rope_scale_global = rope::attention_factor(config.rope_scaling);
         Ok(CpuBackend {
+            rope_scale_global,
             config,
             weights,
             kv,
@@ -211,9 +215,11 @@ impl Backend for CpuBackend {
             return Ok(Vec::new());
         }
         self.embed();
-        self.scratch
-            .rope_global
-            .fill(&self.inv_freq_global, &self.layout.positions);
+        self.scratch.rope_global.fill_scaled(
+            &self.inv_freq_global,
+            &self.layout.positions,
+            self.rope_scale_global,
+        );
         if (0..self.config.n_layers).any(|l| self.config.uses_local_rope(l)) {
             self.scratch
                 .rope_local

@@ -3,7 +3,8 @@
 //! operation on the worker team, and their down products as another (each in the matrix's
 //! own quantized, interleaved layout), and add the weighted results back per token. A
 //! shared expert (Qwen2-MoE) runs over every token in the same two operations. An expert
-//! no token chose is never read.
+//! no token chose is never read. gpt-oss adds biases to the router and to each expert's
+//! three products, and activates with its clamped SwiGLU.
 
 use super::ops;
 use crate::backend::moe_routing::Routing;
@@ -84,6 +85,9 @@ pub(super) fn moe_ffn(
     let f = cfg.expert_ffn;
     s.router_logits.resize(n * cfg.n_experts, 0.0);
     ffn.router.matmul(xn, n, &mut s.router_logits);
+    if let Some(b) = &ffn.router_bias {
+        ops::add_bias_rows(&mut s.router_logits, b);
+    }
     s.routing
         .route(&s.router_logits, cfg.n_experts, cfg.top_k, cfg.norm_topk);
     s.record_routes(cfg, layer, n);
@@ -137,8 +141,18 @@ pub(super) fn moe_ffn(
     }
     QMatrix::matmul_grouped(&mut jobs);
     drop(jobs);
+    if let Some(b) = &ffn.expert_biases {
+        for &(e, r0, m) in groups.iter() {
+            let rows = r0 * f..(r0 + m) * f;
+            ops::add_bias_rows(&mut gate[rows.clone()], &b.gate[e * f..(e + 1) * f]);
+            ops::add_bias_rows(&mut up[rows], &b.up[e * f..(e + 1) * f]);
+        }
+    }
     // Each expert's rows are contiguous, so one pass activates them all.
-    ops::gated_activation(activation, gate, up);
+    match cfg.clamped_swiglu {
+        Some(c) => ops::clamped_swiglu(gate, up, c.alpha, c.limit),
+        None => ops::gated_activation(activation, gate, up),
+    }
     if ffn.shared.is_some() {
         ops::gated_activation(activation, shared_gate, shared_up);
     }
@@ -154,6 +168,11 @@ pub(super) fn moe_ffn(
     }
     QMatrix::matmul_grouped(&mut jobs);
     drop(jobs);
+    if let Some(b) = &ffn.expert_biases {
+        for &(e, r0, m) in groups.iter() {
+            ops::add_bias_rows(&mut y[r0 * h..(r0 + m) * h], &b.down[e * h..(e + 1) * h]);
+        }
+    }
     out.fill(0.0);
     for &(e, r0, m) in groups.iter() {
         let slots = routing.expert_slots(e);

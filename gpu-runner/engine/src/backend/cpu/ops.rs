@@ -286,6 +286,32 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
+/// [`softmax`] with one more logit, `sink`, in the denominator only: the weights sum to
+/// less than one, the rest going to a position that does not exist (gpt-oss's sinks).
+pub fn softmax_with_sink(x: &mut [f32], sink: f32) {
+    let max = x.iter().copied().fold(sink, f32::max);
+    let mut sum = (sink - max).exp();
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// gpt-oss's expert activation: `gate = (clamp(up, ±limit) + 1) · g · sigmoid(alpha · g)`
+/// with `g = min(gate, limit)`. libm's `exp`: the clamp keeps the argument small, and the
+/// experts' outputs are few per token.
+pub fn clamped_swiglu(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(limit);
+        let u = u.clamp(-limit, limit);
+        *g = (u + 1.0) * x / (1.0 + (-alpha * x).exp());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,6 +354,41 @@ mod tests {
                     "gelu {v}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_sink_takes_its_share_of_the_softmax_without_a_value() {
+        let mut x = vec![1.0, 2.0, 3.0];
+        softmax_with_sink(&mut x, 2.0);
+        let z = 1f32.exp() + 2f32.exp() * 2.0 + 3f32.exp();
+        for (got, want) in x
+            .iter()
+            .zip([1f32.exp() / z, 2f32.exp() / z, 3f32.exp() / z])
+        {
+            assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+        }
+        // A very negative sink is no sink; a huge one takes everything.
+        let mut y = vec![0.5, -0.5];
+        softmax_with_sink(&mut y, -1e4);
+        assert!((y[0] + y[1] - 1.0).abs() < 1e-6);
+        softmax_with_sink(&mut y, 1e4);
+        assert!(y.iter().all(|&w| w == 0.0));
+    }
+
+    #[test]
+    fn clamped_swiglu_clamps_the_gate_above_and_up_on_both_sides() {
+        let (alpha, limit) = (1.702, 7.0);
+        let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let mut gate = vec![1.0, 20.0, -3.0];
+        clamped_swiglu(&mut gate, &[0.5, -20.0, 9.0], alpha, limit);
+        let want = [
+            1.5 * sig(alpha),
+            (-7.0 + 1.0) * 7.0 * sig(alpha * 7.0),
+            8.0 * -3.0 * sig(alpha * -3.0),
+        ];
+        for (got, want) in gate.iter().zip(want) {
+            assert!((got - want).abs() < 1e-5, "{got} vs {want}");
         }
     }
 

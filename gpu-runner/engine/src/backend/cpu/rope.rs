@@ -1,8 +1,8 @@
-//! Rotary position embeddings: per-pair inverse frequencies (with linear or Llama 3
+//! Rotary position embeddings: per-pair inverse frequencies (with linear, Llama 3 or YaRN
 //! scaling, or GGUF `rope_freqs` divisors), per-step cos/sin tables for the batch's
-//! positions, and rotation in either pairing convention.
+//! positions (times YaRN's attention factor), and rotation in either pairing convention.
 
-use crate::model::{RopeScaling, RopeStyle};
+use crate::model::{RopeScaling, RopeStyle, Yarn};
 
 /// Inverse frequency of each rotated pair `i < head_dim/2`:
 /// `base^(-2i/d) / divisor_i`, where the divisor comes from the scaling scheme.
@@ -31,6 +31,7 @@ pub fn inv_freqs(
                     high_freq_factor,
                     original_context,
                 ),
+                RopeScaling::Yarn(yarn) => yarn_divisor(i, head_dim, base, &yarn),
             };
             let file_factor = freq_factors
                 .and_then(|f| f.get(i))
@@ -62,6 +63,40 @@ fn llama3_divisor(freq: f64, factor: f32, low: f32, high: f32, original_context:
     }
 }
 
+/// What cos and sin are multiplied by: YaRN's attention factor, else 1.
+pub fn attention_factor(scaling: RopeScaling) -> f32 {
+    match scaling {
+        RopeScaling::Yarn(yarn) => yarn.attention_factor,
+        _ => 1.0,
+    }
+}
+
+/// YaRN's blend for pair `i` (transformers' `_compute_yarn_parameters`): pairs that turn
+/// more than `beta_fast` times over the original context keep their frequency, those under
+/// `beta_slow` are divided by `factor`, a linear ramp over pair indices in between.
+fn yarn_divisor(i: usize, head_dim: usize, base: f32, y: &Yarn) -> f64 {
+    let (dim, base, ctx) = (head_dim as f64, base as f64, y.original_context as f64);
+    // The pair index at which a frequency turns `rotations` times over the context.
+    let correction_dim = |rotations: f64| {
+        dim * (ctx / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+    };
+    let (mut low, mut high) = (
+        correction_dim(y.beta_fast as f64),
+        correction_dim(y.beta_slow as f64),
+    );
+    if y.truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+    if low == high {
+        high += 0.001;
+    }
+    let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+    let extrapolation = 1.0 - ramp;
+    let factor = y.factor as f64;
+    1.0 / ((1.0 - extrapolation) / factor + extrapolation)
+}
+
 /// cos/sin of every (token, pair) of one step, reused across layers and steps.
 #[derive(Default)]
 pub struct RopeTable {
@@ -73,14 +108,20 @@ pub struct RopeTable {
 impl RopeTable {
     /// Fills the table for `positions` (one per token of the step).
     pub fn fill(&mut self, inv_freq: &[f64], positions: &[usize]) {
+        self.fill_scaled(inv_freq, positions, 1.0);
+    }
+
+    /// [`RopeTable::fill`] with cos and sin multiplied by `scale` (YaRN's attention factor,
+    /// see [`attention_factor`]).
+    pub fn fill_scaled(&mut self, inv_freq: &[f64], positions: &[usize], scale: f32) {
         self.half = inv_freq.len();
         self.cos.clear();
         self.sin.clear();
         for &p in positions {
             for &f in inv_freq {
                 let angle = p as f64 * f;
-                self.cos.push(angle.cos() as f32);
-                self.sin.push(angle.sin() as f32);
+                self.cos.push(angle.cos() as f32 * scale);
+                self.sin.push(angle.sin() as f32 * scale);
             }
         }
     }
@@ -152,5 +193,37 @@ mod tests {
         let scaled = inv_freqs(128, 500_000.0, scaling, None);
         assert_eq!(plain[0], scaled[0]);
         assert!((plain[63] / scaled[63] - 8.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn yarn_keeps_fast_pairs_divides_slow_ones_and_ramps_between() {
+        // gpt-oss's settings: head_dim 64, base 150 000, ×32 over a 4096-token original.
+        let yarn = Yarn {
+            factor: 32.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            original_context: 4096,
+            truncate: false,
+            attention_factor: 1.0 + 0.1 * 32f32.ln(),
+        };
+        let plain = inv_freqs(64, 150_000.0, RopeScaling::None, None);
+        let scaled = inv_freqs(64, 150_000.0, RopeScaling::Yarn(yarn), None);
+        assert_eq!(plain[0], scaled[0]);
+        assert!((plain[31] / scaled[31] - 32.0).abs() < 1e-9);
+        let ratios: Vec<f64> = plain.iter().zip(&scaled).map(|(p, s)| p / s).collect();
+        assert!(ratios.windows(2).all(|w| w[0] <= w[1]), "{ratios:?}");
+        assert!(ratios.iter().any(|&r| r > 1.0 && r < 32.0), "{ratios:?}");
+        assert!((attention_factor(RopeScaling::Yarn(yarn)) - 1.3466).abs() < 1e-4);
+    }
+
+    #[test]
+    fn the_attention_factor_scales_the_rotation() {
+        let inv = inv_freqs(4, 10_000.0, RopeScaling::None, None);
+        let mut table = RopeTable::default();
+        table.fill_scaled(&inv, &[3], 2.0);
+        let mut x = vec![1.0, 0.0, 0.0, 0.0];
+        table.apply(&mut x, 1, RopeStyle::Neox);
+        let norm: f32 = x.iter().map(|v| v * v).sum::<f32>().sqrt();
+        assert!((norm - 2.0).abs() < 1e-6);
     }
 }
