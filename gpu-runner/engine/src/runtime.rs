@@ -153,6 +153,11 @@ pub struct ModelFacts {
 /// here) without building an engine: what it serves and how much memory loading it will take.
 pub fn inspect(path: &Path, options: &LoadOptions) -> Result<ModelFacts, LoadError> {
     let artifacts = model::open(path)?;
+    if let Device::Cuda(_) = options.device {
+        artifacts
+            .config
+            .require_features("CUDA", model::CUDA_LACKS)?;
+    }
     let frontend = build_frontend(&artifacts, options)?;
     let per_block = kv_bytes_per_block(&artifacts.config, options.block_size.max(1)).max(1);
     let weights = weights_bytes(&artifacts.weights, options.device, options.cuda.weights);
@@ -189,10 +194,16 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError
             CpuBackend::new(&artifacts, pool.most(), block_size)
                 .map_err(|e| LoadError::Backend(e.to_string()))?,
         ),
-        Device::Cuda(ordinal) => Box::new(
-            CudaBackend::new(&artifacts, ordinal, pool, block_size, &options.cuda)
-                .map_err(|e| LoadError::Backend(e.to_string()))?,
-        ),
+        Device::Cuda(ordinal) => {
+            // Before any upload: a model CUDA would run wrong is refused with the reason.
+            artifacts
+                .config
+                .require_features("CUDA", model::CUDA_LACKS)?;
+            Box::new(
+                CudaBackend::new(&artifacts, ordinal, pool, block_size, &options.cuda)
+                    .map_err(|e| LoadError::Backend(e.to_string()))?,
+            )
+        }
     };
     let config = EngineConfig {
         max_num_seqs: options.max_num_seqs.max(1),

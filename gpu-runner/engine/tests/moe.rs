@@ -236,7 +236,7 @@ fn the_experts_each_token_is_routed_to_are_those_transformers_chooses() {
         /// Per sequence, per position, per routed layer: transformers' top-k, best first.
         routed_experts: Vec<Vec<Vec<Vec<u32>>>>,
     }
-    for name in ["qwen3_moe", "mixtral", "qwen2_moe"] {
+    for name in ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss"] {
         let path = fixture(name).join("reference.json");
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
         let reference: Reference = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));

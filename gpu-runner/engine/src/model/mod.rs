@@ -9,6 +9,7 @@
 //! interleaved RoPE).
 
 pub mod config;
+pub mod features;
 mod gguf_load;
 mod gpt_oss_experts;
 mod hf_load;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 pub use config::{
     Activation, Arch, ClampedSwiglu, ModelConfig, MoeConfig, RopeScaling, RopeStyle, Yarn,
 };
+pub use features::{Feature, CUDA_LACKS};
 pub use weights::{
     DenseFfn, ExpertBiases, FeedForward, LayerWeights, MoeFfn, SharedExpert, Weights,
 };

@@ -156,6 +156,7 @@ fn arch_names(arch: Arch) -> (&'static str, &'static str) {
         Arch::Qwen2 => ("qwen2", "qwen2"),
         Arch::Qwen3 => ("qwen3", "qwen3"),
         Arch::Gemma3 => ("gemma3_text", "gemma3"),
+        Arch::GptOss => ("gpt_oss", "gpt-oss"),
     }
 }
 

@@ -217,6 +217,32 @@ mod tests {
     }
 
     #[test]
+    fn truncating_rounds_yarns_ramp_to_whole_pairs() {
+        // head_dim 64, base 150 000, 4096 tokens: the ramp runs over pairs 8.09..17.39,
+        // or 8..18 truncated.
+        let yarn = |truncate| {
+            RopeScaling::Yarn(Yarn {
+                factor: 32.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                original_context: 4096,
+                truncate,
+                attention_factor: 1.0,
+            })
+        };
+        let plain = inv_freqs(64, 150_000.0, RopeScaling::None, None);
+        let exact = inv_freqs(64, 150_000.0, yarn(false), None);
+        let rounded = inv_freqs(64, 150_000.0, yarn(true), None);
+        let ratio = |v: &[f64], i: usize| plain[i] / v[i];
+        // Ramp 0.1 at pair 9: the divisor is 1 / (0.1 / 32 + 0.9).
+        assert!((ratio(&rounded, 9) - 1.0 / (0.1 / 32.0 + 0.9)).abs() < 1e-9);
+        assert!((ratio(&exact, 9) - ratio(&rounded, 9)).abs() > 1e-4);
+        assert!((ratio(&rounded, 17) - 1.0 / (0.9 / 32.0 + 0.1)).abs() < 1e-9);
+        assert_eq!(ratio(&rounded, 8), 1.0);
+        assert!((ratio(&exact, 18) - 32.0).abs() < 1e-9);
+    }
+
+    #[test]
     fn the_attention_factor_scales_the_rotation() {
         let inv = inv_freqs(4, 10_000.0, RopeScaling::None, None);
         let mut table = RopeTable::default();

@@ -1,0 +1,86 @@
+//! The numerics a model needs beyond the common decoder that every backend runs (pre-norm
+//! attention with optional Q/K/V biases and Q/K norms, SwiGLU/GeGLU, softmax-routed
+//! experts, linear or Llama 3 RoPE scaling). A backend that lacks some of them names what
+//! it lacks, and the model is refused at load with the reason instead of running wrong.
+//!
+//! **Architecture invariant:** a feature is listed here when it is added to the CPU backend
+//! and not (yet) to every other one; a backend gains it by leaving it out of what it lacks.
+
+use super::{ModelConfig, ModelError, RopeScaling};
+
+/// One numeric feature beyond the common decoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feature {
+    /// A learned per-head logit in the attention softmax's denominator (gpt-oss).
+    AttentionSinks,
+    /// A bias on the attention output projection (gpt-oss).
+    AttentionOutputBias,
+    /// Biases on the router and on every expert's products, and the clamped SwiGLU
+    /// (gpt-oss).
+    BiasedClampedExperts,
+    /// YaRN RoPE scaling, whose attention factor multiplies cos and sin.
+    YarnRope,
+}
+
+impl Feature {
+    fn describe(self) -> &'static str {
+        match self {
+            Feature::AttentionSinks => "attention sinks",
+            Feature::AttentionOutputBias => "an attention output bias",
+            Feature::BiasedClampedExperts => "biased experts with a clamped SwiGLU",
+            Feature::YarnRope => "YaRN RoPE scaling",
+        }
+    }
+}
+
+/// What the CUDA backend does not implement yet, for it to pass to
+/// [`ModelConfig::require_features`] when it is built.
+pub const CUDA_LACKS: &[Feature] = &[
+    Feature::AttentionSinks,
+    Feature::AttentionOutputBias,
+    Feature::BiasedClampedExperts,
+    Feature::YarnRope,
+];
+
+impl ModelConfig {
+    /// Every feature beyond the common decoder this model needs.
+    pub fn features(&self) -> Vec<Feature> {
+        let mut out = Vec::new();
+        if self.attn_sinks {
+            out.push(Feature::AttentionSinks);
+        }
+        if self.o_bias {
+            out.push(Feature::AttentionOutputBias);
+        }
+        if self
+            .moe
+            .as_ref()
+            .is_some_and(|m| m.clamped_swiglu.is_some())
+        {
+            out.push(Feature::BiasedClampedExperts);
+        }
+        if matches!(self.rope_scaling, RopeScaling::Yarn(_)) {
+            out.push(Feature::YarnRope);
+        }
+        out
+    }
+
+    /// Refuses the model when `backend` lacks any feature it needs, naming them all.
+    pub fn require_features(&self, backend: &str, lacks: &[Feature]) -> Result<(), ModelError> {
+        let missing: Vec<&str> = self
+            .features()
+            .into_iter()
+            .filter(|f| lacks.contains(f))
+            .map(Feature::describe)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(ModelError::Unsupported(format!(
+            "this {:?} model needs {}, which the {backend} backend does not implement \
+             (run it on the CPU: --device cpu)",
+            self.arch,
+            missing.join(", ")
+        )))
+    }
+}

@@ -1,0 +1,200 @@
+//! gpt-oss beyond matching transformers' logits (that is `safetensors_vs_transformers.rs`):
+//! the tiny fixture is sensitive to every feature gpt-oss adds, so leaving any one out
+//! would fail that comparison, and what Fallow cannot run is refused at load with the
+//! reason.
+
+use std::path::{Path, PathBuf};
+
+use fallow_engine::backend::cpu::{CpuBackend, KvDtype};
+use fallow_engine::backend::{Backend, LogitsMode, SeqSlice};
+use fallow_engine::model::{self, FeedForward, ModelArtifacts, RopeScaling, Weights, CUDA_LACKS};
+use serde_json::{json, Value};
+
+/// As in `safetensors_vs_transformers.rs`.
+const TOLERANCE: f32 = 1e-3;
+const BLOCK_SIZE: usize = 16;
+/// Longer than the fixture's 5-token window.
+const TOKENS: [u32; 12] = [5, 77, 200, 13, 9, 250, 41, 41, 3, 180, 66, 300];
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tiny")
+        .join(name)
+}
+
+fn open(dir: &Path) -> ModelArtifacts {
+    model::open(dir).unwrap_or_else(|e| panic!("{}: open failed: {e}", dir.display()))
+}
+
+/// Logits at every position of `TOKENS`.
+fn logits(artifacts: &ModelArtifacts) -> Vec<f32> {
+    let mut backend = CpuBackend::with_kv_dtype(artifacts, 4, BLOCK_SIZE, KvDtype::F32)
+        .unwrap_or_else(|e| panic!("backend: {e}"));
+    backend
+        .forward(&[SeqSlice {
+            adapter: None,
+            tokens: &TOKENS,
+            start_pos: 0,
+            block_table: &[0],
+            logits: LogitsMode::All,
+        }])
+        .unwrap_or_else(|e| panic!("forward: {e}"))
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The fixture with `edit` applied to its freshly opened weights.
+fn with_weights(edit: impl FnOnce(&mut Weights)) -> ModelArtifacts {
+    let mut artifacts = open(&fixture("gpt_oss"));
+    let weights = std::sync::Arc::get_mut(&mut artifacts.weights)
+        .unwrap_or_else(|| panic!("freshly opened weights have one owner"));
+    edit(weights);
+    artifacts
+}
+
+/// The fixture with `edit` applied to its config.
+fn with_config(edit: impl FnOnce(&mut model::ModelConfig)) -> ModelArtifacts {
+    let mut artifacts = open(&fixture("gpt_oss"));
+    edit(&mut artifacts.config);
+    artifacts
+}
+
+fn moe_mut(w: &mut Weights) -> impl Iterator<Item = &mut model::MoeFfn> {
+    w.layers.iter_mut().filter_map(|l| match &mut l.ffn {
+        FeedForward::Moe(m) => Some(m),
+        FeedForward::Dense(_) => None,
+    })
+}
+
+#[test]
+fn leaving_out_any_gpt_oss_feature_moves_the_logits_past_ten_times_the_tolerance() {
+    let right = logits(&open(&fixture("gpt_oss")));
+    let variants: Vec<(&str, ModelArtifacts)> = vec![
+        (
+            "no sinks",
+            with_weights(|w| w.layers.iter_mut().for_each(|l| l.sinks = None)),
+        ),
+        (
+            "no output bias",
+            with_weights(|w| w.layers.iter_mut().for_each(|l| l.bo = None)),
+        ),
+        (
+            "no router bias",
+            with_weights(|w| moe_mut(w).for_each(|m| m.router_bias = None)),
+        ),
+        (
+            "no expert biases",
+            with_weights(|w| moe_mut(w).for_each(|m| m.expert_biases = None)),
+        ),
+        (
+            "no clamp",
+            with_config(|c| {
+                if let Some(s) = c.moe.as_mut().and_then(|m| m.clamped_swiglu.as_mut()) {
+                    s.limit = f32::INFINITY;
+                }
+            }),
+        ),
+        (
+            "no YaRN attention factor",
+            with_config(|c| {
+                if let RopeScaling::Yarn(y) = &mut c.rope_scaling {
+                    y.attention_factor = 1.0;
+                }
+            }),
+        ),
+        (
+            "YaRN's frequencies left unscaled",
+            with_config(|c| {
+                if let RopeScaling::Yarn(y) = &mut c.rope_scaling {
+                    y.factor = 1.0;
+                }
+            }),
+        ),
+        (
+            "no sliding window",
+            with_config(|c| c.sliding_window = None),
+        ),
+    ];
+    for (what, wrong) in variants {
+        let diff = max_diff(&right, &logits(&wrong));
+        eprintln!("{what}: logits moved {diff}");
+        // YaRN's frequencies move least: over 12 positions the slow pairs it divides turn
+        // little either way (measured 0.017; every other feature moves logits by > 1).
+        assert!(diff > 10.0 * TOLERANCE, "{what}: logits moved only {diff}");
+    }
+}
+
+#[test]
+fn the_cuda_backend_refuses_gpt_oss_naming_what_it_lacks() {
+    let gpt_oss = open(&fixture("gpt_oss")).config;
+    let err = match gpt_oss.require_features("CUDA", CUDA_LACKS) {
+        Ok(()) => panic!("CUDA accepted gpt-oss"),
+        Err(e) => e.to_string(),
+    };
+    for what in [
+        "attention sinks",
+        "clamped SwiGLU",
+        "YaRN",
+        "CUDA",
+        "--device cpu",
+    ] {
+        assert!(err.contains(what), "{err}");
+    }
+    // The models CUDA runs today are not affected.
+    for name in ["qwen3_moe", "gemma3", "llama"] {
+        let config = open(&fixture(name)).config;
+        assert!(
+            config.require_features("CUDA", CUDA_LACKS).is_ok(),
+            "{name}"
+        );
+    }
+}
+
+/// A copy of the fixture with `edit` applied to its config.json.
+fn edited_copy(edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    for entry in std::fs::read_dir(fixture("gpt_oss")).unwrap_or_else(|e| panic!("{e}")) {
+        let path = entry.unwrap_or_else(|e| panic!("entry: {e}")).path();
+        let to = dir.path().join(path.file_name().unwrap_or_default());
+        std::fs::copy(&path, &to).unwrap_or_else(|e| panic!("copy {}: {e}", path.display()));
+    }
+    let path = dir.path().join("config.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("config: {e}"));
+    let mut config: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("json: {e}"));
+    edit(&mut config);
+    std::fs::write(&path, config.to_string()).unwrap_or_else(|e| panic!("write: {e}"));
+    dir
+}
+
+#[test]
+fn a_quantized_checkpoint_is_refused_naming_its_method() {
+    for method in ["mxfp4", "bitsandbytes"] {
+        let dir = edited_copy(|c| c["quantization_config"] = json!({ "quant_method": method }));
+        let err = match model::open(dir.path()) {
+            Ok(_) => panic!("a {method} checkpoint opened"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(method), "{err}");
+    }
+}
+
+#[test]
+fn without_layer_types_even_layers_slide_as_in_transformers() {
+    let dir = edited_copy(|c| {
+        if let Some(obj) = c.as_object_mut() {
+            obj.remove("layer_types");
+        }
+    });
+    let config = open(dir.path()).config;
+    assert_eq!(config.local_layers, vec![true, false]);
+    assert_eq!(
+        logits(&open(dir.path())),
+        logits(&open(&fixture("gpt_oss")))
+    );
+}
