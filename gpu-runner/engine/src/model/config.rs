@@ -294,6 +294,7 @@ pub fn from_gguf(
         "qwen2" | "qwen2moe" => Arch::Qwen2,
         "qwen3" | "qwen3moe" => Arch::Qwen3,
         "gemma3" => Arch::Gemma3,
+        "gpt-oss" => Arch::GptOss,
         other => return Err(ModelError::UnsupportedArch(other.to_string())),
     };
     let key = |k: &str| format!("{arch_name}.{k}");
@@ -319,7 +320,8 @@ pub fn from_gguf(
         )));
     }
     let is_gemma = arch == Arch::Gemma3;
-    let sliding_window = if is_gemma {
+    let is_gpt_oss = arch == Arch::GptOss;
+    let sliding_window = if is_gemma || is_gpt_oss {
         opt_u("attention.sliding_window")
     } else {
         None
@@ -357,7 +359,7 @@ pub fn from_gguf(
         } else {
             RopeStyle::Neox
         },
-        qkv_bias: arch == Arch::Qwen2,
+        qkv_bias: matches!(arch, Arch::Qwen2 | Arch::GptOss),
         qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
         tie_embeddings: false, // decided by the loader from the presence of `output.weight`
         activation: if is_gemma {
@@ -369,17 +371,18 @@ pub fn from_gguf(
         post_norms: is_gemma,
         norm_weight_offset: 0.0,
         sliding_window,
-        local_layers: if sliding_window.is_some() {
-            gemma_local_layers(n_layers, GEMMA3_GLOBAL_EVERY)
-        } else {
-            vec![false; n_layers]
+        local_layers: match (sliding_window, arch) {
+            // llama.cpp's `set_swa_pattern(2)`: even layers slide.
+            (Some(_), Arch::GptOss) => (0..n_layers).map(|l| l % 2 == 0).collect(),
+            (Some(_), _) => gemma_local_layers(n_layers, GEMMA3_GLOBAL_EVERY),
+            (None, _) => vec![false; n_layers],
         },
         attn_scale: 1.0 / query_pre_attn_scalar.sqrt(),
         attn_logit_softcap: opt_f("attn_logit_softcapping").filter(|v| *v > 0.0),
         final_logit_softcap: opt_f("final_logit_softcapping").filter(|v| *v > 0.0),
         moe,
-        o_bias: false,
-        attn_sinks: false,
+        o_bias: is_gpt_oss,
+        attn_sinks: is_gpt_oss,
     };
     config.validate()?;
     Ok(config)
@@ -403,7 +406,10 @@ fn gguf_moe(
             _ => Ok(None),
         };
     }
-    if !matches!(arch, "qwen3moe" | "qwen2moe" | "llama" | "mistral") {
+    if !matches!(
+        arch,
+        "qwen3moe" | "qwen2moe" | "llama" | "mistral" | "gpt-oss"
+    ) {
         return Err(ModelError::Unsupported(format!(
             "{}: experts in a `{arch}` model",
             key("expert_count")
@@ -416,8 +422,10 @@ fn gguf_moe(
             key("expert_shared_count")
         )));
     }
-    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX.
-    if let Some(g) = get("expert_gating_func").filter(|&g| g != 1) {
+    let gpt_oss = arch == "gpt-oss";
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX (gpt-oss's graph fixes its own:
+    // softmax over the chosen experts' logits, the same weights renormalised).
+    if let Some(g) = get("expert_gating_func").filter(|&g| g != 1 && !gpt_oss) {
         return Err(ModelError::Unsupported(format!(
             "{}: gating function {g} (only softmax routing is supported)",
             key("expert_gating_func")
@@ -442,23 +450,48 @@ fn gguf_moe(
         norm_topk: !qwen2,
         sparse_layers: vec![true; n_layers],
         shared_ffn,
-        clamped_swiglu: None,
+        // llama.cpp's LLM_FFN_SWIGLU_OAI_MOE takes transformers' defaults as constants.
+        clamped_swiglu: gpt_oss.then_some(ClampedSwiglu {
+            alpha: GPT_OSS_SWIGLU_ALPHA,
+            limit: GPT_OSS_SWIGLU_LIMIT,
+        }),
     }))
 }
 
-/// `{arch}.rope.scaling.*`: none or linear. (Llama 3 scaling arrives as the
+/// `{arch}.rope.scaling.*`: none, linear or YaRN. (Llama 3 scaling arrives as the
 /// `rope_freqs.weight` tensor instead, see `Weights::rope_freq_factors`.)
 fn gguf_rope_scaling(meta: &dyn MetadataSource, arch: &str) -> Result<RopeScaling, ModelError> {
     let type_key = format!("{arch}.rope.scaling.type");
-    let factor = meta
-        .get_f64(&format!("{arch}.rope.scaling.factor"))
-        .map(|f| f as f32);
+    let get = |k: &str| meta.get_f64(&format!("{arch}.rope.scaling.{k}"));
+    let factor = get("factor").map(|f| f as f32);
     match meta.get_str(&type_key).as_deref() {
         None | Some("none") => Ok(RopeScaling::None),
         Some("linear") => Ok(match factor {
             Some(f) if f > 0.0 && f != 1.0 => RopeScaling::Linear { factor: f },
             _ => RopeScaling::None,
         }),
+        Some("yarn") => {
+            let factor = factor.unwrap_or(1.0);
+            let original_key = format!("{arch}.rope.scaling.original_context_length");
+            let original_context =
+                meta.get_u64(&original_key)
+                    .ok_or(ModelError::MissingKey(original_key))? as usize;
+            // ggml's rope: `attn_factor · (1 + 0.1 ln factor)` on cos and sin, and the
+            // ramp's ends rounded to whole dimensions (`ggml_rope_yarn_corr_dims`).
+            let mscale = if factor > 1.0 {
+                1.0 + 0.1 * (factor as f64).ln()
+            } else {
+                1.0
+            };
+            Ok(RopeScaling::Yarn(Yarn {
+                factor,
+                beta_fast: get("yarn_beta_fast").unwrap_or(32.0) as f32,
+                beta_slow: get("yarn_beta_slow").unwrap_or(1.0) as f32,
+                original_context,
+                truncate: true,
+                attention_factor: (get("attn_factor").unwrap_or(1.0) * mscale) as f32,
+            }))
+        }
         Some(other) => Err(ModelError::Unsupported(format!("{type_key}: {other:?}"))),
     }
 }

@@ -40,7 +40,10 @@ impl TensorSource for GgufFile {
 }
 
 /// llama.cpp's tensor names.
-struct GgufNames;
+struct GgufNames {
+    /// gpt-oss names its pre-FFN norm `post_attention_norm` (llama.cpp's `attn_post_norm`).
+    gpt_oss: bool,
+}
 
 impl TensorNames for GgufNames {
     fn name(&self, role: Role, layer: usize) -> String {
@@ -63,6 +66,7 @@ impl TensorNames for GgufNames {
             Role::QNorm => blk("attn_q_norm.weight"),
             Role::KNorm => blk("attn_k_norm.weight"),
             Role::PostAttnNorm => blk("post_attention_norm.weight"),
+            Role::FfnNorm if self.gpt_oss => blk("post_attention_norm.weight"),
             Role::FfnNorm => blk("ffn_norm.weight"),
             Role::Gate => blk("ffn_gate.weight"),
             Role::Up => blk("ffn_up.weight"),
@@ -108,18 +112,28 @@ pub fn open_file(path: &Path) -> Result<ModelArtifacts, ModelError> {
         None => vocab.tokens.len(),
     };
     let mut config = config::from_gguf(&gguf, vocab_fallback)?;
-    let weights = weights::build(&mut config, &gguf, &GgufNames)?;
-    weights::reject_unused_tensors(
-        gguf.tensors.iter().map(|t| t.name.as_str()),
-        &[
+    let gpt_oss = config.arch == config::Arch::GptOss;
+    let weights = weights::build(&mut config, &gguf, &GgufNames { gpt_oss })?;
+    // gpt-oss reads its output-projection, router and expert biases and its sinks (a fused
+    // `ffn_gate_up_exps.bias` it does not, and refuses); nothing else reads any of them.
+    let unused: &[&str] = match gpt_oss {
+        true => &[
+            "ffn_gate.bias",
+            "ffn_up.bias",
+            "ffn_down.bias",
+            "ffn_gate_up_exps.bias",
+        ],
+        false => &[
             "attn_output.bias",
             "ffn_gate.bias",
             "ffn_up.bias",
             "ffn_down.bias",
             "ffn_gate_inp.bias",
             "_exps.bias",
+            "attn_sinks.weight",
         ],
-    )?;
+    };
+    weights::reject_unused_tensors(gguf.tensors.iter().map(|t| t.name.as_str()), unused)?;
     let chat_template = gguf
         .get("tokenizer.chat_template")
         .and_then(|v| v.as_str())

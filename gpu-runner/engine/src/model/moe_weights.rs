@@ -79,7 +79,7 @@ pub(super) fn load(
         false => None,
     };
     let expert_biases = match biased {
-        true => Some(expert_biases(src, names, layer, (e, f, hidden))?),
+        true => Some(Box::new(expert_biases(src, names, layer, (e, f, hidden))?)),
         false => None,
     };
     Ok(MoeFfn {

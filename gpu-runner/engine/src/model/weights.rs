@@ -58,8 +58,8 @@ pub struct MoeFfn {
     /// Added to the router's logits (gpt-oss).
     pub router_bias: Option<Vec<f32>>,
     pub experts: Vec<DenseFfn>,
-    /// The experts' biases (gpt-oss).
-    pub expert_biases: Option<ExpertBiases>,
+    /// The experts' biases (gpt-oss); boxed to keep [`FeedForward`]'s variants close in size.
+    pub expert_biases: Option<Box<ExpertBiases>>,
     /// Qwen2-MoE's shared expert, which every token goes through.
     pub shared: Option<SharedExpert>,
 }
@@ -177,7 +177,7 @@ impl Weights {
                 let moe = match &l.ffn {
                     FeedForward::Moe(m) => {
                         m.router_bias.as_ref().map_or(0, Vec::len)
-                            + m.expert_biases.as_ref().map_or(0, ExpertBiases::len)
+                            + m.expert_biases.as_ref().map_or(0, |b| b.len())
                     }
                     FeedForward::Dense(_) => 0,
                 };
