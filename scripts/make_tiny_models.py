@@ -17,6 +17,7 @@ Models (all: hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16, FFN 128):
 | gemma3  | Gemma3ForCausalLM| F16, one file, tied head   | sliding window 5 + global layer, linear RoPE scaling on the global layer only, two RoPE bases, (1 + w) norms, sandwich norms, GELU, embedding scale, query_pre_attn_scalar, final logit softcap (no attention softcap: real Gemma 3 has none, and transformers 5 ignores it for Gemma 3) |
 | qwen3_moe | Qwen3MoeForCausalLM | F32, one file, untied | 8 experts of width 32, top-2, `norm_topk_prob` |
 | qwen2_moe | Qwen2MoeForCausalLM | F32, one file, untied | 4 experts of width 32, top-2, not renormalised, a shared expert of width 64 with its sigmoid gate, Q/K/V biases |
+| gpt_oss_mxfp4 | GptOssForCausalLM | BF16 + MXFP4 experts | gpt_oss with experts of width 64 as MXFP4 blocks/scales (quantization_config mxfp4), reference on transformers' dequantisation |
 | gpt_oss | GptOssForCausalLM | BF16, one file, untied | 8 biased experts of width 32 (transposed, gate/up interleaved), top-2 of a biased router, clamped SwiGLU (limit 1.5, so it bites), Q/K/V/O biases, attention sinks, sliding window 5 then a full layer, YaRN (x32 over 4096, truncate false) |
 | mixtral | MixtralForCausalLM | BF16, one file, untied     | 4 experts of width 128, top-2, `block_sparse_moe.experts.E.w1/w2/w3` names |
 
@@ -338,6 +339,85 @@ def make(name, cls, cfg_cls, extra_cfg, dtype, shards, with_bos, legacy, tok, ge
           f"greedy margin {ref['greedy_min_margin']:.4f}")
 
 
+def make_gpt_oss_mxfp4(extra_cfg: dict, tok, gen) -> None:
+    """gpt_oss_mxfp4: gpt-oss with its experts in MXFP4 as the published checkpoints store
+    them (`*_blocks` [E, rows, cols/32, 16] u8, two E2M1 codes a byte, low nibble first;
+    `*_scales` [E, rows, cols/32] u8, E8M0 with bias 127; rows are outputs, gate and up
+    alternating), random codes and scales. The reference is transformers run on its own
+    dequantisation of them (`convert_moe_packed_tensors`), the rest of the model as gpt_oss."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    name = "gpt_oss_mxfp4"
+    if WANTED and name not in WANTED:
+        return
+    out_dir = os.path.join(OUT, name)
+    plain_dir = out_dir + ".plain"
+    for d in (out_dir, plain_dir):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+    vocab = tok.get_vocab_size()
+    config = GptOssConfig(**{**common_config(vocab), **extra_cfg})
+    model = GptOssForCausalLM(config).eval()
+    randomize(model, gen)
+    packed = {}
+    with torch.no_grad():
+        for layer, block in enumerate(model.model.layers):
+            experts = block.mlp.experts
+            for proj in ("gate_up_proj", "down_proj"):
+                param = getattr(experts, proj)  # [E, in, out]
+                e, cols, rows = param.shape
+                blocks = torch.randint(0, 256, (e, rows, cols // 32, 16), generator=gen,
+                                       dtype=torch.uint8)
+                # Scales around 2^-4: values of about the fan-in-scaled weights' size.
+                scales = torch.randint(121, 125, (e, rows, cols // 32), generator=gen,
+                                       dtype=torch.uint8)
+                param.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+                prefix = f"model.layers.{layer}.mlp.experts.{proj}"
+                packed[f"{prefix}_blocks"] = blocks
+                packed[f"{prefix}_scales"] = scales
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(plain_dir)
+    model.generation_config.eos_token_id = [2, 0]
+    model.generation_config.save_pretrained(plain_dir)
+    save_tokenizer(tok, plain_dir, False)
+    to_legacy_config(plain_dir)
+    rng = torch.Generator().manual_seed(SEED + 1)
+    sequences = [
+        tok.encode(ENCODE_TEXTS[0]).ids,
+        [5, 77, 200],
+        [int(x) for x in torch.randint(0, vocab, (24,), generator=rng)],
+    ]
+    ref = reference(plain_dir, sequences, sequences[0])
+    # The same directory with the experts' matrices replaced by their MXFP4 blocks.
+    for f in os.listdir(plain_dir):
+        if f != "model.safetensors":
+            shutil.copy(os.path.join(plain_dir, f), out_dir)
+    tensors = load_file(os.path.join(plain_dir, "model.safetensors"))
+    for key in list(tensors):
+        if key.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            del tensors[key]
+    tensors.update(packed)
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    shutil.rmtree(plain_dir)
+    cfg_path = os.path.join(out_dir, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"],
+    }
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+    with open(os.path.join(out_dir, "reference.json"), "w") as f:
+        json.dump(ref, f, separators=(",", ":"), ensure_ascii=False)
+        f.write("\n")
+    size = sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir))
+    print(f"{name}: {size // 1024} KiB, greedy margin {ref['greedy_min_margin']:.4f}")
+
+
 WANTED = set(sys.argv[1:])
 
 
@@ -388,8 +468,7 @@ def main() -> int:
           "shared_expert_intermediate_size": 64, "norm_topk_prob": False,
           "rope_theta": 1000000.0, "tie_word_embeddings": False},
          torch.float32, 1, False, False, plain, torch.Generator().manual_seed(SEED + 42))
-    make("gpt_oss", GptOssForCausalLM, GptOssConfig,
-         {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32,
+    gpt_oss = {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32,
           # Small, so the clamp bites on these activations (gpt-oss ships 7.0).
           "swiglu_limit": 1.5,
           "attention_bias": True,
@@ -399,8 +478,12 @@ def main() -> int:
           "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
                               "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                               "original_max_position_embeddings": 4096},
-          "max_position_embeddings": 131072, "tie_word_embeddings": False},
+          "max_position_embeddings": 131072, "tie_word_embeddings": False}
+    make("gpt_oss", GptOssForCausalLM, GptOssConfig, gpt_oss,
          torch.bfloat16, 1, False, True, plain, torch.Generator().manual_seed(SEED + 43))
+    # Experts of width 64, so every MXFP4 row holds two blocks.
+    make_gpt_oss_mxfp4({**gpt_oss, "intermediate_size": 64}, plain,
+                       torch.Generator().manual_seed(SEED + 44))
     return 0
 
 

@@ -156,10 +156,10 @@ fn the_cuda_backend_refuses_gpt_oss_naming_what_it_lacks() {
     }
 }
 
-/// A copy of the fixture with `edit` applied to its config.json.
-fn edited_copy(edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
+/// A copy of fixture `name` with `edit` applied to its config.json.
+fn edited_copy(name: &str, edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-    for entry in std::fs::read_dir(fixture("gpt_oss")).unwrap_or_else(|e| panic!("{e}")) {
+    for entry in std::fs::read_dir(fixture(name)).unwrap_or_else(|e| panic!("{e}")) {
         let path = entry.unwrap_or_else(|e| panic!("entry: {e}")).path();
         let to = dir.path().join(path.file_name().unwrap_or_default());
         std::fs::copy(&path, &to).unwrap_or_else(|e| panic!("copy {}: {e}", path.display()));
@@ -173,11 +173,18 @@ fn edited_copy(edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
 }
 
 #[test]
-fn a_quantized_checkpoint_is_refused_naming_its_method() {
-    for method in ["mxfp4", "bitsandbytes"] {
-        let dir = edited_copy(|c| c["quantization_config"] = json!({ "quant_method": method }));
+fn a_quantized_checkpoint_other_than_gpt_oss_mxfp4_is_refused_naming_its_method() {
+    let refused = [
+        ("gpt_oss", "fp8"),
+        ("gpt_oss", "bitsandbytes"),
+        ("qwen3_moe", "mxfp4"),
+    ];
+    for (name, method) in refused {
+        let dir = edited_copy(name, |c| {
+            c["quantization_config"] = json!({ "quant_method": method })
+        });
         let err = match model::open(dir.path()) {
-            Ok(_) => panic!("a {method} checkpoint opened"),
+            Ok(_) => panic!("a {method} {name} opened"),
             Err(e) => e.to_string(),
         };
         assert!(err.contains(method), "{err}");
@@ -185,8 +192,23 @@ fn a_quantized_checkpoint_is_refused_naming_its_method() {
 }
 
 #[test]
+fn mxfp4_experts_are_widened_to_bf16_matrices() {
+    let artifacts = open(&fixture("gpt_oss_mxfp4"));
+    for layer in &artifacts.weights.layers {
+        let FeedForward::Moe(moe) = &layer.ffn else {
+            panic!("gpt-oss layers route");
+        };
+        for expert in &moe.experts {
+            for m in [&expert.gate, &expert.up, &expert.down] {
+                assert_eq!(m.dtype, fallow_engine::quant::GgmlType::BF16);
+            }
+        }
+    }
+}
+
+#[test]
 fn without_layer_types_even_layers_slide_as_in_transformers() {
-    let dir = edited_copy(|c| {
+    let dir = edited_copy("gpt_oss", |c| {
         if let Some(obj) = c.as_object_mut() {
             obj.remove("layer_types");
         }

@@ -24,6 +24,9 @@
 //! - `gpt_oss`: BF16, 8 biased experts stored transposed with gate and up interleaved, top-2
 //!   of a biased router, the clamped SwiGLU (limit 1.5, so it bites), Q/K/V/O biases,
 //!   attention sinks, a 5-token sliding window then a full layer, YaRN RoPE.
+//! - `gpt_oss_mxfp4`: the same with experts of width 64 in MXFP4 blocks and scales, as the
+//!   published checkpoints store them; the reference is transformers on its own
+//!   dequantisation of them.
 //!   Their routers are scaled so that a wrong expert moves logits far past the tolerance.
 
 use std::path::PathBuf;
@@ -68,7 +71,7 @@ struct Chat {
     rendered: String,
 }
 
-const MODELS: [&str; 8] = [
+const MODELS: [&str; 9] = [
     "llama",
     "qwen2",
     "qwen3",
@@ -77,6 +80,7 @@ const MODELS: [&str; 8] = [
     "mixtral",
     "qwen2_moe",
     "gpt_oss",
+    "gpt_oss_mxfp4",
 ];
 
 fn model_dir(name: &str) -> PathBuf {
@@ -242,6 +246,11 @@ fn bf16_mixtral_matches_transformers_logits_at_every_position() {
 fn bf16_gpt_oss_with_sinks_yarn_and_biased_clamped_experts_matches_transformers_logits_at_every_position(
 ) {
     assert_logits_match("gpt_oss");
+}
+
+#[test]
+fn gpt_oss_with_mxfp4_experts_matches_transformers_logits_at_every_position() {
+    assert_logits_match("gpt_oss_mxfp4");
 }
 
 #[test]
@@ -451,7 +460,11 @@ fn config_json_is_read_into_the_architecture_transformers_built() {
             c.ffn,
         );
         // gpt-oss's `intermediate_size` is its experts' width.
-        let ffn = if name == "gpt_oss" { 32 } else { 128 };
+        let ffn = match name {
+            "gpt_oss" => 32,
+            "gpt_oss_mxfp4" => 64,
+            _ => 128,
+        };
         assert_eq!(shape, (2, 64, 4, 2, 16, ffn), "{name}: shape");
         assert!((c.rms_eps - 1e-5).abs() < 1e-9, "{name}: rms_norm_eps");
     }

@@ -513,7 +513,7 @@ pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
         "gpt_oss" => Arch::GptOss,
         other => return Err(ModelError::UnsupportedArch(other.to_string())),
     };
-    refuse_quantization(root)?;
+    refuse_quantization(root, arch)?;
     let merged = with_defaults(arch, nested.unwrap_or(root));
     let cfg = &merged;
     let req_u = |k: &str| -> Result<usize, ModelError> {
@@ -670,9 +670,10 @@ fn hf_moe(cfg: &Value, model_type: &str, n_layers: usize) -> Result<Option<MoeCo
 const GPT_OSS_SWIGLU_ALPHA: f32 = 1.702;
 const GPT_OSS_SWIGLU_LIMIT: f32 = 7.0;
 
-/// A `quantization_config` names weights stored in a way the loader would misread; none is
-/// read yet (gpt-oss's MXFP4 experts included), so any is refused with its method.
-fn refuse_quantization(root: &Value) -> Result<(), ModelError> {
+/// A `quantization_config` names weights stored in a way the loader would misread: only
+/// gpt-oss's MXFP4 experts are read (see `gpt_oss_experts`), any other is refused with its
+/// method.
+fn refuse_quantization(root: &Value, arch: Arch) -> Result<(), ModelError> {
     let Some(q) = root.get("quantization_config").filter(|v| !v.is_null()) else {
         return Ok(());
     };
@@ -680,9 +681,13 @@ fn refuse_quantization(root: &Value) -> Result<(), ModelError> {
         .get("quant_method")
         .and_then(Value::as_str)
         .unwrap_or("unnamed");
+    if arch == Arch::GptOss && method == "mxfp4" {
+        return Ok(());
+    }
     Err(ModelError::Unsupported(format!(
         "config.json: quantization_config.quant_method {method:?} (only unquantized \
-         safetensors are read; use a bf16/f32 checkpoint or a GGUF file)"
+         safetensors, and gpt-oss's MXFP4 experts, are read; use a bf16/f32 checkpoint or \
+         a GGUF file)"
     )))
 }
 

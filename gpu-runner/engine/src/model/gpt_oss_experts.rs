@@ -4,19 +4,34 @@
 //! `gate_up_proj_bias` `[n_experts, 2 × ffn]` alternating the same way. Fallow's matrices
 //! are `[out, in]` rows, so each expert's slab is transposed (and gate and up pulled apart)
 //! once at load, in its own float type: an owned copy, where the other layouts are views.
+//!
+//! The published checkpoints hold the experts in MXFP4 instead (`gate_up_proj_blocks`
+//! `[n_experts, 2 × ffn, hidden / 32, 16]` and `_scales`, `down_proj_blocks`
+//! `[n_experts, hidden, ffn / 32, 16]`): already `[out, in]`, gate and up in alternate rows.
+//! Those become BF16 matrices, exactly ([`super::mxfp4`]).
 
 use crate::quant::{QMatrix, TensorBytes};
 
+use super::mxfp4;
 use super::weights::{DenseFfn, TensorSource};
 use super::ModelError;
 
-/// Every expert's gate, up and down matrices from the two transposed tensors.
+/// Whether the experts are stored as MXFP4 blocks under `gate_up_name`.
+pub(super) fn has_mxfp4(src: &dyn TensorSource, gate_up_name: &str) -> bool {
+    src.has(&format!("{gate_up_name}_blocks"))
+}
+
+/// Every expert's gate, up and down matrices from the two transposed tensors (or their
+/// MXFP4 blocks).
 pub(super) fn experts(
     src: &dyn TensorSource,
     gate_up_name: &str,
     down_name: &str,
     (experts, ffn, hidden): (usize, usize, usize),
 ) -> Result<Vec<DenseFfn>, ModelError> {
+    if has_mxfp4(src, gate_up_name) {
+        return mxfp4_experts(src, gate_up_name, down_name, (experts, ffn, hidden));
+    }
     let gate_up = Slabs::read(src, gate_up_name, experts, hidden, 2 * ffn)?;
     let down = Slabs::read(src, down_name, experts, ffn, hidden)?;
     (0..experts)
@@ -28,6 +43,81 @@ pub(super) fn experts(
             })
         })
         .collect()
+}
+
+fn mxfp4_experts(
+    src: &dyn TensorSource,
+    gate_up_name: &str,
+    down_name: &str,
+    (experts, ffn, hidden): (usize, usize, usize),
+) -> Result<Vec<DenseFfn>, ModelError> {
+    let gate_up = Mxfp4Tensor::read(src, gate_up_name, experts, 2 * ffn, hidden)?;
+    let down = Mxfp4Tensor::read(src, down_name, experts, hidden, ffn)?;
+    (0..experts)
+        .map(|e| {
+            let first = e * 2 * ffn;
+            let gate: Vec<usize> = (0..ffn).map(|j| first + 2 * j).collect();
+            let up: Vec<usize> = (0..ffn).map(|j| first + 2 * j + 1).collect();
+            let down_rows: Vec<usize> = (e * hidden..(e + 1) * hidden).collect();
+            Ok(DenseFfn {
+                gate: gate_up.matrix(&gate)?,
+                up: gate_up.matrix(&up)?,
+                down: down.matrix(&down_rows)?,
+            })
+        })
+        .collect()
+}
+
+/// A `[slabs, rows, cols]` weight as MXFP4 `{name}_blocks` and `{name}_scales`.
+struct Mxfp4Tensor<'a> {
+    name: String,
+    blocks: &'a [u8],
+    scales: &'a [u8],
+    cols: usize,
+}
+
+impl<'a> Mxfp4Tensor<'a> {
+    fn read(
+        src: &'a dyn TensorSource,
+        name: &str,
+        slabs: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, ModelError> {
+        let (blocks_name, scales_name) = (format!("{name}_blocks"), format!("{name}_scales"));
+        let (block_shape, blocks) = src.bytes_u8(&blocks_name)?;
+        let (scale_shape, scales) = src.bytes_u8(&scales_name)?;
+        let groups = cols / mxfp4::BLOCK;
+        let want_blocks = [slabs, rows, groups, mxfp4::BLOCK_BYTES];
+        if !cols.is_multiple_of(mxfp4::BLOCK) || block_shape != want_blocks {
+            return Err(ModelError::Shape {
+                name: blocks_name,
+                found: block_shape.to_vec(),
+                expected: want_blocks.to_vec(),
+            });
+        }
+        if scale_shape != [slabs, rows, groups] {
+            return Err(ModelError::Shape {
+                name: scales_name,
+                found: scale_shape.to_vec(),
+                expected: vec![slabs, rows, groups],
+            });
+        }
+        Ok(Mxfp4Tensor {
+            name: blocks_name,
+            blocks,
+            scales,
+            cols,
+        })
+    }
+
+    /// The rows `rows` (counted over all slabs) as one matrix.
+    fn matrix(&self, rows: &[usize]) -> Result<QMatrix, ModelError> {
+        mxfp4::matrix(self.blocks, self.scales, rows, self.cols).map_err(|e| ModelError::Tensor {
+            name: self.name.clone(),
+            why: e.to_string(),
+        })
+    }
 }
 
 /// Gate and up biases (`n_experts × ffn` each) from their alternating columns.

@@ -26,6 +26,9 @@ impl TensorSource for SafetensorsSet {
     fn stacked(&self, name: &str) -> Result<(QMatrix, usize), ModelError> {
         SafetensorsSet::stacked(self, name)
     }
+    fn bytes_u8(&self, name: &str) -> Result<(&[usize], &[u8]), ModelError> {
+        SafetensorsSet::bytes_u8(self, name)
+    }
 }
 
 /// HF transformers' tensor names under a checkpoint-specific prefix (`model.` for text
@@ -127,7 +130,9 @@ pub fn open_dir(dir: &Path) -> Result<ModelArtifacts, ModelError> {
     let config_json = read_json(&dir.join("config.json"))?;
     let mut config = config::from_hf_json(&config_json)?;
     let tensors = SafetensorsSet::open_dir(dir)?;
-    refuse_mxfp4_tensors(&tensors)?;
+    if config.arch != config::Arch::GptOss {
+        refuse_mxfp4_tensors(&tensors)?;
+    }
     let names = detect_names(&tensors, config.arch);
     let weights = weights::build(&mut config, &tensors, &names)?;
     // gpt-oss reads its output-projection and expert biases; nothing else does.
@@ -176,12 +181,12 @@ pub fn open_dir(dir: &Path) -> Result<ModelArtifacts, ModelError> {
     })
 }
 
-/// gpt-oss's published checkpoints keep their experts in MXFP4 (`*_blocks` + `*_scales`),
-/// which the loader does not read yet: refused by name rather than reported missing.
+/// MXFP4 tensors (`*_blocks` + `*_scales`) are read for gpt-oss's experts only: anywhere
+/// else they are refused by name rather than reported missing.
 fn refuse_mxfp4_tensors(tensors: &SafetensorsSet) -> Result<(), ModelError> {
     match tensors.names().find(|n| n.ends_with("_blocks")) {
         Some(name) => Err(ModelError::Unsupported(format!(
-            "tensor `{name}`: MXFP4 experts are not read yet (use a bf16 checkpoint or GGUF)"
+            "tensor `{name}`: MXFP4 weights are read for gpt-oss's experts only"
         ))),
         None => Ok(()),
     }

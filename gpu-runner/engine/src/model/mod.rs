@@ -14,6 +14,7 @@ mod gguf_load;
 mod gpt_oss_experts;
 mod hf_load;
 mod moe_weights;
+mod mxfp4;
 pub mod safetensors;
 mod weights;
 

@@ -30,7 +30,7 @@ pub(super) fn load(
     let router = shaped(&router_name, src.matrix(&router_name)?, e, hidden)?;
     let fused = names.name(Role::GateUpExps, layer);
     let transposed = names.name(Role::GateUpExpsTransposed, layer);
-    let experts = if src.has(&transposed) {
+    let experts = if src.has(&transposed) || gpt_oss_experts::has_mxfp4(src, &transposed) {
         let down = names.name(Role::DownExpsTransposed, layer);
         gpt_oss_experts::experts(src, &transposed, &down, (e, f, hidden))?
     } else if src.has(&fused) {

@@ -70,6 +70,18 @@ impl SafetensorsFile {
             .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
     }
 
+    /// A `U8` tensor's shape and bytes (MXFP4 blocks and scales).
+    pub fn bytes_u8(&self, name: &str) -> Result<(&[usize], &[u8]), ModelError> {
+        let e = self.entry(name)?;
+        if e.dtype != "U8" {
+            return Err(ModelError::Tensor {
+                name: name.into(),
+                why: format!("dtype {} where U8 bytes were expected", e.dtype),
+            });
+        }
+        Ok((&e.shape, &self.map[e.start..e.start + e.len]))
+    }
+
     /// A 1-D or 2-D float tensor as a matrix view into the map.
     pub fn matrix(&self, name: &str) -> Result<QMatrix, ModelError> {
         let e = self.entry(name)?;
@@ -307,6 +319,10 @@ impl SafetensorsSet {
     }
 
     /// All tensor names (for detecting name prefixes).
+    pub fn bytes_u8(&self, name: &str) -> Result<(&[usize], &[u8]), ModelError> {
+        self.file(name)?.bytes_u8(name)
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.index.keys().map(String::as_str)
     }

@@ -274,6 +274,11 @@ pub trait TensorSource {
     fn vector(&self, name: &str) -> Result<Vec<f32>, ModelError>;
     /// A 3-D tensor of stacked matrices as one `[slabs × rows, cols]` view, and `slabs`.
     fn stacked(&self, name: &str) -> Result<(QMatrix, usize), ModelError>;
+    /// A tensor of raw bytes (`U8`: MXFP4 blocks and scales), with its shape; formats
+    /// without such tensors have none.
+    fn bytes_u8(&self, name: &str) -> Result<(&[usize], &[u8]), ModelError> {
+        Err(ModelError::MissingTensor(name.into()))
+    }
 }
 
 /// Rejects checkpoints with tensors the forward pass would silently ignore (an output
