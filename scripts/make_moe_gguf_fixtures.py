@@ -28,7 +28,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "gpu-runner", "engine", "tests", "fixtures", "tiny")
 # The f32 file checks the converter's layout tightly; Q8_0 the quantized expert path.
 # (Mixtral's f32 file would add 1 MB for what qwen3_moe's already shows.)
-OUTTYPES = {"qwen3_moe": ["f32", "q8_0"], "mixtral": ["q8_0"], "qwen2_moe": ["f32"]}
+OUTTYPES = {
+    "qwen3_moe": ["f32", "q8_0"],
+    "mixtral": ["q8_0"],
+    "qwen2_moe": ["f32"],
+    # gpt-oss's names and keys (experts split and transposed, sinks, biases, YaRN).
+    "gpt_oss": ["f32"],
+}
 
 
 def convert(llama_cpp: str, model_dir: str, outtype: str) -> str:

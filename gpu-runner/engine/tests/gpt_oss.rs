@@ -131,6 +131,31 @@ fn leaving_out_any_gpt_oss_feature_moves_the_logits_past_ten_times_the_tolerance
 }
 
 #[test]
+fn the_gguf_llama_cpps_converter_writes_runs_the_checkpoint_as_llama_cpp_would() {
+    // `model.f32.gguf`: `convert_hf_to_gguf.py --outtype f32` of the fixture (llama.cpp as
+    // vendored by llama-cpp-python 0.3.36). llama.cpp rounds YaRN's ramp to whole pairs
+    // (`ggml_rope_yarn_corr_dims`) and clamps at a constant 7 (`LLM_FFN_SWIGLU_OAI_MOE`),
+    // where the checkpoint says `truncate: false` and 1.5.
+    let gguf = open(&fixture("gpt_oss").join("model.f32.gguf"));
+    let yarn = match gguf.config.rope_scaling {
+        RopeScaling::Yarn(y) => y,
+        other => panic!("YaRN expected, got {other:?}"),
+    };
+    assert!(yarn.truncate && yarn.factor == 32.0 && yarn.original_context == 4096);
+    let as_llama_cpp = with_config(|c| {
+        if let RopeScaling::Yarn(y) = &mut c.rope_scaling {
+            y.truncate = true;
+        }
+        if let Some(s) = c.moe.as_mut().and_then(|m| m.clamped_swiglu.as_mut()) {
+            s.limit = 7.0;
+        }
+    });
+    let diff = max_diff(&logits(&gguf), &logits(&as_llama_cpp));
+    eprintln!("converted GGUF vs checkpoint as llama.cpp runs it: max |Δ logit| {diff}");
+    assert!(diff <= TOLERANCE, "max |Δ logit| {diff}");
+}
+
+#[test]
 fn the_cuda_backend_refuses_gpt_oss_naming_what_it_lacks() {
     let gpt_oss = open(&fixture("gpt_oss")).config;
     let err = match gpt_oss.require_features("CUDA", CUDA_LACKS) {
