@@ -142,6 +142,15 @@ fn the_gguf_llama_cpps_converter_writes_runs_the_checkpoint_as_llama_cpp_would()
         other => panic!("YaRN expected, got {other:?}"),
     };
     assert!(yarn.truncate && yarn.factor == 32.0 && yarn.original_context == 4096);
+    assert!((yarn.attention_factor - (1.0 + 0.1 * 32f32.ln())).abs() < 1e-6);
+    let c = &gguf.config;
+    assert!(c.qkv_bias && c.o_bias && c.attn_sinks);
+    assert_eq!(
+        (c.sliding_window, c.local_layers.clone()),
+        (Some(5), vec![true, false])
+    );
+    let clamp = c.moe.as_ref().and_then(|m| m.clamped_swiglu);
+    assert_eq!(clamp.map(|s| (s.alpha, s.limit)), Some((1.702, 7.0)));
     let as_llama_cpp = with_config(|c| {
         if let RopeScaling::Yarn(y) = &mut c.rope_scaling {
             y.truncate = true;

@@ -151,8 +151,6 @@ fn is_gguf(path: &Path) -> Result<bool, ModelError> {
 }
 
 #[cfg(test)]
-mod gpt_oss_gguf_tests;
-#[cfg(test)]
 mod tests;
 #[cfg(test)]
 pub(crate) mod tiny;
