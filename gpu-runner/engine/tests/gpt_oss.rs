@@ -241,14 +241,17 @@ fn mxfp4_experts_are_widened_to_bf16_matrices() {
 }
 
 #[test]
-fn without_layer_types_even_layers_slide_as_in_transformers() {
+fn without_layer_types_or_rope_theta_transformers_defaults_apply() {
     let dir = edited_copy("gpt_oss", |c| {
         if let Some(obj) = c.as_object_mut() {
             obj.remove("layer_types");
+            obj.remove("rope_theta");
         }
     });
     let config = open(dir.path()).config;
+    // Even layers slide; the RoPE base is 150 000.
     assert_eq!(config.local_layers, vec![true, false]);
+    assert_eq!(config.rope_theta, 150_000.0);
     assert_eq!(
         logits(&open(dir.path())),
         logits(&open(&fixture("gpt_oss")))

@@ -557,7 +557,12 @@ pub fn from_hf_json(root: &Value) -> Result<ModelConfig, ModelError> {
         rms_eps: opt_f("rms_norm_eps").unwrap_or(1e-6),
         rope_theta: theta_of(rope_global)
             .or_else(|| opt_f("rope_theta"))
-            .unwrap_or(10_000.0),
+            // transformers' `GptOssConfig.default_theta`.
+            .unwrap_or(if arch == Arch::GptOss {
+                150_000.0
+            } else {
+                10_000.0
+            }),
         rope_theta_local: theta_of(rope_local)
             .or_else(|| opt_f("rope_local_base_freq"))
             .unwrap_or(10_000.0),
