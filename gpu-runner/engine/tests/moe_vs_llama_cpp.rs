@@ -1,8 +1,9 @@
 //! The tiny MoE checkpoints converted to GGUF by llama.cpp's own converter
-//! (`convert_hf_to_gguf.py`, qwen3moe and llama-with-experts), run by Fallow and compared
-//! with llama.cpp's logits on the same files (`llama_cpp.json`, written by
+//! (`convert_hf_to_gguf.py`: qwen3moe, qwen2moe, llama-with-experts, gpt-oss), run by Fallow
+//! and compared with llama.cpp's logits on the same files (`llama_cpp.json`, written by
 //! `scripts/make_moe_gguf_fixtures.py`): stacked `ffn_*_exps` tensors, the router, Mixtral's
-//! permuted Q/K rows and the Q8_0 expert kernels, at every position.
+//! permuted Q/K rows, the Q8_0 expert kernels, and gpt-oss's sinks, biases, sliding window
+//! and YaRN as ggml computes them, at every position.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -132,6 +133,14 @@ fn qwen3moe_f32_gguf_matches_llama_cpp_at_every_position() {
 fn qwen2moe_f32_gguf_with_its_shared_expert_matches_llama_cpp_at_every_position() {
     let got = fallow_logits("qwen2_moe", "model.f32.gguf");
     let diff = max_diff(&got, &llama_cpp_logits("qwen2_moe", "model.f32.gguf"));
+    assert!(diff <= 1e-3, "max |Δ logit| {diff}");
+}
+
+#[test]
+fn gpt_oss_f32_gguf_with_sinks_yarn_and_biased_experts_matches_llama_cpp_at_every_position() {
+    let got = fallow_logits("gpt_oss", "model.f32.gguf");
+    let diff = max_diff(&got, &llama_cpp_logits("gpt_oss", "model.f32.gguf"));
+    eprintln!("gpt_oss/model.f32.gguf: |fallow − llama.cpp| {diff}");
     assert!(diff <= 1e-3, "max |Δ logit| {diff}");
 }
 
