@@ -35,12 +35,7 @@ impl Feature {
 
 /// What the CUDA backend does not implement yet, for it to pass to
 /// [`ModelConfig::require_features`] when it is built.
-pub const CUDA_LACKS: &[Feature] = &[
-    Feature::AttentionSinks,
-    Feature::AttentionOutputBias,
-    Feature::BiasedClampedExperts,
-    Feature::YarnRope,
-];
+pub const CUDA_LACKS: &[Feature] = &[Feature::BiasedClampedExperts];
 
 impl ModelConfig {
     /// Every feature beyond the common decoder this model needs.
@@ -82,5 +77,41 @@ impl ModelConfig {
             self.arch,
             missing.join(", ")
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tiny gpt-oss fixture's config.
+    fn gpt_oss_config() -> ModelConfig {
+        let json = include_str!("../../tests/fixtures/tiny/gpt_oss/config.json");
+        let root = serde_json::from_str(json).unwrap_or_else(|e| panic!("config.json: {e}"));
+        super::super::config::from_hf_json(&root).unwrap_or_else(|e| panic!("config: {e}"))
+    }
+
+    #[test]
+    fn a_backend_lacking_features_a_model_needs_refuses_it_naming_each() {
+        let gpt_oss = gpt_oss_config();
+        assert_eq!(
+            gpt_oss.features(),
+            [
+                Feature::AttentionSinks,
+                Feature::AttentionOutputBias,
+                Feature::BiasedClampedExperts,
+                Feature::YarnRope,
+            ]
+        );
+        let lacks = [Feature::AttentionSinks, Feature::YarnRope];
+        let err = match gpt_oss.require_features("Some", &lacks) {
+            Ok(()) => panic!("a backend lacking sinks and YaRN accepted gpt-oss"),
+            Err(e) => e.to_string(),
+        };
+        for what in ["attention sinks", "YaRN", "Some backend", "--device cpu"] {
+            assert!(err.contains(what), "{err}");
+        }
+        assert!(!err.contains("clamped"), "only what it lacks: {err}");
+        assert!(gpt_oss.require_features("Some", &[]).is_ok());
     }
 }

@@ -14,16 +14,17 @@ use super::attention_split::{head_blocks, AttentionSplit};
 use super::gemm::{GemvForm, GemvInput, NormAfter};
 use super::lora::Delta;
 use super::params::{
-    AddRmsNorm, Embed, GatedAct, MaskRows, PagedAttention, PagedPrefill, PickRows, QkvPrepare,
-    RmsNormBf16, Softcap,
+    AddBiasRows, AddRmsNorm, Embed, GatedAct, MaskRows, PagedAttention, PagedPrefill, PickRows,
+    QkvPrepare, RmsNormBf16, Softcap,
 };
 use super::step::{addr, grow, LOGPROB_STRIDE};
 use super::weights::{DeviceFfn, DeviceMatrix};
 use super::{rope_style_code, CudaBackend, CudaError};
+use crate::backend::cpu::rope::attention_factor;
 use crate::backend::step_masks::{wait_for_masks, words_for};
 use crate::backend::{SeqSlice, StepMasks, StepOutput};
 use crate::lora::Target;
-use crate::model::Activation;
+use crate::model::{Activation, ModelConfig};
 use crate::sampler::Sampled;
 
 /// Threads per block of the row-wise kernels: one block per token row, so a decode step of
@@ -63,6 +64,19 @@ const FUSED_NORM_ROW_BATCH: usize = 4;
 /// Whether a GEMV block of `threads` ends a `hidden`-wide row in one round trip per pass.
 fn last_block_ends_rows_of(hidden: usize, threads: usize) -> bool {
     hidden <= FUSED_NORM_ROW_BATCH * threads
+}
+
+/// The scale of `layer`'s attention scores: the model's, times the square of YaRN's
+/// attention factor where the layer rotates with the scaled frequencies. The CPU backend
+/// multiplies cos and sin by that factor, so every rotated q and k; here q and k are rotated
+/// unscaled and each score takes both factors at once. The same scores (a sink, a logit of
+/// its own, is scaled on neither backend), and no factor in the RoPE kernels.
+pub(super) fn score_scale(c: &ModelConfig, layer: usize) -> f32 {
+    let factor = match c.uses_local_rope(layer) {
+        true => 1.0,
+        false => attention_factor(c.rope_scaling),
+    };
+    c.attn_scale * factor * factor
 }
 
 /// Threads per row of `pick_rows`.
@@ -226,7 +240,8 @@ impl CudaBackend {
             self.inputs.at(self.inputs.token_seq),
         );
         let (max_blocks, block_size) = (self.inputs.max_blocks as i32, self.block_size as i32);
-        let (scale, softcap) = (c.attn_scale, c.attn_logit_softcap.unwrap_or(0.0));
+        let (scale, softcap) = (score_scale(c, layer), c.attn_logit_softcap.unwrap_or(0.0));
+        let sinks = addr(&l.sinks);
         let window_arg = window.map_or(0, |w| w as i32);
         if self.inputs.n_tiles > 0 {
             launch!(
@@ -253,6 +268,7 @@ impl CudaBackend {
                     block_size,
                     scale,
                     softcap,
+                    sinks,
                     window: window_arg,
                     tiles: self.inputs.at(self.inputs.tiles)
                 }
@@ -295,6 +311,7 @@ impl CudaBackend {
                     block_size,
                     scale,
                     softcap,
+                    sinks,
                     window: window_arg,
                     partition: split.partition as i32,
                     rows,
@@ -323,7 +340,9 @@ impl CudaBackend {
         }
         let l = &self.weights.layers[layer];
         let (w, post, next) = match what {
-            // A mixture of experts ends its sub-block with its own launches.
+            // The bias joins the product before the end; a mixture of experts ends its
+            // sub-block with its own launches.
+            Product::Output if l.bo.is_some() => return false,
             Product::Output => match l.ffn.gate_up() {
                 Some(gate_up) => (&l.wo, &l.post_attn_norm, Some(gate_up)),
                 None => return false,
@@ -391,6 +410,11 @@ impl CudaBackend {
         let l = &self.weights.layers[layer];
         let s = &self.scratch;
         let (x, proj) = (addr(&s.x), addr(&s.proj));
+        // (The output projection's bias is added between the product and the end.)
+        let bias = match what {
+            Product::Output => addr(&l.bo),
+            Product::Down(_) => 0,
+        };
         let (w, act) = match what {
             Product::Output => (&l.wo, None),
             Product::Down(act) => match &l.ffn {
@@ -437,7 +461,8 @@ impl CudaBackend {
                 ..NormAfter::default()
             })
         } else {
-            self.norm_in_gemv(w, n, act.is_some()).then(|| NormAfter {
+            let ends_in_gemv = bias == 0 && self.norm_in_gemv(w, n, act.is_some());
+            ends_in_gemv.then(|| NormAfter {
                 x,
                 post_w: post,
                 next_w: next,
@@ -474,6 +499,22 @@ impl CudaBackend {
             return Ok(());
         }
         let hidden = self.config.hidden;
+        if bias != 0 {
+            launch!(
+                self,
+                "add_bias_rows",
+                grid(
+                    hidden.div_ceil(ELEMENT_THREADS as usize),
+                    n,
+                    ELEMENT_THREADS
+                ),
+                AddBiasRows {
+                    x: proj,
+                    bias,
+                    width: hidden as i32
+                }
+            )?;
+        }
         let delta = Delta {
             target,
             x: input,

@@ -40,7 +40,7 @@ pub(super) fn source_defines(name: &str) -> Vec<&'static str> {
 }
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 112] = [
+pub const NAMES: [&str; 113] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -58,6 +58,7 @@ pub const NAMES: [&str; 112] = [
     "paged_prefill_mma_4",
     "paged_prefill_mma_8",
     "gated_act",
+    "add_bias_rows",
     "softcap",
     "gemv_bf16_w4u4",
     "gemv_bf16_gated_w4u4",
@@ -640,9 +641,8 @@ mod tests {
         let threads = match name {
             "embed" | "rms_norm_bf16" | "add_rms_norm" => ROW_THREADS,
             "qkv_prepare" => HEAD_THREADS,
-            "gated_act" | "softcap" | "mask_rows" | "moe_combine" | "lora_expand" => {
-                ELEMENT_THREADS
-            }
+            "gated_act" | "add_bias_rows" | "softcap" | "mask_rows" | "moe_combine"
+            | "lora_expand" => ELEMENT_THREADS,
             "lora_shrink" => SHRINK_THREADS,
             "moe_route" | "moe_gather" => ROUTE_THREADS,
             "moe_sort" => SORT_THREADS,

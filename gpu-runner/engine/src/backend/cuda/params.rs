@@ -96,6 +96,7 @@ kernel_params! {
         block_size: i32,
         scale: f32,
         softcap: f32,
+        sinks: u64,
         window: i32,
         tiles: u64,
     }
@@ -126,6 +127,7 @@ kernel_params! {
         block_size: i32,
         scale: f32,
         softcap: f32,
+        sinks: u64,
         window: i32,
         partition: i32,
         rows: u64,
@@ -156,6 +158,11 @@ kernel_params! {
         hidden: i32,
         eps: f32,
     }
+}
+
+kernel_params! {
+    /// `x[r] += bias` for each of a product's rows.
+    AddBiasRows for "add_bias_rows" { x: u64, bias: u64, width: i32 }
 }
 
 kernel_params! {
@@ -451,6 +458,7 @@ mod tests {
         check::<PagedAttention>();
         check::<GatedAct>();
         check::<AddRmsNorm>();
+        check::<AddBiasRows>();
         check::<Softcap>();
         check::<PickRows>();
         check::<MaskRows>();

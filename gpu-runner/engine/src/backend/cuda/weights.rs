@@ -185,6 +185,10 @@ pub struct DeviceLayer {
     pub q_norm: Option<DeviceBuf<f32>>,
     pub k_norm: Option<DeviceBuf<f32>>,
     pub wo: DeviceMatrix,
+    /// The output projection's bias (gpt-oss).
+    pub bo: Option<DeviceBuf<f32>>,
+    /// A sink logit per query head (gpt-oss).
+    pub sinks: Option<DeviceBuf<f32>>,
     pub post_attn_norm: Option<DeviceBuf<f32>>,
     pub ffn_norm: DeviceBuf<f32>,
     pub ffn: DeviceFfn,
@@ -287,6 +291,8 @@ impl DeviceWeights {
                 q_norm: optional(&l.q_norm)?,
                 k_norm: optional(&l.k_norm)?,
                 wo: stacked(&[&l.wo])?,
+                bo: optional(&l.bo)?,
+                sinks: optional(&l.sinks)?,
                 post_attn_norm: optional(&l.post_attn_norm)?,
                 ffn_norm: vector(&l.ffn_norm)?,
                 ffn,

@@ -21,14 +21,23 @@ __device__ __forceinline__ HeadGroup head_group(int n_heads, int n_kv_heads) {
     return g;
 }
 
+// What query head h's sink adds to the denominator of a softmax whose sum is relative to its
+// maximum m: exp(sink - m), or 0 without sinks. A sink is a logit with no value (gpt-oss): the
+// weights sum to less than one, as the CPU backend's softmax_with_sink. Added once, at the
+// end, it leaves the online softmax's walk over the keys as it is.
+__device__ __forceinline__ float sink_share(const float* sinks, int h, float m) {
+    return sinks ? __expf(sinks[h] - m) : 0.0f;
+}
+
 #define ATTN_MAX_SPLITS 64  // MAX_SPLITS in attention_split.rs: lanes 0..63 of a warp's two passes
 
 // Each split's share of one (token, head)'s output from the records of its `splits` split-K
 // blocks ({max, sum, unnormalised accumulator[head_dim]} each), by one warp: the split's sum
 // rescaled to the largest maximum, over the rescaled sums' total. Every (max, sum) pair is
 // read at once (a lane per split), not one after another. Empty splits (sum 0) weigh 0; the
-// first split always holds the token itself.
-__device__ void split_weights(const volatile float* rec, int splits, int head_dim, float* weight) {
+// first split always holds the token itself. The head's sink (NEG_INF: none) joins the total.
+__device__ void split_weights(const volatile float* rec, int splits, int head_dim, float sink,
+                              float* weight) {
     int lane = threadIdx.x & 31, stride = head_dim + 2;
     float ms[2], ls[2], m_all = NEG_INF;
 #pragma unroll
@@ -42,7 +51,7 @@ __device__ void split_weights(const volatile float* rec, int splits, int head_di
     float f[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) f[i] = ls[i] > 0.0f ? __expf(ms[i] - m_all) : 0.0f;
-    float l_all = warp_sum(ls[0] * f[0] + ls[1] * f[1]);
+    float l_all = warp_sum(ls[0] * f[0] + ls[1] * f[1]) + __expf(sink - m_all);
 #pragma unroll
     for (int i = 0; i < 2; i++)
         if (lane + 32 * i < splits) weight[lane + 32 * i] = f[i] / l_all;
@@ -146,15 +155,16 @@ __device__ void attention_prepare(const float* row, const HeadGroup& hg, int n_h
 // tokens) qkv_prepare has not run: each block prepares its own query heads and KV head
 // (attention_prepare), and every block whose keys end at the token stores its K and V row
 // in the cache at `slots[t]` before reading keys (the blocks of one KV head store the same
-// bits) — one launch fewer per layer.
+// bits) — one launch fewer per layer. With `sinks` (a logit per query head) each head's sink
+// joins its softmax's denominator where the output is normalised (sink_share).
 template <int DIMS>
 __device__ void paged_attention_t(
     const float* qkv, int qkv_width, bf16* k_cache, bf16* v_cache, const int* block_tables,
     int max_blocks, const int* token_seq, const int* positions, bf16* out, float* partial,
     int* split_counters, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale,
-    float softcap, int window, int partition, const int* rows, const float* bias,
-    const float* q_norm, const float* k_norm, const double* inv_freq, const int* slots,
-    float eps, int style, int prefetch_keys) {
+    float softcap, const float* sinks, int window, int partition, const int* rows,
+    const float* bias, const float* q_norm, const float* k_norm, const double* inv_freq,
+    const int* slots, float eps, int style, int prefetch_keys) {
     // Before the wait, what depends only on the step's inputs (which no kernel writes: the host
     // copies them before the step's first kernel): the token's keys and its RoPE angles, and
     // L2 asked for the K and V rows of the range's first `prefetch_keys` keys. With an early
@@ -296,7 +306,8 @@ __device__ void paged_attention_t(
         }
         int h = h0 + g;
         if (splits == 1) {
-            out[((size_t)t * n_heads + h) * head_dim + d] = f32_to_bf16(sum / l_all);
+            out[((size_t)t * n_heads + h) * head_dim + d] =
+                f32_to_bf16(sum / (l_all + sink_share(sinks, h, m_all)));
         } else {
             // Records by the block's place in the launch (the decode rows), not by token row.
             float* rec = partial +
@@ -318,7 +329,9 @@ __device__ void paged_attention_t(
     __shared__ float weight[ATTN_HEADS][ATTN_MAX_SPLITS];
     // Volatile: other blocks' records, never through this SM's L1.
     const volatile float* recs = partial + ((size_t)blockIdx.x * n_heads + h0) * splits * (head_dim + 2);
-    if (warp < heads) split_weights(recs + (size_t)warp * splits * (head_dim + 2), splits, head_dim, weight[warp]);
+    if (warp < heads)
+        split_weights(recs + (size_t)warp * splits * (head_dim + 2), splits, head_dim,
+                      sinks ? sinks[h0 + warp] : NEG_INF, weight[warp]);
     __syncthreads();
     for (int i = threadIdx.x; i < heads * head_dim; i += blockDim.x) {
         int g = i / head_dim, d = i - g * head_dim;
@@ -346,7 +359,7 @@ __device__ void paged_prefill_t(
     const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,
     const int* block_tables, int max_blocks, const int* token_seq, const int* positions,
     bf16* out, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale,
-    float softcap, int window, const int* tiles) {
+    float softcap, const float* sinks, int window, const int* tiles) {
     grid_dependency_sync();
     // K rows padded by one 32-bit word: lanes reading row `lane` at the same column hit
     // distinct banks.
@@ -432,9 +445,10 @@ __device__ void paged_prefill_t(
     for (int g = 0; g < ATTN_HEADS; g++) {
         if (g >= heads) break;
         bf16* o = out + ((size_t)t * n_heads + h0 + g) * head_dim;
+        float total = l[g] + sink_share(sinks, h0 + g, m[g]);
 #pragma unroll
         for (int r = 0; r < DIMS; r++)
-            if (lane + 32 * r < head_dim) o[lane + 32 * r] = f32_to_bf16(acc[g][r] / l[g]);
+            if (lane + 32 * r < head_dim) o[lane + 32 * r] = f32_to_bf16(acc[g][r] / total);
     }
 }
 
@@ -443,23 +457,23 @@ __device__ void paged_prefill_t(
         const float* qkv, int qkv_width, bf16* k_cache, bf16* v_cache, const int* block_tables, \
         int max_blocks, const int* token_seq, const int* positions, bf16* out, float* partial,  \
         int* split_counters, int n_heads, int n_kv_heads, int head_dim, int block_size,         \
-        float scale, float softcap, int window, int partition, const int* rows,                 \
-        const float* bias, const float* q_norm, const float* k_norm, const double* inv_freq,    \
-        const int* slots, float eps, int style, int prefetch_keys) {                            \
+        float scale, float softcap, const float* sinks, int window, int partition,              \
+        const int* rows, const float* bias, const float* q_norm, const float* k_norm,           \
+        const double* inv_freq, const int* slots, float eps, int style, int prefetch_keys) {    \
         paged_attention_t<DIMS>(qkv, qkv_width, k_cache, v_cache, block_tables, max_blocks,     \
                                 token_seq, positions, out, partial, split_counters, n_heads,    \
-                                n_kv_heads, head_dim, block_size, scale, softcap, window,       \
-                                partition, rows, bias, q_norm, k_norm, inv_freq, slots, eps,    \
-                                style, prefetch_keys);                                          \
+                                n_kv_heads, head_dim, block_size, scale, softcap, sinks,        \
+                                window, partition, rows, bias, q_norm, k_norm, inv_freq, slots, \
+                                eps, style, prefetch_keys);                                     \
     }                                                                                           \
     extern "C" __global__ void paged_prefill_##DIMS(                                            \
         const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,              \
         const int* block_tables, int max_blocks, const int* token_seq, const int* positions,    \
         bf16* out, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale,      \
-        float softcap, int window, const int* tiles) {                                          \
+        float softcap, const float* sinks, int window, const int* tiles) {                      \
         paged_prefill_t<DIMS>(qkv, qkv_width, k_cache, v_cache, block_tables, max_blocks,       \
                               token_seq, positions, out, n_heads, n_kv_heads, head_dim,         \
-                              block_size, scale, softcap, window, tiles);                       \
+                              block_size, scale, softcap, sinks, window, tiles);                \
     }
 
 PAGED_ATTENTION(1)

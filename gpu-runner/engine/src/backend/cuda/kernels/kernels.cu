@@ -363,6 +363,15 @@ extern "C" __global__ void gated_act(const float* __restrict__ gate_up, bf16* __
     out[(size_t)blockIdx.x * ffn + i] = gated(g[i], g[ffn + i], act);
 }
 
+// x[r] += bias for each row r of a product (`width` wide): the attention output projection's
+// bias (gpt-oss), before the sub-block's end. Grid (element blocks, rows).
+extern "C" __global__ void add_bias_rows(float* __restrict__ x, const float* __restrict__ bias,
+                                         int width) {
+    grid_dependency_sync();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < width) x[(size_t)blockIdx.y * width + i] += bias[i];
+}
+
 // x = cap * tanh(x / cap) (Gemma 2's final logit soft-capping).
 extern "C" __global__ void softcap(float* x, long long n, float cap) {
     grid_dependency_sync();

@@ -69,7 +69,7 @@ __device__ void paged_prefill_mma_t(
     const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,
     const int* block_tables, int max_blocks, const int* token_seq, const int* positions,
     bf16* out, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale,
-    float softcap, int window, const int* tiles) {
+    float softcap, const float* sinks, int window, const int* tiles) {
     grid_dependency_sync();
     constexpr int CHUNKS = DIMS * 2;          // 16-dimension steps of Q·Kᵀ
     constexpr int DIM_TILES = DIMS * 4;       // 8-dimension column tiles of P·V
@@ -228,7 +228,7 @@ __device__ void paged_prefill_mma_t(
     for (int r = 0; r < 2; r++) {
         int t = g + 8 * r;
         if (t >= count) continue;
-        float inv = 1.0f / l[r];
+        float inv = 1.0f / (l[r] + sink_share(sinks, head, m[r]));
         bf16* dst = out + ((size_t)(first_row + t) * n_heads + head) * head_dim;
 #pragma unroll
         for (int j = 0; j < DIM_TILES; j++) {
@@ -246,10 +246,10 @@ __device__ void paged_prefill_mma_t(
         const float* qkv, int qkv_width, const bf16* k_cache, const bf16* v_cache,              \
         const int* block_tables, int max_blocks, const int* token_seq, const int* positions,    \
         bf16* out, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale,      \
-        float softcap, int window, const int* tiles) {                                          \
+        float softcap, const float* sinks, int window, const int* tiles) {                      \
         paged_prefill_mma_t<DIMS>(qkv, qkv_width, k_cache, v_cache, block_tables, max_blocks,   \
                                   token_seq, positions, out, n_heads, n_kv_heads, head_dim,     \
-                                  block_size, scale, softcap, window, tiles);                   \
+                                  block_size, scale, softcap, sinks, window, tiles);            \
     }
 
 PAGED_PREFILL_MMA(1)

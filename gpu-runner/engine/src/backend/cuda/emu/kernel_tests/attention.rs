@@ -1,5 +1,6 @@
 //! Attention and what prepares it: paged attention (whole and split over the keys, with the
-//! merge) against plain softmax attention, and qkv_prepare against the CPU backend's RoPE.
+//! merge; with and without sinks) against plain softmax attention, and qkv_prepare against the
+//! CPU backend's RoPE.
 
 use super::runner::Runner;
 use super::{assert_close, from_bf16, Values};
@@ -19,12 +20,25 @@ struct Heads {
     head_dim: usize,
     softcap: f32,
     window: usize,
+    /// Each query head has a sink logit ([`sink_of`]).
+    sinks: bool,
 }
 
 impl Heads {
     fn qkv_width(&self) -> usize {
         (self.n_heads + 2 * self.n_kv) * self.head_dim
     }
+
+    /// The sink of every query head, where the heads have them.
+    fn sinks(&self) -> Option<Vec<f32>> {
+        self.sinks.then(|| (0..self.n_heads).map(sink_of).collect())
+    }
+}
+
+/// Query head `h`'s sink: below, among and above the cases' scores (a sink of 6 takes most
+/// of a head's weight).
+fn sink_of(h: usize) -> f32 {
+    [-3.0, 0.5, 2.0, 6.0][h % 4]
 }
 
 /// One step over a paged cache: sequences `(cached tokens, new tokens)`, their blocks
@@ -207,9 +221,14 @@ fn reference_attention(
             }
         })
         .collect();
-    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let sink = heads.sinks.then(|| sink_of(h) as f64);
+    let max = scores
+        .iter()
+        .cloned()
+        .fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
     let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-    let total: f64 = weights.iter().sum();
+    // A sink joins the denominator only.
+    let total: f64 = weights.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
     (0..hd)
         .map(|d| {
             let sum: f64 = rows
@@ -244,6 +263,11 @@ fn emulated_attention(
     let mut partial = vec![f32::NAN; step.decode_rows.len() * n_heads * split.splits * (hd + 2)];
     let mut counters = vec![0i32; step.decode_rows.len() * head_blocks(n_heads, n_kv)];
     let variant = kernel_variant(hd.div_ceil(32));
+    let mut sinks = heads.sinks();
+    let sinks_arg = match &mut sinks {
+        Some(s) => Arg::buf(s.as_mut_slice()),
+        None => Arg::Ptr(0),
+    };
     let common = |step: &mut PagedStep, qkv: &mut [f32], k: &mut [u16], v: &mut [u16]| {
         vec![
             Arg::buf(qkv),
@@ -263,6 +287,7 @@ fn emulated_attention(
         Arg::I32(step.block_size as i32),
         Arg::F32(scale),
         Arg::F32(heads.softcap),
+        sinks_arg,
         Arg::I32(heads.window as i32),
     ];
     let n_tiles = step.tiles.len() / 2;
@@ -332,32 +357,37 @@ fn emulated_attention(
 #[test]
 fn paged_attention_matches_plain_attention_whole_and_split_over_the_keys() {
     let Some(emu) = Runner::get() else { return };
-    // (n_heads, n_kv, head_dim, softcap, window, sharpness: the scale's multiple of 1/√d)
+    // (n_heads, n_kv, head_dim, softcap, window, sharpness: the scale's multiple of 1/√d,
+    // sinks)
     let cases = [
-        (4, 2, 16, 0.0, 0, 4.0),   // the tiny fixtures
-        (9, 3, 64, 0.0, 0, 4.0),   // SmolLM2: groups of 3
-        (14, 2, 32, 0.0, 0, 4.0),  // groups of 7: two blocks per KV head
-        (4, 1, 256, 0.0, 0, 4.0),  // Gemma 3 270M: one KV head, head_dim 256
-        (4, 1, 256, 30.0, 0, 4.0), // soft-capped scores
-        (8, 8, 48, 0.0, 37, 4.0),  // multi-head, head_dim not a multiple of 32, sliding window
-        (8, 2, 128, 0.0, 0, 4.0),  // Llama-3 8B's head_dim and groups of 4
-        (4, 2, 64, 20.0, 45, 4.0), // soft caps and a window on the tensor cores
+        (4, 2, 16, 0.0, 0, 4.0, false), // the tiny fixtures
+        (4, 2, 16, 0.0, 5, 4.0, true),  // tiny gpt-oss: sinks, a window of 5 and none
+        (4, 2, 16, 0.0, 0, 4.0, true),
+        (8, 1, 64, 0.0, 45, 4.0, true), // gpt-oss's heads (64 wide, groups of 8)
+        (9, 3, 64, 0.0, 0, 4.0, false), // SmolLM2: groups of 3
+        (14, 2, 32, 0.0, 0, 4.0, false), // groups of 7: two blocks per KV head
+        (4, 1, 256, 0.0, 0, 4.0, false), // Gemma 3 270M: one KV head, head_dim 256
+        (4, 1, 256, 30.0, 0, 4.0, false), // soft-capped scores
+        (8, 8, 48, 0.0, 37, 4.0, false), // multi-head, head_dim not a multiple of 32, window
+        (8, 2, 128, 0.0, 0, 4.0, false), // Llama-3 8B's head_dim and groups of 4
+        (4, 2, 64, 20.0, 45, 4.0, false), // soft caps and a window on the tensor cores
         // Scores in the tens, as trained models have: Q in bf16 alone would be off by
         // several per cent here (the tensor-core kernel splits it in two bf16 parts).
-        (8, 2, 128, 0.0, 0, 40.0),
+        (8, 2, 128, 0.0, 0, 40.0, false),
     ];
     // Decodes at positions 0, 40 and 150, a prefill chunk of 5 after 20 cached tokens, one of
     // 19 (tiles of 8, 8 and 3, or 16 and 3) after 60, and a fresh prompt of 12.
     let seqs = [(0, 1), (40, 1), (150, 1), (20, 5), (60, 19), (0, 12)];
     let (block_size, num_blocks) = (16, 64);
     let mut values = Values(0x9e37_79b9_7f4a_7c15);
-    for (n_heads, n_kv, head_dim, softcap, window, sharpness) in cases {
+    for (n_heads, n_kv, head_dim, softcap, window, sharpness, sinks) in cases {
         let heads = Heads {
             n_heads,
             n_kv,
             head_dim,
             softcap,
             window,
+            sinks,
         };
         let layout = PagedStep::new(&seqs, block_size, num_blocks, 8);
         let n = layout.tokens();
@@ -436,6 +466,7 @@ fn decode_attention_preparing_its_own_heads_matches_qkv_prepare_then_attention()
             head_dim,
             softcap,
             window,
+            sinks: false,
         };
         let kv_len = num_blocks * block_size * n_kv * head_dim;
         let (k_cache, v_cache) = (values.bf16s(kv_len), values.bf16s(kv_len));

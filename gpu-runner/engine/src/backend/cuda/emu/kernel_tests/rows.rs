@@ -1,5 +1,5 @@
 //! The per-row and element-wise kernels and the bf16 GEMV: products, norms, activations,
-//! the embedding gather and soft-capping against their plain definitions.
+//! biases, the embedding gather and soft-capping against their plain definitions.
 
 use super::runner::Runner;
 use super::{assert_close, from_bf16, to_bf16, Values};
@@ -185,6 +185,27 @@ fn softcap_squashes_logits_into_the_cap() {
         &[Arg::buf(&mut x), Arg::I64(n as i64), Arg::F32(30.0)],
     );
     assert_close(&x, &want, 1e-5, "soft-capped logits");
+}
+
+#[test]
+fn add_bias_rows_adds_the_bias_to_every_row() {
+    let Some(emu) = Runner::get() else { return };
+    // A width past one block of 256, three rows (the grid's y).
+    let (rows, width) = (3usize, 300usize);
+    let mut values = Values(23);
+    let (mut x, mut bias) = (values.vec(rows * width), values.vec(width));
+    let want: Vec<f32> = (0..rows * width).map(|i| x[i] + bias[i % width]).collect();
+    emu.launch(
+        "add_bias_rows",
+        (width.div_ceil(256) as u32, rows as u32, 1),
+        256,
+        &[
+            Arg::buf(&mut x),
+            Arg::buf(&mut bias),
+            Arg::I32(width as i32),
+        ],
+    );
+    assert_close(&x, &want, 0.0, "biased rows");
 }
 
 #[test]
