@@ -195,7 +195,8 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, LoadError
                 .map_err(|e| LoadError::Backend(e.to_string()))?,
         ),
         Device::Cuda(ordinal) => {
-            // Before any upload: a model CUDA would run wrong is refused with the reason.
+            // `CudaBackend::new` refuses a model CUDA would run wrong too; here the refusal
+            // is the model's error, not the device's.
             artifacts
                 .config
                 .require_features("CUDA", model::CUDA_LACKS)?;

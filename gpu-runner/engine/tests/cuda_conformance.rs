@@ -306,9 +306,10 @@ fn every_tiny_mixture_of_experts_matches_the_cpu_backend_with_a_cached_prefix() 
     if !gpu() {
         return;
     }
-    // Qwen3-MoE, Mixtral, and Qwen2-MoE with its shared expert: the experts' grouped
+    // Qwen3-MoE, Mixtral, Qwen2-MoE with its shared expert, and gpt-oss (biased experts,
+    // clamped SwiGLU, sinks, YaRN, a window of 5 every other layer): the experts' grouped
     // products over prompt chunks (several tiles per expert) and decode steps.
-    for name in ["qwen3_moe", "mixtral", "qwen2_moe"] {
+    for name in ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss"] {
         let artifacts = tiny(name);
         let vocab = artifacts.config.vocab_size;
         let (mut cpu, mut cuda) = backends(&artifacts);
@@ -316,6 +317,71 @@ fn every_tiny_mixture_of_experts_matches_the_cpu_backend_with_a_cached_prefix() 
         eprintln!("{name}: max relative |Δ logit| {worst:.4}");
         assert!(worst <= RELATIVE_TOLERANCE, "{name}: {worst}");
     }
+}
+
+#[test]
+fn gpt_oss_matches_the_cpu_backend_batched_with_either_prefill_kernel_and_split_decodes() {
+    if !gpu() {
+        return;
+    }
+    let artifacts = tiny("gpt_oss");
+    let vocab = artifacts.config.vocab_size;
+    // The sinks in every attention kernel: the tensor-core and the f32 prefill, and decodes
+    // split over the keys (blocks of 32 of a 128-key table, their merge) or whole; graphs
+    // replay the decodes.
+    for (prefill, split) in [(PrefillChoice::Auto, true), (PrefillChoice::F32, false)] {
+        let (mut cpu, mut cuda) = backends(&artifacts);
+        cuda.update_options(|o| {
+            o.debug.prefill = prefill;
+            o.debug.split_attention = split;
+            o.debug.split_min_keys = 32;
+        })
+        .expect("prefill kernel and split");
+        let worst = batched_steps_diff(&mut cpu, &mut cuda, vocab);
+        eprintln!(
+            "gpt_oss, {prefill:?} prefill, split decodes {split}: max relative |Δ logit| {worst:.4}"
+        );
+        assert!(worst <= RELATIVE_TOLERANCE, "{prefill:?} {split}: {worst}");
+    }
+}
+
+/// The largest relative |Δ logit| between the backends over two sequences sharing steps,
+/// logits at every position: both prompts' first chunks in one step, then A's second chunk
+/// beside B's decode, then decodes of both (graphs: captured, then replayed) and of A alone;
+/// teacher-forced, 46 positions of A (past its sliding layers' window) and 14 of B.
+fn batched_steps_diff(cpu: &mut impl Backend, cuda: &mut impl Backend, vocab: usize) -> f32 {
+    let token = |s: u32, i: u32| (i * 37 + s * 101 + 5) % vocab as u32;
+    let (a, b): (Vec<u32>, Vec<u32>) = (
+        (0..46).map(|i| token(0, i)).collect(),
+        (0..14).map(|i| token(1, i)).collect(),
+    );
+    let (table_a, table_b) = (table(0, 128), table(40, 128));
+    fn seq<'a>(tokens: &'a [u32], start_pos: usize, block_table: &'a [u32]) -> SeqSlice<'a> {
+        SeqSlice {
+            adapter: None,
+            tokens,
+            start_pos,
+            block_table,
+            logits: LogitsMode::All,
+        }
+    }
+    let mut steps = vec![
+        vec![seq(&a[..20], 0, &table_a), seq(&b[..7], 0, &table_b)],
+        vec![seq(&a[20..37], 20, &table_a), seq(&b[7..8], 7, &table_b)],
+    ];
+    for i in 0..6 {
+        steps.push(vec![
+            seq(&a[37 + i..38 + i], 37 + i, &table_a),
+            seq(&b[8 + i..9 + i], 8 + i, &table_b),
+        ]);
+    }
+    steps.extend((43..46).map(|p| vec![seq(&a[p..p + 1], p, &table_a)]));
+    let mut worst = 0f32;
+    for batch in &steps {
+        let (want, got) = forward_both(cpu, cuda, batch);
+        worst = worst.max(relative_diff(&got, &want, vocab));
+    }
+    worst
 }
 
 #[test]
@@ -475,8 +541,8 @@ fn a_mixed_batch_gives_each_sequence_its_own_logits() {
     if !gpu() {
         return;
     }
-    // A dense model, and a mixture of experts (the sequences' tokens routed together).
-    for name in ["qwen2", "qwen3_moe"] {
+    // A dense model, and mixtures of experts (the sequences' tokens routed together).
+    for name in ["qwen2", "qwen3_moe", "gpt_oss"] {
         let worst = mixed_batch_against_alone(name);
         eprintln!("{name}: mixed batch vs alone: max relative |Δ logit| {worst:.5}");
         assert!(
@@ -1495,8 +1561,8 @@ fn decode_steps_replayed_from_cuda_graphs_equal_eager_ones() {
     if !gpu() {
         return;
     }
-    // A dense model, and a mixture of experts (routed on the device inside the graph).
-    for name in ["qwen3", "qwen3_moe"] {
+    // A dense model, and mixtures of experts (routed on the device inside the graph).
+    for name in ["qwen3", "qwen3_moe", "gpt_oss"] {
         graphs_replay_eager_decodes(name);
     }
 }

@@ -40,7 +40,7 @@ pub(super) fn source_defines(name: &str) -> Vec<&'static str> {
 }
 
 /// Every kernel the backend launches, by name.
-pub const NAMES: [&str; 113] = [
+pub const NAMES: [&str; 115] = [
     "embed",
     "rms_norm_bf16",
     "add_rms_norm",
@@ -151,6 +151,8 @@ pub const NAMES: [&str; 113] = [
     "moe_gemv_q4_k",
     "moe_gemv_q5_k",
     "moe_gemv_q6_k",
+    "moe_clamped_glu",
+    "moe_expert_bias",
     "moe_combine",
     "lora_shrink",
     "lora_expand",
@@ -641,8 +643,8 @@ mod tests {
         let threads = match name {
             "embed" | "rms_norm_bf16" | "add_rms_norm" => ROW_THREADS,
             "qkv_prepare" => HEAD_THREADS,
-            "gated_act" | "add_bias_rows" | "softcap" | "mask_rows" | "moe_combine"
-            | "lora_expand" => ELEMENT_THREADS,
+            "gated_act" | "add_bias_rows" | "softcap" | "mask_rows" | "moe_clamped_glu"
+            | "moe_expert_bias" | "moe_combine" | "lora_expand" => ELEMENT_THREADS,
             "lora_shrink" => SHRINK_THREADS,
             "moe_route" | "moe_gather" => ROUTE_THREADS,
             "moe_sort" => SORT_THREADS,

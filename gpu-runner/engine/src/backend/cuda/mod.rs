@@ -28,6 +28,7 @@ mod launch;
 mod lora;
 mod mmq;
 mod moe;
+mod moe_clamped;
 mod options;
 mod params;
 mod prefill;
@@ -62,7 +63,7 @@ use super::cpu::kv_bytes_per_block;
 use super::cpu::rope::inv_freqs;
 use super::{Backend, BackendError, NoMasks, SeqSlice, StepMasks, StepOutput};
 use crate::footprint::KvPoolSize;
-use crate::model::{ModelArtifacts, ModelConfig, RopeScaling, RopeStyle};
+use crate::model::{ModelArtifacts, ModelConfig, RopeScaling, RopeStyle, CUDA_LACKS};
 
 #[cfg(test)]
 mod tests {
@@ -154,7 +155,8 @@ impl CudaBackend {
     /// Uploads `artifacts` to device `ordinal` with a bf16 KV pool of `pool` blocks of
     /// `block_size` tokens; [`KvPoolSize::UpTo`] takes fewer if the memory left free after the
     /// weights holds fewer ([`auto_kv_blocks`]). `options` say how the matrices are stored
-    /// and everything else ([`CudaOptions`]).
+    /// and everything else ([`CudaOptions`]). A model needing a feature this backend lacks
+    /// ([`CUDA_LACKS`]) is refused first, with the reason.
     pub fn new(
         artifacts: &ModelArtifacts,
         ordinal: usize,
@@ -163,6 +165,9 @@ impl CudaBackend {
         options: &CudaOptions,
     ) -> Result<Self, CudaError> {
         let config = artifacts.config.clone();
+        config
+            .require_features("CUDA", CUDA_LACKS)
+            .map_err(|e| CudaError::Failure(e.to_string()))?;
         if block_size == 0 || pool.most() == 0 {
             return Err(CudaError::Failure(format!(
                 "KV pool needs positive sizes, got {pool:?} of {block_size} tokens"

@@ -5,7 +5,7 @@
 //! activation written as it goes) and one every tile's down product, each tile through its
 //! own expert. No host round trip: the launches are the same for every routing, so decode
 //! steps replay from CUDA graphs as dense ones do. Experts no token chose have no tile and
-//! are never read.
+//! are never read. gpt-oss's biased experts and clamped SwiGLU are [`super::moe_clamped`]'s.
 //!
 //! Each layer's experts live in one buffer per projection, expert `e` at `e · stride` bytes,
 //! all in one format: the file's blocks where every expert's can stay so (or what
@@ -19,6 +19,7 @@ use cudarc::driver::CudaStream;
 use super::buffer::DeviceBuf;
 use super::forward::{grid, ELEMENT_THREADS};
 use super::gemm::{GemvInput, GEMV_MAX_ROWS, QUANT_GEMV_WARPS};
+use super::moe_clamped::ExpertBiases;
 use super::params::{AddRmsNorm, GatedAct, MoeCombine, MoeGather, MoeGemv, MoeRoute, MoeSort};
 use super::step::{addr, grow};
 use super::weights::{
@@ -180,6 +181,8 @@ pub struct DeviceMoe {
     /// Each expert's down projection, `[hidden, expert_ffn]`.
     pub down: ExpertBank,
     pub shared: Option<SharedFfn>,
+    /// The router's and experts' biases (gpt-oss).
+    pub biases: Option<ExpertBiases>,
 }
 
 impl DeviceMoe {
@@ -212,6 +215,7 @@ impl DeviceMoe {
             gate_up: ExpertBank::upload(stream, &gate_up, mode)?,
             down: ExpertBank::upload(stream, &down, mode)?,
             shared,
+            biases: ExpertBiases::upload(stream, ffn)?,
         })
     }
 
@@ -229,6 +233,7 @@ impl DeviceMoe {
         self.matrices().iter().map(|m| m.bytes()).sum::<usize>()
             + self.gate_up.bytes()
             + self.down.bytes()
+            + self.biases.as_ref().map_or(0, ExpertBiases::bytes)
     }
 }
 
@@ -257,6 +262,9 @@ pub struct MoeScratch {
     x: Option<DeviceBuf<u16>>,
     act: Option<DeviceBuf<u16>>,
     out: Option<DeviceBuf<f32>>,
+    /// Clamped experts' `[gate | up]` rows `[slots, 2·expert_ffn]` f32, before their
+    /// activation.
+    gate_up: Option<DeviceBuf<f32>>,
     /// The shared expert's `[n, 2·shared_ffn]` f32, `[n, shared_ffn]` bf16, `[n, hidden]` f32.
     shared_gate_up: Option<DeviceBuf<f32>>,
     shared_act: Option<DeviceBuf<u16>>,
@@ -276,6 +284,7 @@ impl MoeScratch {
         };
         let slots = n * moe.top_k;
         let shared = moe.shared_ffn.unwrap_or(0);
+        let clamped = moe.clamped_swiglu.map_or(0, |_| slots * 2 * moe.expert_ffn);
         let moved = [
             grow(&mut self.logits, stream, n * (moe.n_experts + 1))?,
             grow(&mut self.ids, stream, slots)?,
@@ -291,6 +300,7 @@ impl MoeScratch {
             grow(&mut self.x, stream, slots * c.hidden)?,
             grow(&mut self.act, stream, slots * moe.expert_ffn)?,
             grow(&mut self.out, stream, slots * c.hidden)?,
+            grow(&mut self.gate_up, stream, clamped.max(1))?,
             grow(&mut self.shared_gate_up, stream, (n * 2 * shared).max(1))?,
             grow(&mut self.shared_act, stream, (n * shared).max(1))?,
             grow(&mut self.shared_out, stream, (n * c.hidden).max(1))?,
@@ -350,6 +360,17 @@ impl CudaBackend {
         };
         let (xn, x, proj) = (addr(&s.xn), addr(&s.x), addr(&s.proj));
         let glu = activation_code(self.config.activation);
+        let clamped = match (&moe.biases, cfg.clamped_swiglu) {
+            (Some(b), Some(swiglu)) => Some(b.launch(tile_buf, tiles, swiglu)),
+            (None, None) => None,
+            _ => {
+                return Err(CudaError::Failure(format!(
+                    "layer {layer}: expert biases and the clamped SwiGLU come together"
+                )))
+            }
+        };
+        let router_bias = moe.biases.as_ref().map_or(0, |b| b.router.ptr());
+        let gate_up = addr(&m.gate_up);
 
         gemm!(self, "router", GemvInput::plain(xn), &moe.router, n, logits)?;
         launch!(
@@ -358,6 +379,7 @@ impl CudaBackend {
             grid(n.div_ceil(ROUTE_THREADS as usize), 1, ROUTE_THREADS),
             MoeRoute {
                 logits,
+                bias: router_bias,
                 ld: moe.router.rows as i32,
                 ids,
                 weights,
@@ -402,8 +424,18 @@ impl CudaBackend {
         // QUANT_GEMV_WARPS / 2 gate/up row pairs.
         let f = moe.gate_up.rows / 2;
         let has_shared = moe.shared.is_some();
-        self.grouped_product(layer, Projection::GateUp, tiles, (xs, act), f, glu)?;
+        match &clamped {
+            // f32 [gate | up] rows, then their biases and activation.
+            Some(c) => {
+                self.grouped_product(layer, Projection::GateUp, tiles, (xs, gate_up), 2 * f, -1)?;
+                self.clamped_activation(c, f, (gate_up, act))?;
+            }
+            None => self.grouped_product(layer, Projection::GateUp, tiles, (xs, act), f, glu)?,
+        }
         self.grouped_product(layer, Projection::Down, tiles, (act, out), hidden, -1)?;
+        if let Some(c) = &clamped {
+            self.expert_down_bias(c, hidden, out)?;
+        }
         let shared_out = if has_shared {
             self.shared_expert(layer, n)?;
             addr(&self.scratch.moe.shared_out)

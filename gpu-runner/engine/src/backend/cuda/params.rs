@@ -292,6 +292,7 @@ kernel_params! {
     /// Each token's experts and weights from its router logits (moe.cu).
     MoeRoute for "moe_route" {
         logits: u64,
+        bias: u64,
         ld: i32,
         ids: u64,
         weights: u64,
@@ -335,6 +336,24 @@ kernel_params! {
         ldo: i32,
         glu: i32,
     }
+}
+
+kernel_params! {
+    /// gpt-oss's experts' biased, clamped SwiGLU over every tile's `[gate | up]` rows.
+    MoeClampedGlu for "moe_clamped_glu" {
+        gate_up: u64,
+        tiles: u64,
+        bias: u64,
+        act: u64,
+        ffn: i32,
+        alpha: f32,
+        limit: f32,
+    }
+}
+
+kernel_params! {
+    /// Each tile's expert's bias added to the tile's rows.
+    MoeExpertBias for "moe_expert_bias" { rows: u64, tiles: u64, bias: u64, width: i32 }
 }
 
 kernel_params! {
@@ -476,6 +495,8 @@ mod tests {
         check::<MoeSort>();
         check::<MoeGather>();
         check::<MoeGemv>();
+        check::<MoeClampedGlu>();
+        check::<MoeExpertBias>();
         check::<MoeCombine>();
         check::<LoraShrink>();
         check::<LoraExpand>();

@@ -4,7 +4,9 @@
 // GEMV_MAX_ROWS slots of one expert) → moe_gather (each slot's input row) → moe_gemv_* for
 // every expert's [gate | up] at once (the activation written as bf16) → moe_gemv_* for every
 // expert's down → moe_combine (each token's weighted sum of its experts, plus a shared
-// expert) → add_rms_norm. Every grid is sized by the step's token count alone (what a CUDA
+// expert) → add_rms_norm. gpt-oss's experts add their biases and activate with a clamped
+// SwiGLU: their [gate | up] product writes f32 rows, moe_clamped_glu activates them, and
+// moe_expert_bias adds the down biases. Every grid is sized by the step's token count alone (what a CUDA
 // graph captures): tiles no expert fills are launched and return at once. Experts no token
 // chose have no tile, so their weights are never read.
 
@@ -13,11 +15,12 @@
 #define MOE_TILE_INTS 4  // expert, first slot, rows, unused (16 bytes a tile)
 
 // Each token's top_k experts and their weights from its router logits (row t of `logits`,
-// `ld` apart): softmax over the n_experts logits, the largest probabilities first (ties: the
+// `ld` apart, plus `bias` where the router has one: gpt-oss): softmax over the n_experts logits, the largest probabilities first (ties: the
 // lower expert, as the CPU backend's moe_routing.rs picks), renormalised to sum to 1 with
 // `norm_topk`. With `shared_scale`, the logit at column n_experts is a shared expert's gate:
 // shared_scale[t] = sigmoid(it). A thread per token.
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int ld,
+extern "C" __global__ void moe_route(const float* __restrict__ logits,
+                                     const float* __restrict__ bias, int ld,
                                      int* __restrict__ ids, float* __restrict__ weights,
                                      float* __restrict__ shared_scale, int n, int n_experts,
                                      int top_k, int norm_topk) {
@@ -25,10 +28,11 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int ld,
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n) return;
     const float* row = logits + (size_t)t * ld;
+    auto logit = [&](int e) { return bias ? row[e] + bias[e] : row[e]; };
     float mx = NEG_INF;
-    for (int e = 0; e < n_experts; e++) mx = fmaxf(mx, row[e]);
+    for (int e = 0; e < n_experts; e++) mx = fmaxf(mx, logit(e));
     float sum = 0.0f;
-    for (int e = 0; e < n_experts; e++) sum += expf(row[e] - mx);
+    for (int e = 0; e < n_experts; e++) sum += expf(logit(e) - mx);
     unsigned int taken[MOE_MAX_EXPERTS / 32];
     for (int w = 0; w < MOE_MAX_EXPERTS / 32; w++) taken[w] = 0;
     float total = 0.0f;
@@ -37,7 +41,7 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int ld,
         float bp = -1.0f;  // probabilities are >= 0: the first untaken expert at worst
         for (int e = 0; e < n_experts; e++) {
             if (taken[e / 32] >> (e % 32) & 1u) continue;
-            float p = expf(row[e] - mx) / sum;
+            float p = expf(logit(e) - mx) / sum;
             if (p > bp) {
                 best = e;
                 bp = p;
@@ -143,6 +147,41 @@ MOE_GEMV(q4_k, KQuantRows<FMT_Q4_K>, 2)
 MOE_GEMV(q5_k, KQuantRows<FMT_Q5_K>, 2)
 MOE_GEMV(q6_k, Q6KRows, 1)
 MOE_GEMV(q8_0, Q8_0Rows, 4)
+
+// gpt-oss's expert activation over every tile's [gate | up] rows (f32, 2·ffn wide, by sorted
+// slot), its expert's [gate | up] bias row (2·ffn per expert in `bias`) added first:
+// act = bf16((clamp(up, ±limit) + 1) · g · sigmoid(alpha · g)) with g = min(gate, limit), as
+// the CPU backend's clamped_swiglu. Grid (column blocks, tiles), as moe_gemv's.
+extern "C" __global__ void moe_clamped_glu(const float* __restrict__ gate_up,
+                                           const int* __restrict__ tiles,
+                                           const float* __restrict__ bias, bf16* __restrict__ act,
+                                           int ffn, float alpha, float limit) {
+    grid_dependency_sync();  // the gate/up product wrote its rows
+    const int* tile = tiles + (size_t)blockIdx.y * MOE_TILE_INTS;
+    int expert = tile[0], first = tile[1], rows = tile[2];
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= ffn) return;
+    const float* b = bias + (size_t)expert * 2 * ffn;
+    for (int r = 0; r < rows; r++) {
+        const float* row = gate_up + (size_t)(first + r) * 2 * ffn;
+        float g = fminf(row[i] + b[i], limit);
+        float u = fminf(fmaxf(row[ffn + i] + b[ffn + i], -limit), limit);
+        act[(size_t)(first + r) * ffn + i] = f32_to_bf16((u + 1.0f) * g / (1.0f + expf(-alpha * g)));
+    }
+}
+
+// rows[s] += bias[e] for every sorted slot s of every tile, e its tile's expert (`width` wide,
+// f32): the experts' down biases (gpt-oss). Grid (column blocks, tiles).
+extern "C" __global__ void moe_expert_bias(float* __restrict__ rows, const int* __restrict__ tiles,
+                                           const float* __restrict__ bias, int width) {
+    grid_dependency_sync();  // the down product wrote its rows
+    const int* tile = tiles + (size_t)blockIdx.y * MOE_TILE_INTS;
+    int expert = tile[0], first = tile[1], count = tile[2];
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= width) return;
+    float b = bias[(size_t)expert * width + i];
+    for (int r = 0; r < count; r++) rows[(size_t)(first + r) * width + i] += b;
+}
 
 // out[t] = Σ_k weights[t·top_k + k] · down[slot_of[t·top_k + k]] (in choice order), plus
 // shared_scale[t] · shared[t] where there is a shared expert (`shared` non-null): token t's

@@ -1,9 +1,11 @@
-//! The mixture-of-experts kernels (moe.cu): routing and grouping against the CPU backend's
-//! `Routing`, and the grouped products of every expert format against each expert's own
-//! product with the host-dequantized rows.
+//! The mixture-of-experts kernels (moe.cu): routing (with a router bias too) and grouping
+//! against the CPU backend's `Routing`, the grouped products of every expert format against
+//! each expert's own product with the host-dequantized rows, and gpt-oss's expert biases and
+//! clamped SwiGLU against the CPU backend's.
 
 use super::runner::Runner;
-use super::{from_bf16, Values};
+use super::{assert_close, from_bf16, Values};
+use crate::backend::cpu::ops::clamped_swiglu;
 use crate::backend::cuda::emu::Arg;
 use crate::backend::cuda::moe::max_tiles;
 use crate::backend::cuda::weights::{device_layout, quant_kernels};
@@ -11,16 +13,21 @@ use crate::backend::moe_routing::Routing;
 use crate::quant::tests::{raw_blocks, Rng};
 use crate::quant::{GgmlType, QMatrix, TensorBytes};
 
-/// Routes `logits` (`n` rows `ld` apart, the first `e` the router's) on the device: each
-/// token's `k` (expert, weight), and the shared scales where `shared`.
+/// Routes `logits` (`n` rows `ld` apart, the first `e` the router's, plus `bias`) on the
+/// device: each token's `k` (expert, weight), and the shared scales where `shared`.
 fn route(
     emu: &Runner,
-    logits: &[f32],
+    (logits, bias): (&[f32], Option<&[f32]>),
     (n, ld, e, k): (usize, usize, usize, usize),
     norm: bool,
     shared: bool,
 ) -> (Vec<i32>, Vec<f32>, Vec<f32>) {
     let mut logits = logits.to_vec();
+    let mut bias = bias.map(<[f32]>::to_vec);
+    let bias_arg = match &mut bias {
+        Some(b) => Arg::buf(b.as_mut_slice()),
+        None => Arg::Ptr(0),
+    };
     let (mut ids, mut weights, mut scale) =
         (vec![-1i32; n * k], vec![f32::NAN; n * k], vec![f32::NAN; n]);
     let scale_arg = if shared {
@@ -34,6 +41,7 @@ fn route(
         128,
         &[
             Arg::buf(&mut logits),
+            bias_arg,
             Arg::I32(ld as i32),
             Arg::buf(&mut ids),
             Arg::buf(&mut weights),
@@ -91,20 +99,28 @@ fn expected_tiles(counts: &[usize], slots: usize) -> Vec<i32> {
 fn the_device_routes_each_token_to_the_hosts_experts_and_groups_the_slots_by_expert() {
     let Some(emu) = Runner::get() else { return };
     let mut values = Values(31);
-    // (tokens, experts, top_k, renormalised, shared gate): one token; a shared expert's
-    // column; experts with more than 8 slots (several tiles); 64 experts, 8 each.
-    for (n, e, k, norm, shared) in [
-        (1usize, 8usize, 2usize, true, false),
-        (13, 8, 2, false, true),
-        (40, 6, 3, true, false),
-        (5, 64, 8, true, false),
+    // (tokens, experts, top_k, renormalised, shared gate, router bias): one token; a shared
+    // expert's column; experts with more than 8 slots (several tiles); 64 experts, 8 each;
+    // gpt-oss's biased router.
+    for (n, e, k, norm, shared, biased) in [
+        (1usize, 8usize, 2usize, true, false, false),
+        (13, 8, 2, false, true, false),
+        (40, 6, 3, true, false, false),
+        (5, 64, 8, true, false, false),
+        (9, 8, 2, true, false, true),
     ] {
         let ld = e + shared as usize;
         let logits: Vec<f32> = values.vec(n * ld).iter().map(|v| v * 4.0).collect();
-        let (ids, weights, scale) = route(emu, &logits, (n, ld, e, k), norm, shared);
+        let bias: Option<Vec<f32>> =
+            biased.then(|| values.vec(e).iter().map(|v| v * 3.0).collect());
+        let (ids, weights, scale) =
+            route(emu, (&logits, bias.as_deref()), (n, ld, e, k), norm, shared);
         let router: Vec<f32> = logits
             .chunks_exact(ld)
-            .flat_map(|row| row[..e].to_vec())
+            .flat_map(|row| {
+                let bias = bias.as_deref();
+                (0..e).map(move |x| row[x] + bias.map_or(0.0, |b| b[x]))
+            })
             .collect();
         let mut routing = Routing::default();
         routing.route(&router, e, k, norm);
@@ -417,4 +433,72 @@ fn a_shared_expert_adds_its_scaled_output_to_each_tokens_sum() {
             assert!((out[t * hidden + h] - want).abs() <= 1e-6, "out[{t}, {h}]");
         }
     }
+}
+
+#[test]
+fn gpt_oss_experts_add_their_biases_around_the_clamped_swiglu() {
+    let Some(emu) = Runner::get() else { return };
+    // 4 experts, 7 tokens, top 2: tiles of one expert's sorted slots, as moe_sort cuts them.
+    let (e, n, k, f, hidden) = (4usize, 7usize, 2usize, 40usize, 24usize);
+    let (alpha, limit) = (1.702f32, 1.5f32);
+    let ids: Vec<i32> = (0..n * k).map(|i| ((i * 3 + i / k) % e) as i32).collect();
+    let (_, _, mut tiles) = sort(emu, &ids, k, e);
+    let n_tiles = tiles.len() / 4;
+    let mut values = Values(0x6a09_e667);
+    // [gate | up] rows spread past ±limit, so that both clamps act.
+    let mut gate_up: Vec<f32> = values.vec(n * k * 2 * f).iter().map(|v| v * 3.0).collect();
+    let mut bias = values.vec(e * 2 * f);
+    let mut act = vec![0u16; n * k * f];
+    let (rows, b) = (gate_up.clone(), bias.clone());
+    emu.launch(
+        "moe_clamped_glu",
+        (f.div_ceil(256) as u32, n_tiles as u32, 1),
+        256,
+        &[
+            Arg::buf(&mut gate_up),
+            Arg::buf(&mut tiles),
+            Arg::buf(&mut bias),
+            Arg::buf(&mut act),
+            Arg::I32(f as i32),
+            Arg::F32(alpha),
+            Arg::F32(limit),
+        ],
+    );
+    // Each sorted slot's expert, from its tile.
+    let mut expert_of = vec![usize::MAX; n * k];
+    for tile in tiles.chunks_exact(4) {
+        for r in 0..tile[2] as usize {
+            expert_of[tile[1] as usize + r] = tile[0] as usize;
+        }
+    }
+    let mut want = Vec::new();
+    for (slot, &x) in expert_of.iter().enumerate() {
+        let (row, eb) = (&rows[slot * 2 * f..][..2 * f], &b[x * 2 * f..][..2 * f]);
+        let mut gate: Vec<f32> = (0..f).map(|i| row[i] + eb[i]).collect();
+        let up: Vec<f32> = (0..f).map(|i| row[f + i] + eb[f + i]).collect();
+        clamped_swiglu(&mut gate, &up, alpha, limit);
+        want.extend(gate);
+    }
+    let got: Vec<f32> = act.iter().map(|&a| from_bf16(a)).collect();
+    // bf16 output: 2^-8 relative, at most |(limit + 1) · limit| = 3.75.
+    assert_close(&got, &want, 3.75 / 256.0, "clamped SwiGLU");
+
+    let mut down = values.vec(n * k * hidden);
+    let mut down_bias = values.vec(e * hidden);
+    let (before, db) = (down.clone(), down_bias.clone());
+    emu.launch(
+        "moe_expert_bias",
+        (1, n_tiles as u32, 1),
+        256,
+        &[
+            Arg::buf(&mut down),
+            Arg::buf(&mut tiles),
+            Arg::buf(&mut down_bias),
+            Arg::I32(hidden as i32),
+        ],
+    );
+    let want: Vec<f32> = (0..n * k * hidden)
+        .map(|i| before[i] + db[expert_of[i / hidden] * hidden + i % hidden])
+        .collect();
+    assert_close(&down, &want, 0.0, "down biases");
 }
