@@ -3,7 +3,8 @@
 # GPU machine (no network, no Rust toolchain there):
 #   a. environment: nvidia-smi, the CUDA 13 libraries cudarc opens (LD_LIBRARY_PATH)
 #   b. the prebuilt cargo test executables in .gpu/tests/, on device cuda (the runner's
-#      kernel tests through the driver first, FALLOW_KERNEL_TESTS=driver)
+#      kernel tests through the driver first, FALLOW_KERNEL_TESTS=driver); the conformance
+#      suite's tiny fixtures come with the working tree, gpt-oss's among them
 #   c. `fallow generate` with SmolLM2-135M on cuda and on cpu; its decode speed with bf16
 #      and with quantized (the file's blocks) weights (c2; also with x as int8,
 #      FALLOW_CUDA_QUANT_X=int8), under a JSON schema (c3), and sampled
