@@ -324,24 +324,36 @@ fn gpt_oss_matches_the_cpu_backend_batched_with_either_prefill_kernel_and_split_
     if !gpu() {
         return;
     }
-    let artifacts = tiny("gpt_oss");
-    let vocab = artifacts.config.vocab_size;
+    let checkpoint = tiny("gpt_oss");
+    let gguf_path =
+        repo_root().join("gpu-runner/engine/tests/fixtures/tiny/gpt_oss/model.f32.gguf");
+    let gguf = model::open(&gguf_path).unwrap_or_else(|e| panic!("{gguf_path:?}: {e}"));
     // The sinks in every attention kernel: the tensor-core and the f32 prefill, and decodes
     // split over the keys (blocks of 32 of a 128-key table, their merge) or whole; graphs
-    // replay the decodes.
-    for (prefill, split) in [(PrefillChoice::Auto, true), (PrefillChoice::F32, false)] {
-        let (mut cpu, mut cuda) = backends(&artifacts);
+    // replay the decodes. The GGUF as llama.cpp's converter writes it (YaRN's ramp rounded,
+    // the SwiGLU clamped at 7) too.
+    let cases = [
+        ("checkpoint", &checkpoint, PrefillChoice::Auto, true),
+        ("checkpoint", &checkpoint, PrefillChoice::F32, false),
+        ("GGUF", &gguf, PrefillChoice::Auto, true),
+    ];
+    for (what, artifacts, prefill, split) in cases {
+        let (mut cpu, mut cuda) = backends(artifacts);
         cuda.update_options(|o| {
             o.debug.prefill = prefill;
             o.debug.split_attention = split;
             o.debug.split_min_keys = 32;
         })
         .expect("prefill kernel and split");
+        let vocab = artifacts.config.vocab_size;
         let worst = batched_steps_diff(&mut cpu, &mut cuda, vocab);
         eprintln!(
-            "gpt_oss, {prefill:?} prefill, split decodes {split}: max relative |Δ logit| {worst:.4}"
+            "gpt_oss {what}, {prefill:?} prefill, split decodes {split}: max relative |Δ logit| {worst:.4}"
         );
-        assert!(worst <= RELATIVE_TOLERANCE, "{prefill:?} {split}: {worst}");
+        assert!(
+            worst <= RELATIVE_TOLERANCE,
+            "{what} {prefill:?} {split}: {worst}"
+        );
     }
 }
 
