@@ -188,5 +188,8 @@ pub(crate) mod tiles {
     /// `maddubs` saturates its i16 pair sums, exact only for u8 lanes up to ~128.
     const FULL_RANGE_U8: bool = false;
 
+    /// AVX2 has 16 vector registers.
+    const WIDE_REGISTERS: bool = false;
+
     x86_tile_kernels!("avx2,fma,f16c");
 }

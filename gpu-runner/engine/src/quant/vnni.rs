@@ -44,5 +44,8 @@ pub(crate) mod tiles {
     /// `vpdpbusd` sums u8 × i8 products straight into i32: exact for every u8.
     const FULL_RANGE_U8: bool = true;
 
+    /// AVX-512VL gives 32 vector registers.
+    const WIDE_REGISTERS: bool = true;
+
     x86_tile_kernels!("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni");
 }

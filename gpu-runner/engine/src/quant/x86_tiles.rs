@@ -6,7 +6,10 @@
 //! - `dot_u8_i8_acc(acc, u, s)`: `acc` + Σ of four u8 × i8 products per i32 lane;
 //! - `dot_i16_acc(acc, a, b)`: `acc` + Σ of two i16 × i16 products per i32 lane;
 //! - `FULL_RANGE_U8`: whether that is exact for u8 lanes up to 255 (needed by Q8_0, whose
-//!   interleaved quants are stored +128).
+//!   interleaved quants are stored +128);
+//! - `WIDE_REGISTERS`: whether the features give 32 vector registers (AVX-512VL), enough
+//!   for the K-quant kernels to keep 8 tokens' sums beside a pair of groups' 16 quant
+//!   vectors (with 16 registers they stop at 4).
 //!
 //! Per tile block and token: eight `dot_u8_i8_acc` of the 8 rows' unpacked quants with four
 //! activation bytes broadcast to every lane, then one conversion and two multiply-adds for
@@ -248,13 +251,6 @@ macro_rules! x86_tile_kernels {
             );
         }
 
-        /// Shifts each 16-bit lane of `v` right by `n` (a runtime count).
-        #[inline]
-        #[target_feature(enable = $features)]
-        fn shr16(v: __m256i, n: usize) -> __m256i {
-            _mm256_srl_epi16(v, _mm_cvtsi32_si128(n as i32))
-        }
-
         /// The activation block's sums per 32 as i16 pairs, `(s[2p], s[2p + 1])` broadcast to
         /// every lane of `pairs[p]`.
         #[inline]
@@ -266,6 +262,84 @@ macro_rules! x86_tile_kernels {
             // i32 lanes [(s0,s1), (s2,s3), .., .. | (s4,s5), (s6,s7), .., ..] as i16 pairs.
             let packed = _mm256_packs_epi32(s32, s32);
             [0, 1, 4, 5].map(|l| _mm256_permutevar8x32_epi32(packed, _mm256_set1_epi32(l)))
+        }
+
+        /// A K-quant tile block's 6-bit scales and mins of its 8 groups of 32 (`scale_min_k4`
+        /// of the 12 packed bytes at `tb[32..]`), one lane per row; the mins as i16 pairs
+        /// `(m[2p], m[2p + 1])` to meet the activation's sums per 32 ([`bsum32_pairs`]).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn k4_scales_mins(tb: &[u8]) -> ([__m256i; 8], [__m256i; 4]) {
+            let (m4, m6) = (_mm256_set1_epi32(0x0F), _mm256_set1_epi32(63));
+            let shr = |v: __m256i, n: i32| _mm256_srlv_epi32(v, _mm256_set1_epi32(n));
+            let (sa, sb, sc) = (
+                load_256(&tb[32..]),
+                load_256(&tb[64..]),
+                load_256(&tb[96..]),
+            );
+            let mut scales = [_mm256_setzero_si256(); 8];
+            let mut mins = [_mm256_setzero_si256(); 8];
+            for g in 0..4 {
+                let k = 8 * g as i32;
+                scales[g] = _mm256_and_si256(shr(sa, k), m6);
+                mins[g] = _mm256_and_si256(shr(sb, k), m6);
+                let high = |v: __m256i| {
+                    _mm256_slli_epi32(_mm256_and_si256(shr(v, k + 6), _mm256_set1_epi32(3)), 4)
+                };
+                scales[g + 4] = _mm256_or_si256(_mm256_and_si256(shr(sc, k), m4), high(sa));
+                mins[g + 4] = _mm256_or_si256(_mm256_and_si256(shr(sc, k + 4), m4), high(sb));
+            }
+            let min_pairs = std::array::from_fn(|p| {
+                _mm256_or_si256(mins[2 * p], _mm256_slli_epi32(mins[2 * p + 1], 16))
+            });
+            (scales, min_pairs)
+        }
+
+        /// Groups `2P` (low nibbles) and `2P + 1` (high nibbles) of a Q4_K/Q5_K tile block,
+        /// added to `tot` scaled. One load gives both groups' quants, and the two groups'
+        /// sums are separate chains (at one token a single chain of 16 `vpdpbusd` would
+        /// wait on its own latency). `P` is a constant so every shift is an immediate.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn q45_k_pair<const FIVE: bool, const P: usize, const G: usize>(
+            tb: &[u8],
+            a: &[BlockQ8K],
+            scales: &[__m256i; 8],
+            tot: &mut [__m256i; G],
+        ) {
+            let qs_at = if FIVE { 384 } else { 128 };
+            let nib = _mm256_set1_epi8(0x0F);
+            let mut lo = [_mm256_setzero_si256(); 8];
+            let mut hi = [_mm256_setzero_si256(); 8];
+            for c in 0..8 {
+                let q = load_256(&tb[qs_at + 32 * (8 * P + c)..]);
+                lo[c] = _mm256_and_si256(q, nib);
+                hi[c] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), nib);
+                if FIVE {
+                    // Group g's fifth bit is bit g of each byte of the qh vectors.
+                    let qh = load_256(&tb[128 + 32 * c..]);
+                    let bit = |g: usize| {
+                        let sel = _mm256_set1_epi8(1i8 << g);
+                        let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, sel), sel);
+                        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+                    };
+                    lo[c] = _mm256_or_si256(lo[c], bit(2 * P));
+                    hi[c] = _mm256_or_si256(hi[c], bit(2 * P + 1));
+                }
+            }
+            for j in 0..G {
+                let qs = &a[j].qs[64 * P..];
+                let (mut il, mut ih) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                for c in 0..8 {
+                    il = dot_u8_i8_acc(il, lo[c], broadcast4(qs, c));
+                    ih = dot_u8_i8_acc(ih, hi[c], broadcast4(&qs[32..], c));
+                }
+                let scaled = _mm256_add_epi32(
+                    _mm256_mullo_epi32(il, scales[2 * P]),
+                    _mm256_mullo_epi32(ih, scales[2 * P + 1]),
+                );
+                tot[j] = _mm256_add_epi32(tot[j], scaled);
+            }
         }
 
         /// Q4_K (`FIVE = false`) and Q5_K tile blocks over tokens `t0 .. t0 + G`. Tile block:
@@ -281,54 +355,17 @@ macro_rules! x86_tile_kernels {
             out: &mut [f32],
         ) {
             let mut acc = [_mm256_setzero_ps(); G];
-            let (bytes, qs_at) = if FIVE { (1408, 384) } else { (1152, 128) };
-            let (m4, m6) = (_mm256_set1_epi32(0x0F), _mm256_set1_epi32(63));
-            let shr = |v: __m256i, n: i32| _mm256_srlv_epi32(v, _mm256_set1_epi32(n));
+            let bytes = if FIVE { 1408 } else { 1152 };
             for (b, tb) in tile.chunks_exact(bytes).enumerate() {
                 prefetch_ahead::<G>(tb, t0);
                 let (d, dmin) = (f16x8(tb), f16x8(&tb[16..]));
-                let (sa, sb, sc) = (
-                    load_256(&tb[32..]),
-                    load_256(&tb[64..]),
-                    load_256(&tb[96..]),
-                );
-                // Each group's 6-bit scale and min, one lane per row (`scale_min_k4`).
-                let mut scales = [_mm256_setzero_si256(); 8];
-                let mut mins = [_mm256_setzero_si256(); 8];
-                for g in 0..4 {
-                    let k = 8 * g as i32;
-                    scales[g] = _mm256_and_si256(shr(sa, k), m6);
-                    mins[g] = _mm256_and_si256(shr(sb, k), m6);
-                    let high = |v: __m256i| {
-                        _mm256_slli_epi32(_mm256_and_si256(shr(v, k + 6), _mm256_set1_epi32(3)), 4)
-                    };
-                    scales[g + 4] = _mm256_or_si256(_mm256_and_si256(shr(sc, k), m4), high(sa));
-                    mins[g + 4] = _mm256_or_si256(_mm256_and_si256(shr(sc, k + 4), m4), high(sb));
-                }
-                let min_pairs: [__m256i; 4] = std::array::from_fn(|p| {
-                    _mm256_or_si256(mins[2 * p], _mm256_slli_epi32(mins[2 * p + 1], 16))
-                });
+                let (scales, min_pairs) = k4_scales_mins(tb);
                 let a = &acts[b * tn + t0..][..G];
                 let mut tot = [_mm256_setzero_si256(); G];
-                for g in 0..8 {
-                    let mut w = [_mm256_setzero_si256(); 8];
-                    for (c, wc) in w.iter_mut().enumerate() {
-                        let q = load_256(&tb[qs_at + 32 * (8 * (g / 2) + c)..]);
-                        *wc = _mm256_and_si256(shr16(q, 4 * (g % 2)), _mm256_set1_epi8(0x0F));
-                        if FIVE {
-                            let qh = load_256(&tb[128 + 32 * c..]);
-                            let bit = _mm256_and_si256(shr16(qh, g), _mm256_set1_epi8(1));
-                            *wc = _mm256_or_si256(*wc, _mm256_slli_epi16(bit, 4));
-                        }
-                    }
-                    for j in 0..G {
-                        let mut isum = _mm256_setzero_si256();
-                        for (c, wc) in w.iter().enumerate() {
-                            isum = dot_u8_i8_acc(isum, *wc, broadcast4(&a[j].qs[32 * g..], c));
-                        }
-                        tot[j] = _mm256_add_epi32(tot[j], _mm256_mullo_epi32(isum, scales[g]));
-                    }
-                }
+                q45_k_pair::<FIVE, 0, G>(tb, a, &scales, &mut tot);
+                q45_k_pair::<FIVE, 1, G>(tb, a, &scales, &mut tot);
+                q45_k_pair::<FIVE, 2, G>(tb, a, &scales, &mut tot);
+                q45_k_pair::<FIVE, 3, G>(tb, a, &scales, &mut tot);
                 for j in 0..G {
                     let mut min_sum = _mm256_setzero_si256();
                     for (mp, sp) in min_pairs.iter().zip(bsum32_pairs(&a[j])) {
@@ -345,6 +382,58 @@ macro_rules! x86_tile_kernels {
                 }
             }
             store_tile_group(&acc, t0, out);
+        }
+
+        /// Groups `8N + K4 + {0, 2, 4, 6}` (16 quants each) of a Q6_K tile block, added to
+        /// `tot` scaled by `scale(s)`. Those four groups read the same 12 vectors (low
+        /// nibbles of `ql[16N + K4·4 ..][..4]` and `ql[16N + 8 + K4·4 ..][..4]`, then their
+        /// high nibbles; bit pairs 0..4 of `qh[8N + K4·4 ..][..4]`), so each is loaded once,
+        /// and every shift is an immediate.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn q6_k_quarter<const N: usize, const K4: usize, const G: usize>(
+            tb: &[u8],
+            a: &[BlockQ8K],
+            scale: impl Fn(usize) -> __m256i,
+            tot: &mut [__m256i; G],
+        ) {
+            let nib = _mm256_set1_epi8(0x0F);
+            let hi2 = _mm256_set1_epi8(0x30);
+            // w[h][i]: quants 4i..4i+4 of group 8N + K4 + 2h, every row.
+            let mut w = [[_mm256_setzero_si256(); 4]; 4];
+            for i in 0..4 {
+                let k = 4 * K4 + i;
+                let ql0 = load_256(&tb[144 + 32 * (16 * N + k)..]);
+                let ql1 = load_256(&tb[144 + 32 * (16 * N + k + 8)..]);
+                let qh = load_256(&tb[1168 + 32 * (8 * N + k)..]);
+                // High bits 2h, 2h + 1 of `qh` moved to bits 4, 5 of each byte.
+                let high = [
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(qh), hi2),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), hi2),
+                    _mm256_and_si256(qh, hi2),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), hi2),
+                ];
+                let low = [
+                    _mm256_and_si256(ql0, nib),
+                    _mm256_and_si256(ql1, nib),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), nib),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), nib),
+                ];
+                for h in 0..4 {
+                    w[h][i] = _mm256_or_si256(low[h], high[h]);
+                }
+            }
+            for (h, wh) in w.iter().enumerate() {
+                let s = 8 * N + K4 + 2 * h;
+                let sc = scale(s);
+                for j in 0..G {
+                    let mut isum = _mm256_setzero_si256();
+                    for (i, wc) in wh.iter().enumerate() {
+                        isum = dot_u8_i8_acc(isum, *wc, broadcast4(&a[j].qs[16 * s..], i));
+                    }
+                    tot[j] = _mm256_add_epi32(tot[j], _mm256_mullo_epi32(isum, sc));
+                }
+            }
         }
 
         /// Q6_K tile blocks over tokens `t0 .. t0 + G`. Tile block: `d[8]`, the 16 i8
@@ -371,27 +460,10 @@ macro_rules! x86_tile_kernels {
                 };
                 let a = &acts[b * tn + t0..][..G];
                 let mut tot = [_mm256_setzero_si256(); G];
-                for s in 0..16 {
-                    let mut w = [_mm256_setzero_si256(); 4];
-                    for (i, wc) in w.iter_mut().enumerate() {
-                        let c = 4 * s + i;
-                        let (n, cc) = (c / 32, c % 32);
-                        let ql = load_256(&tb[144 + 32 * (16 * n + cc % 16)..]);
-                        let qh = load_256(&tb[1168 + 32 * (8 * n + cc % 8)..]);
-                        let low =
-                            _mm256_and_si256(shr16(ql, 4 * (cc / 16)), _mm256_set1_epi8(0x0F));
-                        let high = _mm256_and_si256(shr16(qh, 2 * (cc / 8)), _mm256_set1_epi8(3));
-                        *wc = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
-                    }
-                    let sc = scale(s);
-                    for j in 0..G {
-                        let mut isum = _mm256_setzero_si256();
-                        for (i, wc) in w.iter().enumerate() {
-                            isum = dot_u8_i8_acc(isum, *wc, broadcast4(&a[j].qs[16 * s..], i));
-                        }
-                        tot[j] = _mm256_add_epi32(tot[j], _mm256_mullo_epi32(isum, sc));
-                    }
-                }
+                q6_k_quarter::<0, 0, G>(tb, a, scale, &mut tot);
+                q6_k_quarter::<0, 1, G>(tb, a, scale, &mut tot);
+                q6_k_quarter::<1, 0, G>(tb, a, scale, &mut tot);
+                q6_k_quarter::<1, 1, G>(tb, a, scale, &mut tot);
                 // Undo the +32 of the stored quants: 32 · Σ_s sc_s · Σ(x in group s), the
                 // scales paired as i16 to meet the activation's sums per 16 (also pairs).
                 let pairs: [__m256i; 8] = std::array::from_fn(|t| {
@@ -427,11 +499,20 @@ macro_rules! x86_tile_kernels {
                 acts,
                 tn,
                 out,
-                &[
-                    (4, tile_group_q45_k::<FIVE, 4>),
-                    (2, tile_group_q45_k::<FIVE, 2>),
-                    (1, tile_group_q45_k::<FIVE, 1>),
-                ],
+                if WIDE_REGISTERS {
+                    &[
+                        (8, tile_group_q45_k::<FIVE, 8>),
+                        (4, tile_group_q45_k::<FIVE, 4>),
+                        (2, tile_group_q45_k::<FIVE, 2>),
+                        (1, tile_group_q45_k::<FIVE, 1>),
+                    ]
+                } else {
+                    &[
+                        (4, tile_group_q45_k::<FIVE, 4>),
+                        (2, tile_group_q45_k::<FIVE, 2>),
+                        (1, tile_group_q45_k::<FIVE, 1>),
+                    ]
+                },
             );
         }
 
@@ -449,11 +530,20 @@ macro_rules! x86_tile_kernels {
                 acts,
                 tn,
                 out,
-                &[
-                    (4, tile_group_q6_k::<4>),
-                    (2, tile_group_q6_k::<2>),
-                    (1, tile_group_q6_k::<1>),
-                ],
+                if WIDE_REGISTERS {
+                    &[
+                        (8, tile_group_q6_k::<8>),
+                        (4, tile_group_q6_k::<4>),
+                        (2, tile_group_q6_k::<2>),
+                        (1, tile_group_q6_k::<1>),
+                    ]
+                } else {
+                    &[
+                        (4, tile_group_q6_k::<4>),
+                        (2, tile_group_q6_k::<2>),
+                        (1, tile_group_q6_k::<1>),
+                    ]
+                },
             );
         }
 
