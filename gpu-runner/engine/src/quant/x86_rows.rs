@@ -176,6 +176,7 @@ macro_rules! x86_row_kernels {
         const Q4_1: u8 = 2;
         const Q5_1: u8 = 3;
         const Q8_0: u8 = 4;
+        const MXFP4: u8 = 5;
 
         const fn block_bytes(fmt: u8) -> usize {
             match fmt {
@@ -183,6 +184,7 @@ macro_rules! x86_row_kernels {
                 Q5_0 => 22,
                 Q4_1 => 20,
                 Q8_0 => 34,
+                MXFP4 => 17,
                 _ => 24,
             }
         }
@@ -190,8 +192,8 @@ macro_rules! x86_row_kernels {
         /// A 32-element format's block as u8 lanes `u`, a scale `d` and an offset `m`,
         /// weights being `d·u + m`: Q4_1 and Q5_1 store `m`; Q4_0, Q5_0 and Q8_0 store
         /// `u − 8`, `u − 16` and `u − 128`, i.e. `m = −8d`, `−16d` and `−128d` (Q8_0 only
-        /// where `FULL_RANGE_U8`). Writing the symmetric
-        /// formats this way lets their lanes stay unsigned for the u8 × i8 product (no sign
+        /// where `FULL_RANGE_U8`); MXFP4's codes become `KVALUES + 12`, `m = −12d`. Writing
+        /// the symmetric formats this way lets their lanes stay unsigned for the u8 × i8 product (no sign
         /// juggling per token), the offset meeting the activation block's sum instead.
         #[inline]
         #[target_feature(enable = $features)]
@@ -213,6 +215,16 @@ macro_rules! x86_row_kernels {
                     let d = f16_at(block, 0);
                     let u = _mm256_xor_si256(load32(&block[2..34]), _mm256_set1_epi8(-128));
                     (u, d, -128.0 * d)
+                }
+                MXFP4 => {
+                    // The codes look up `KVALUES + 12` (0..=24) in one shuffle per lane.
+                    let table = _mm256_setr_epi8(
+                        12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15,
+                        16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                    );
+                    let d = crate::quant::mxfp4::half_scale(block[0]);
+                    let u = _mm256_shuffle_epi8(table, unpack_nibbles(&block[1..17]));
+                    (u, d, -12.0 * d)
                 }
                 _ => {
                     let (d, m) = f16_pair(block);
@@ -444,6 +456,10 @@ macro_rules! x86_row_kernels {
                     (1, group_q8_0::<1>),
                 ],
             );
+        }
+
+        pub(crate) fn row_mxfp4(wrow: &[u8], acts: &[BlockQ8_1], tn: usize, out: &mut [f32]) {
+            row_affine::<MXFP4>(wrow, acts, tn, out)
         }
 
         pub(crate) fn row_q4_1(wrow: &[u8], acts: &[BlockQ8_1], tn: usize, out: &mut [f32]) {

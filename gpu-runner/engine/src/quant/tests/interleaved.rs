@@ -6,7 +6,7 @@ use super::ref_quant::quantize;
 use super::{kernel_agrees, random_acts, raw_blocks, Rng};
 use crate::quant::formats::{self as f, scalar_row, TileKernel, WeightFormat};
 use crate::quant::interleave::{self, TILE_ROWS};
-use crate::quant::{GgmlType, Layout, QMatrix, TensorBytes};
+use crate::quant::{Activations, GgmlType, Layout, QMatrix, TensorBytes};
 
 /// The matrix in the interleaved layout, whatever this CPU would choose.
 fn interleaved(m: &QMatrix) -> QMatrix {
@@ -21,6 +21,7 @@ fn interleaved(m: &QMatrix) -> QMatrix {
         cols: m.cols,
         data: TensorBytes::Owned(out),
         layout: Layout::Interleaved,
+        activations: Activations::Quantized,
     }
 }
 
