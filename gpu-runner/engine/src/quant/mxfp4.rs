@@ -5,7 +5,8 @@
 //! the table holds twice each E2M1 value, so it is integer, and the scale halves it back.
 //!
 //! Products round the activations to [`BlockQ8_1`] as ggml's (Q8_0) do, and sum
-//! `KVALUES[code] · q` exactly in integers; a matrix can keep its activations in f32 instead
+//! `KVALUES[code] · q` exactly in integers (the x86 row and tile kernels are the affine
+//! formats', codes shuffled to `KVALUES + OFFSET`); a matrix can keep its activations in f32 instead
 //! (`Activations::F32`), which the HF layout's loader asks for (see `model::mxfp4`).
 
 use super::act::BlockQ8_1;
@@ -13,6 +14,21 @@ use super::ggml_type::QK;
 
 /// Twice the E2M1 value of each 4-bit code (ggml's `kvalues_mxfp4`).
 pub(crate) const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// What the x86 kernels add to [`KVALUES`] so that their lanes are unsigned (0..=24); the
+/// offset's share, `−OFFSET · Σx`, meets the activation block's sum.
+pub(crate) const OFFSET: i8 = 12;
+
+/// [`KVALUES`] + [`OFFSET`], the table the x86 kernels shuffle codes through.
+pub(crate) const KVALUES_UNSIGNED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (KVALUES[i] + OFFSET) as u8;
+        i += 1;
+    }
+    t
+};
 
 /// Bytes of one block: the scale, then the codes.
 pub(crate) const BLOCK_BYTES: usize = 1 + QK / 2;

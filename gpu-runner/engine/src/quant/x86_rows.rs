@@ -217,20 +217,25 @@ macro_rules! x86_row_kernels {
                     (u, d, -128.0 * d)
                 }
                 MXFP4 => {
-                    // The codes look up `KVALUES + 12` (0..=24) in one shuffle per lane.
-                    let table = _mm256_setr_epi8(
-                        12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15,
-                        16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
-                    );
-                    let d = crate::quant::mxfp4::half_scale(block[0]);
-                    let u = _mm256_shuffle_epi8(table, unpack_nibbles(&block[1..17]));
-                    (u, d, -12.0 * d)
+                    use crate::quant::mxfp4::{half_scale, OFFSET};
+                    let d = half_scale(block[0]);
+                    let u = _mm256_shuffle_epi8(mxfp4_table(), unpack_nibbles(&block[1..17]));
+                    (u, d, -f32::from(OFFSET) * d)
                 }
                 _ => {
                     let (d, m) = f16_pair(block);
                     (unpack_q5(&block[4..8], &block[8..24]), d, m)
                 }
             }
+        }
+
+        /// `mxfp4::KVALUES_UNSIGNED` in both 128-bit lanes, for `_mm256_shuffle_epi8`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn mxfp4_table() -> __m256i {
+            let t = &crate::quant::mxfp4::KVALUES_UNSIGNED;
+            // SAFETY: the table is exactly 16 bytes; loadu needs no alignment.
+            _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(t.as_ptr().cast()) })
         }
 
         /// Q8_0 over tokens `t0 .. t0 + G` where the dot product saturates for u8 lanes

@@ -91,6 +91,7 @@ fn avx2_tile_kernels_match_the_scalar_kernel() {
     compare::<f::Q4K>(GgmlType::Q4K, k::tile_q4_k);
     compare::<f::Q5K>(GgmlType::Q5K, k::tile_q5_k);
     compare::<f::Q6K>(GgmlType::Q6K, k::tile_q6_k);
+    compare::<f::MXFP4>(GgmlType::MXFP4, k::tile_mxfp4);
 }
 
 #[test]
@@ -108,6 +109,7 @@ fn vnni_tile_kernels_match_the_scalar_kernel() {
     compare::<f::Q4K>(GgmlType::Q4K, k::tile_q4_k);
     compare::<f::Q5K>(GgmlType::Q5K, k::tile_q5_k);
     compare::<f::Q6K>(GgmlType::Q6K, k::tile_q6_k);
+    compare::<f::MXFP4>(GgmlType::MXFP4, k::tile_mxfp4);
 }
 
 #[test]

@@ -100,11 +100,17 @@ fn float_matrices_with_odd_widths_multiply_exactly() {
 fn mxfp4_with_f32_activations_multiplies_exactly_beside_a_quantized_twin() {
     use crate::quant::{Activations, MatJob};
     let mut rng = Rng::new(14);
-    let (rows, cols) = (37, 512);
+    let (rows, cols) = (40, 512);
     let values = rng.normals(rows * cols, 0.5);
-    let exact = matrix(GgmlType::MXFP4, rows, cols, &values).with_f32_activations();
-    let rounded = matrix(GgmlType::MXFP4, rows, cols, &values);
+    let mut exact = matrix(GgmlType::MXFP4, rows, cols, &values).with_f32_activations();
+    let mut rounded = matrix(GgmlType::MXFP4, rows, cols, &values);
     assert_eq!(exact.activations(), Activations::F32);
+    // The float path reads rows: only the quantized twin takes the tile layout.
+    exact.use_cpu_layout();
+    rounded.use_cpu_layout();
+    assert_eq!(exact.layout, crate::quant::Layout::Rows);
+    let tiles = crate::quant::formats::has_tile_kernel(GgmlType::MXFP4);
+    assert_eq!(rounded.layout == crate::quant::Layout::Interleaved, tiles);
     for n_tokens in TOKEN_COUNTS {
         let x = rng.normals(n_tokens * cols, 1.0);
         check(&exact, &x, &x, n_tokens, 1e-5);
@@ -225,18 +231,19 @@ fn time_mxfp4_routes_against_bf16_and_q4_0() {
     let mut rng = Rng::new(15);
     let (rows, cols) = (2880, 2880);
     let values = rng.normals(rows * cols, 0.5);
+    let in_cpu_layout = |mut m: QMatrix| {
+        m.use_cpu_layout();
+        m
+    };
+    let mxfp4 = || matrix(GgmlType::MXFP4, rows, cols, &values);
     let q4_0 = || matrix(GgmlType::Q4_0, rows, cols, &values);
-    let mut q4_0_cpu = q4_0();
-    q4_0_cpu.use_cpu_layout();
     let cases = [
         ("bf16", matrix(GgmlType::BF16, rows, cols, &values)),
-        (
-            "mxfp4 f32 x",
-            matrix(GgmlType::MXFP4, rows, cols, &values).with_f32_activations(),
-        ),
-        ("mxfp4 int8 x", matrix(GgmlType::MXFP4, rows, cols, &values)),
+        ("mxfp4 f32 x", mxfp4().with_f32_activations()),
+        ("mxfp4 int8 x rows", mxfp4()),
+        ("mxfp4 int8 x tiles", in_cpu_layout(mxfp4())),
         ("q4_0 rows", q4_0()),
-        ("q4_0 cpu layout", q4_0_cpu),
+        ("q4_0 tiles", in_cpu_layout(q4_0())),
     ];
     for n in [1, 16] {
         let x = rng.normals(n * cols, 1.0);
