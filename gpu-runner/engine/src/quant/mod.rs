@@ -199,8 +199,14 @@ impl QMatrix {
         })
     }
 
-    /// This matrix, its products keeping their input in f32 ([`Activations::F32`]).
+    /// This matrix, its products keeping their input in f32 ([`Activations::F32`]), which
+    /// read its rows as ggml lays them out.
+    ///
+    /// # Panics
+    /// On a matrix already interleaved by [`QMatrix::use_cpu_layout`] (a caller bug: choose
+    /// the route at load, before the layout).
     pub fn with_f32_activations(mut self) -> Self {
+        assert_eq!(self.layout, Layout::Rows, "f32 activations read rows");
         self.activations = Activations::F32;
         self
     }
