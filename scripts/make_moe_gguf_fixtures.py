@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Converts the tiny MoE checkpoints (qwen3_moe, mixtral, qwen2_moe under
-gpu-runner/engine/tests/fixtures/tiny/) to GGUF with llama.cpp's own converter, and records
+"""Converts the tiny MoE checkpoints (qwen3_moe, mixtral, qwen2_moe, gpt_oss, gpt_oss_mxfp4
+under gpu-runner/engine/tests/fixtures/tiny/) to GGUF with llama.cpp's own converter, and records
 llama.cpp's logits on each GGUF. gpu-runner/engine/tests/moe_vs_llama_cpp.rs checks Fallow
 against them.
 
@@ -13,6 +13,9 @@ sdist: `pip install llama_cpp_python-0.3.36.tar.gz`), plus torch and transformer
 Written next to each checkpoint:
 - `model.q8_0.gguf` and/or `model.f32.gguf` (see OUTTYPES):
   `convert_hf_to_gguf.py --outtype q8_0 | f32`.
+- `model.mxfp4.gguf` (gpt_oss_mxfp4): `--outtype f32`, under which the converter still
+  repacks gpt-oss's MXFP4 experts into GGUF's MXFP4 (ggml type 39) and widens the rest
+  to f32, so the experts are the only quantized tensors.
   The tiny byte-level BPE is unknown to the converter's pre-tokenizer table, so it is
   declared `gpt-2` (only token ids are fed to either engine, so this cannot matter).
 - `llama_cpp.json`: for each GGUF, llama.cpp's logits at every position of the three
@@ -34,7 +37,11 @@ OUTTYPES = {
     "qwen2_moe": ["f32"],
     # gpt-oss's names and keys (experts split and transposed, sinks, biases, YaRN).
     "gpt_oss": ["f32"],
+    # The experts as llama.cpp's converter repacks the HF MXFP4 blocks (type 39).
+    "gpt_oss_mxfp4": ["mxfp4"],
 }
+# A file's `--outtype`, where its name says something else.
+CONVERTER_OUTTYPE = {"mxfp4": "f32"}
 
 
 def convert(llama_cpp: str, model_dir: str, outtype: str) -> str:
@@ -45,6 +52,7 @@ def convert(llama_cpp: str, model_dir: str, outtype: str) -> str:
     TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
     out = os.path.join(model_dir, f"model.{outtype}.gguf")
     argv = sys.argv
+    outtype = CONVERTER_OUTTYPE.get(outtype, outtype)
     sys.argv = ["convert_hf_to_gguf.py", "--outtype", outtype, "--outfile", out, model_dir]
     try:
         convert_hf_to_gguf.main()

@@ -344,7 +344,9 @@ def make_gpt_oss_mxfp4(extra_cfg: dict, tok, gen) -> None:
     them (`*_blocks` [E, rows, cols/32, 16] u8, two E2M1 codes a byte, low nibble first;
     `*_scales` [E, rows, cols/32] u8, E8M0 with bias 127; rows are outputs, gate and up
     alternating), random codes and scales. The reference is transformers run on its own
-    dequantisation of them (`convert_moe_packed_tensors`), the rest of the model as gpt_oss."""
+    dequantisation of them (`convert_moe_packed_tensors`), the rest of the model as gpt_oss.
+    `make_moe_gguf_fixtures.py gpt_oss_mxfp4` then converts it to `model.mxfp4.gguf`, its
+    experts repacked by llama.cpp's converter as GGUF MXFP4 (ggml type 39)."""
     from safetensors.torch import load_file, save_file
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 

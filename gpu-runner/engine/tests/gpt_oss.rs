@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use fallow_engine::backend::cpu::{CpuBackend, KvDtype};
 use fallow_engine::backend::{Backend, LogitsMode, SeqSlice};
 use fallow_engine::model::{self, FeedForward, ModelArtifacts, RopeScaling, Weights, CUDA_LACKS};
+use fallow_engine::quant::{GgmlType, TensorBytes};
 use serde_json::{json, Value};
 
 /// As in `safetensors_vs_transformers.rs`.
@@ -210,19 +211,51 @@ fn a_quantized_checkpoint_other_than_gpt_oss_mxfp4_is_refused_naming_its_method(
     }
 }
 
-#[test]
-fn mxfp4_experts_are_widened_to_bf16_matrices() {
-    let artifacts = open(&fixture("gpt_oss_mxfp4"));
+/// Every expert matrix of `artifacts`, and the bytes they hold.
+fn expert_matrices(artifacts: &ModelArtifacts) -> Vec<&fallow_engine::quant::QMatrix> {
+    let mut all = Vec::new();
     for layer in &artifacts.weights.layers {
         let FeedForward::Moe(moe) = &layer.ffn else {
             panic!("gpt-oss layers route");
         };
         for expert in &moe.experts {
-            for m in [&expert.gate, &expert.up, &expert.down] {
-                assert_eq!(m.dtype, fallow_engine::quant::GgmlType::BF16);
-            }
+            all.extend([&expert.gate, &expert.up, &expert.down]);
         }
     }
+    all
+}
+
+#[test]
+fn hf_mxfp4_experts_are_held_at_four_and_a_quarter_bits_a_weight() {
+    let artifacts = open(&fixture("gpt_oss_mxfp4"));
+    let (mut weights, mut bytes) = (0, 0);
+    for m in expert_matrices(&artifacts) {
+        assert_eq!(m.dtype, GgmlType::MXFP4);
+        weights += m.rows * m.cols;
+        bytes += m.bytes().len();
+    }
+    // 2 layers × 8 experts × 3 matrices of 64 × 64.
+    assert_eq!(weights, 2 * 8 * 3 * 64 * 64);
+    let bits = 8.0 * bytes as f64 / weights as f64;
+    assert_eq!(bits, 4.25, "not widened (BF16 would be 16)");
+}
+
+#[test]
+fn a_gguf_with_mxfp4_experts_loads_them_unexpanded_from_the_mapped_file() {
+    let path = fixture("gpt_oss_mxfp4").join("model.mxfp4.gguf");
+    let artifacts = model::open(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let experts = expert_matrices(&artifacts);
+    assert!(!experts.is_empty());
+    for m in experts {
+        assert_eq!(m.dtype, GgmlType::MXFP4);
+        assert!(
+            matches!(m.data, TensorBytes::Mapped { .. }),
+            "{m:?} was copied out of the file"
+        );
+    }
+    // And it runs: the same experts as the HF directory, so the same logits up to
+    // llama.cpp's rounding of activations (`moe_vs_llama_cpp.rs` bounds that).
+    assert!(logits(&artifacts).iter().all(|v| v.is_finite()));
 }
 
 #[test]

@@ -2,8 +2,8 @@
 //! (`convert_hf_to_gguf.py`: qwen3moe, qwen2moe, llama-with-experts, gpt-oss), run by Fallow
 //! and compared with llama.cpp's logits on the same files (`llama_cpp.json`, written by
 //! `scripts/make_moe_gguf_fixtures.py`): stacked `ffn_*_exps` tensors, the router, Mixtral's
-//! permuted Q/K rows, the Q8_0 expert kernels, and gpt-oss's sinks, biases, sliding window
-//! and YaRN as ggml computes them, at every position.
+//! permuted Q/K rows, the Q8_0 and MXFP4 expert kernels, and gpt-oss's sinks, biases,
+//! sliding window and YaRN as ggml computes them, at every position.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -91,9 +91,10 @@ fn max_diff(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// Largest |Δ logit| accepted between Fallow and llama.cpp on a Q8_0 file: each rounds
-/// activations its own way (measured 0.06–0.16 here, against logits up to ~5); a wrong
-/// expert moves them by whole units.
+/// Largest |Δ logit| accepted between Fallow and llama.cpp on a Q8_0 or MXFP4 file: each
+/// rounds activations to 8 bits its own way (Fallow keeps the block scale in f32, llama.cpp
+/// in f16), measured 0.06–0.16 (Q8_0) and 0.045 (MXFP4) here, against logits up to ~5; a
+/// wrong expert moves them by whole units.
 const QUANTIZED_TOLERANCE: f32 = 0.25;
 
 /// A quantized GGUF: Fallow must agree with llama.cpp on it, and be no further from the
@@ -152,4 +153,12 @@ fn qwen3moe_q8_0_gguf_agrees_with_llama_cpp_within_quantization_noise() {
 #[test]
 fn mixtral_q8_0_gguf_agrees_with_llama_cpp_within_quantization_noise() {
     assert_quantized_agrees("mixtral", "model.q8_0.gguf");
+}
+
+/// The experts are the checkpoint's own MXFP4 weights, repacked losslessly; what moves
+/// both engines from transformers (3.75 for llama.cpp) is rounding activations to 8 bits,
+/// which this fixture amplifies, so the check is that Fallow rounds as llama.cpp does.
+#[test]
+fn gpt_oss_mxfp4_gguf_agrees_with_llama_cpp_within_activation_rounding() {
+    assert_quantized_agrees("gpt_oss_mxfp4", "model.mxfp4.gguf");
 }

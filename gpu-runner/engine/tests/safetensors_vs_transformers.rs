@@ -26,7 +26,8 @@
 //!   attention sinks, a 5-token sliding window then a full layer, YaRN RoPE.
 //! - `gpt_oss_mxfp4`: the same with experts of width 64 in MXFP4 blocks and scales, as the
 //!   published checkpoints store them; the reference is transformers on its own
-//!   dequantisation of them.
+//!   dequantisation of them. Fallow repacks them into ggml's MXFP4 blocks and multiplies
+//!   them by f32 activations (8-bit ones, as for a GGUF, would move these logits by 2).
 //!   Their routers are scaled so that a wrong expert moves logits far past the tolerance.
 
 use std::path::PathBuf;

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 
-use crate::quant::{GgmlType, Layout, QMatrix, TensorBytes};
+use crate::quant::{Activations, GgmlType, Layout, QMatrix, TensorBytes};
 
 pub use error::GgufError;
 pub use value::MetaValue;
@@ -194,6 +194,7 @@ impl GgufFile {
                 len,
             },
             layout: Layout::Rows,
+            activations: Activations::Quantized,
         })
     }
 

@@ -8,7 +8,7 @@
 //! The published checkpoints hold the experts in MXFP4 instead (`gate_up_proj_blocks`
 //! `[n_experts, 2 × ffn, hidden / 32, 16]` and `_scales`, `down_proj_blocks`
 //! `[n_experts, hidden, ffn / 32, 16]`): already `[out, in]`, gate and up in alternate rows.
-//! Those become BF16 matrices, exactly ([`super::mxfp4`]).
+//! Those are repacked into ggml's MXFP4 blocks, the same size ([`super::mxfp4`]).
 
 use crate::quant::{QMatrix, TensorBytes};
 

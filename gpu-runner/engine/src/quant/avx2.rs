@@ -94,6 +94,38 @@ pub(crate) fn bf16_to_f32(bytes: &[u8], out: &mut [f32]) {
     unsafe { half_to_f32_impl::<false>(bytes, out) }
 }
 
+/// Whole MXFP4 blocks to f32: the codes look up [`super::mxfp4::KVALUES`] with one shuffle
+/// per 16, are widened 8 at a time and scaled.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mxfp4_to_f32_impl(blocks: &[u8], out: &mut [f32]) {
+    use super::mxfp4::{half_scale, BLOCK_BYTES, KVALUES};
+    // SAFETY: the table is exactly 16 bytes; loadu needs no alignment.
+    let table = unsafe { _mm_loadu_si128(KVALUES.as_ptr().cast()) };
+    let mask = _mm_set1_epi8(0x0F);
+    for (block, o) in blocks
+        .chunks_exact(BLOCK_BYTES)
+        .zip(out.chunks_exact_mut(32))
+    {
+        let d = _mm256_set1_ps(half_scale(block[0]));
+        // SAFETY: a block's bytes 1..17 are its 16 bytes of codes.
+        let packed = unsafe { _mm_loadu_si128(block[1..].as_ptr().cast()) };
+        let low = _mm_shuffle_epi8(table, _mm_and_si128(packed, mask));
+        let high = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(packed, 4), mask));
+        let eights = [low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)];
+        for (v, o8) in eights.into_iter().zip(o.chunks_exact_mut(8)) {
+            let f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
+            // SAFETY: `o8` is exactly 8 floats; storeu needs no alignment.
+            unsafe { _mm256_storeu_ps(o8.as_mut_ptr(), f) };
+        }
+    }
+}
+
+/// MXFP4 blocks → f32; only called after `formats::has_avx2`.
+pub(crate) fn mxfp4_to_f32(blocks: &[u8], out: &mut [f32]) {
+    // SAFETY: callers check `formats::has_avx2` first.
+    unsafe { mxfp4_to_f32_impl(blocks, out) }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 fn quantize_symmetric_impl(x: &[f32], qs: &mut [i8]) -> f32 {
     assert!(x.len() == qs.len() && x.len().is_multiple_of(32));

@@ -4,7 +4,7 @@
 
 use super::act::{ActBlock, BlockQ8K, BlockQ8_1};
 use super::ggml_type::GgmlType;
-use super::{kquants, legacy};
+use super::{kquants, legacy, mxfp4};
 
 /// Computes, for one weight row and a tile of `tn` tokens whose activation blocks are laid
 /// out block-major (`acts[b * tn + t]`), `out[t] = Σ_b dot(row block b, acts[b * tn + t])`.
@@ -135,6 +135,15 @@ weight_format!(
     simd::tile_q6_k()
 );
 
+weight_format!(
+    MXFP4,
+    BlockQ8_1,
+    17,
+    mxfp4::dot_mxfp4,
+    simd::mxfp4(),
+    simd::tile_mxfp4()
+);
+
 /// Whether this CPU has a tile kernel for `dtype` (so its matrices are worth interleaving).
 pub(crate) fn has_tile_kernel(dtype: GgmlType) -> bool {
     match dtype {
@@ -146,6 +155,7 @@ pub(crate) fn has_tile_kernel(dtype: GgmlType) -> bool {
         GgmlType::Q4K => Q4K::tile_kernel().is_some(),
         GgmlType::Q5K => Q5K::tile_kernel().is_some(),
         GgmlType::Q6K => Q6K::tile_kernel().is_some(),
+        GgmlType::MXFP4 => MXFP4::tile_kernel().is_some(),
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => false,
     }
 }
@@ -244,6 +254,8 @@ mod simd {
     x86_tile_kernel!(tile_q4_k, BlockQ8K, tile_q4_k, vnni_only: false);
     x86_tile_kernel!(tile_q5_k, BlockQ8K, tile_q5_k, vnni_only: false);
     x86_tile_kernel!(tile_q6_k, BlockQ8K, tile_q6_k, vnni_only: false);
+    // Codes become 0..=24: AVX2's pair sums stay far from saturating.
+    x86_tile_kernel!(tile_mxfp4, BlockQ8_1, tile_mxfp4, vnni_only: false);
 
     x86_kernel!(q4_0, BlockQ8_1, row_q4_0);
     x86_kernel!(q4_1, BlockQ8_1, row_q4_1);
@@ -253,4 +265,5 @@ mod simd {
     x86_kernel!(q4_k, BlockQ8K, row_q4_k);
     x86_kernel!(q5_k, BlockQ8K, row_q5_k);
     x86_kernel!(q6_k, BlockQ8K, row_q6_k);
+    x86_kernel!(mxfp4, BlockQ8_1, row_mxfp4);
 }

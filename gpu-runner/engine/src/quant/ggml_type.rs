@@ -19,11 +19,13 @@ pub enum GgmlType {
     Q4K,
     Q5K,
     Q6K,
+    /// gpt-oss's experts: E2M1 codes under a power-of-two scale (`mxfp4`).
+    MXFP4,
 }
 
 impl GgmlType {
     /// Every supported type, for tests and diagnostics.
-    pub const ALL: [GgmlType; 11] = [
+    pub const ALL: [GgmlType; 12] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -35,6 +37,7 @@ impl GgmlType {
         GgmlType::Q4K,
         GgmlType::Q5K,
         GgmlType::Q6K,
+        GgmlType::MXFP4,
     ];
 
     /// From ggml's numeric type id; `None` for types we do not support.
@@ -51,6 +54,7 @@ impl GgmlType {
             13 => GgmlType::Q5K,
             14 => GgmlType::Q6K,
             30 => GgmlType::BF16,
+            39 => GgmlType::MXFP4,
             _ => return None,
         })
     }
@@ -69,6 +73,7 @@ impl GgmlType {
             GgmlType::Q5K => 13,
             GgmlType::Q6K => 14,
             GgmlType::BF16 => 30,
+            GgmlType::MXFP4 => 39,
         }
     }
 
@@ -76,9 +81,12 @@ impl GgmlType {
     pub fn block_elems(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
-                QK
-            }
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::MXFP4 => QK,
             GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => QK_K,
         }
     }
@@ -99,6 +107,8 @@ impl GgmlType {
             GgmlType::Q5K => 4 + 12 + QK_K / 8 + QK_K / 2,
             // low 4 bits, high 2 bits, 16 i8 scales, d
             GgmlType::Q6K => QK_K / 2 + QK_K / 4 + QK_K / 16 + 2,
+            // the E8M0 scale, then two codes a byte
+            GgmlType::MXFP4 => 1 + QK / 2,
         }
     }
 
@@ -124,6 +134,7 @@ impl GgmlType {
             GgmlType::Q4K => "q4_K",
             GgmlType::Q5K => "q5_K",
             GgmlType::Q6K => "q6_K",
+            GgmlType::MXFP4 => "mxfp4",
         }
     }
 }

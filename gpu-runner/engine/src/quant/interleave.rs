@@ -9,8 +9,9 @@
 //!
 //! The layout is a pure rearrangement of ggml's bytes, field by field: a *tile block* (8
 //! rows × one block) holds each field of the block format in turn, with the 8 rows' copies
-//! of it interleaved in units of 2 bytes (f16 scales: `d[8]` loads as one vector) or 4 bytes
-//! (everything else: quants, packed scales, fifth/high bits). So a tile block has exactly
+//! of it interleaved in units of 2 bytes (f16 scales: `d[8]` loads as one vector), 1 byte
+//! (MXFP4's E8M0 scales) or 4 bytes (everything else: quants, packed scales, fifth/high
+//! bits). So a tile block has exactly
 //! the bytes of the 8 blocks it replaces, and, for example, Q4_0's 16 nibble bytes become 4
 //! vectors whose low nibbles are quants `4c..4c+4` and high nibbles quants `16+4c..` of every
 //! row. The one change of value: Q8_0's quants are stored +128 (unsigned, for `vpdpbusd`).
@@ -81,7 +82,10 @@ fn fields(dtype: GgmlType) -> Option<&'static [Field]> {
         field(0, 128, 4),
         field(128, 64, 4),
     ];
+    // The E8M0 scale byte, then the codes as Q4_0's.
+    const MXFP4: [Field; 2] = [field(0, 1, 1), field(1, 16, 4)];
     Some(match dtype {
+        GgmlType::MXFP4 => &MXFP4,
         GgmlType::Q4_0 => &Q4_0,
         GgmlType::Q4_1 => &Q4_1,
         GgmlType::Q5_0 => &Q5_0,

@@ -2,7 +2,8 @@
 //! products of quantized weights with f32 activations.
 //!
 //! - [`ggml_type`]: the types, their ids and block geometry.
-//! - `float`, `legacy`, `kquants`: per-format layouts, dequantisation, scalar dot products.
+//! - `float`, `legacy`, `kquants`, `mxfp4`: per-format layouts, dequantisation, scalar dot
+//!   products.
 //! - `act`: quantisation of activations into the dot-product block types (Q8_0, Q8_1, Q8_K).
 //! - `quantize` (+ `kquants_quantize`): weight matrices quantized into block formats
 //!   ([`QMatrix::quantized`]).
@@ -32,6 +33,7 @@ pub(crate) mod kquants_quantize;
 pub(crate) mod legacy;
 mod legacy_quantize;
 mod matmul;
+pub(crate) mod mxfp4;
 pub(crate) mod quantize;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -76,6 +78,21 @@ pub struct QMatrix {
     pub data: TensorBytes,
     /// How the rows are arranged in `data`.
     pub(crate) layout: Layout,
+    /// How products round their input (block formats only).
+    pub(crate) activations: Activations,
+}
+
+/// How a block-format matrix's products treat their f32 input.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activations {
+    /// Rounded to the format's 8-bit activation blocks, then integer dot products: ggml's
+    /// arithmetic, and the fast one.
+    #[default]
+    Quantized,
+    /// Kept in f32: each chunk of rows is dequantised and multiplied in floating point, as
+    /// the float types are. For weights whose reference engine multiplies its own
+    /// dequantisation (transformers on MXFP4 checkpoints, see `model::mxfp4`).
+    F32,
 }
 
 /// How a matrix's rows are arranged in its bytes.
@@ -178,7 +195,30 @@ impl QMatrix {
             cols,
             data,
             layout: Layout::Rows,
+            activations: Activations::Quantized,
         })
+    }
+
+    /// This matrix, its products keeping their input in f32 ([`Activations::F32`]), which
+    /// read its rows as ggml lays them out.
+    ///
+    /// # Panics
+    /// On a matrix already interleaved by [`QMatrix::use_cpu_layout`] (a caller bug: choose
+    /// the route at load, before the layout).
+    pub fn with_f32_activations(mut self) -> Self {
+        assert_eq!(self.layout, Layout::Rows, "f32 activations read rows");
+        self.activations = Activations::F32;
+        self
+    }
+
+    /// How this matrix's products treat their input.
+    pub fn activations(&self) -> Activations {
+        self.activations
+    }
+
+    /// Whether products take the float path: float types, and [`Activations::F32`].
+    fn multiplies_in_f32(&self) -> bool {
+        self.dtype.block_elems() == 1 || self.activations == Activations::F32
     }
 
     /// Rearranges the matrix into the layout this CPU's kernels read fastest: interleaved
@@ -193,12 +233,14 @@ impl QMatrix {
             cols: 0,
             data: TensorBytes::Owned(Vec::new()),
             layout: Layout::Rows,
+            activations: Activations::Quantized,
         };
         *self = std::mem::replace(self, empty).into_cpu_layout();
     }
 
     fn into_cpu_layout(self) -> QMatrix {
         if self.layout != Layout::Rows
+            || self.activations != Activations::Quantized
             || self.cols == 0
             || !self.rows.is_multiple_of(interleave::TILE_ROWS)
             || !interleave::supports(self.dtype)
@@ -233,6 +275,7 @@ impl QMatrix {
             cols: self.cols,
             data: TensorBytes::Owned(out),
             layout: Layout::Interleaved,
+            activations: self.activations,
         }
     }
 
@@ -262,7 +305,9 @@ impl QMatrix {
                     },
                     TensorBytes::Owned(v) => TensorBytes::Owned(v[i * len..][..len].to_vec()),
                 };
-                QMatrix::new(self.dtype, rows, self.cols, data)
+                let mut part = QMatrix::new(self.dtype, rows, self.cols, data)?;
+                part.activations = self.activations;
+                Ok(part)
             })
             .collect()
     }
@@ -339,8 +384,10 @@ impl QMatrix {
             );
         }
         let mut dtypes: Vec<GgmlType> = Vec::new();
-        for j in jobs.iter().filter(|j| j.n_tokens > 0) {
-            if !dtypes.contains(&j.mat.dtype) {
+        for j in jobs.iter_mut().filter(|j| j.n_tokens > 0) {
+            if j.mat.multiplies_in_f32() {
+                matmul::matmul_float(j.mat, j.x, j.n_tokens, j.out);
+            } else if !dtypes.contains(&j.mat.dtype) {
                 dtypes.push(j.mat.dtype);
             }
         }
@@ -348,7 +395,7 @@ impl QMatrix {
         for dtype in dtypes {
             let mut same: Vec<MatJob<'_>> = jobs
                 .iter_mut()
-                .filter(|j| j.mat.dtype == dtype && j.n_tokens > 0)
+                .filter(|j| j.mat.dtype == dtype && j.n_tokens > 0 && !j.mat.multiplies_in_f32())
                 .map(|j| MatJob {
                     mat: j.mat,
                     x: j.x,
@@ -357,11 +404,8 @@ impl QMatrix {
                 })
                 .collect();
             match dtype {
-                GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
-                    for j in same.iter_mut() {
-                        matmul::matmul_float(j.mat, j.x, j.n_tokens, j.out)
-                    }
-                }
+                // Taken by the float path above.
+                GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {}
                 GgmlType::Q4_0 => matmul::matmul_quantized::<f::Q4_0>(&mut same),
                 GgmlType::Q4_1 => matmul::matmul_quantized::<f::Q4_1>(&mut same),
                 GgmlType::Q5_0 => matmul::matmul_quantized::<f::Q5_0>(&mut same),
@@ -370,6 +414,7 @@ impl QMatrix {
                 GgmlType::Q4K => matmul::matmul_quantized::<f::Q4K>(&mut same),
                 GgmlType::Q5K => matmul::matmul_quantized::<f::Q5K>(&mut same),
                 GgmlType::Q6K => matmul::matmul_quantized::<f::Q6K>(&mut same),
+                GgmlType::MXFP4 => matmul::matmul_quantized::<f::MXFP4>(&mut same),
             }
         }
     }
@@ -428,6 +473,7 @@ pub fn dequantize(dtype: GgmlType, bytes: &[u8], out: &mut [f32]) {
         GgmlType::Q4K => kquants::dequantize_q4_k,
         GgmlType::Q5K => kquants::dequantize_q5_k,
         GgmlType::Q6K => kquants::dequantize_q6_k,
+        GgmlType::MXFP4 => return mxfp4::dequantize_mxfp4_blocks(bytes, out),
     };
     let elems = dtype.block_elems();
     for (block, o) in bytes

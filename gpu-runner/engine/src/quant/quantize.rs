@@ -24,6 +24,7 @@ pub(crate) fn block_quantizer(dtype: GgmlType) -> Option<BlockQuantizer> {
         GgmlType::Q4K => |x, out| quantize_q45_k(x, false, out),
         GgmlType::Q5K => |x, out| quantize_q45_k(x, true, out),
         GgmlType::Q6K => quantize_q6_k,
+        GgmlType::MXFP4 => super::mxfp4::quantize_mxfp4,
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => return None,
     })
 }

@@ -176,6 +176,7 @@ macro_rules! x86_row_kernels {
         const Q4_1: u8 = 2;
         const Q5_1: u8 = 3;
         const Q8_0: u8 = 4;
+        const MXFP4: u8 = 5;
 
         const fn block_bytes(fmt: u8) -> usize {
             match fmt {
@@ -183,6 +184,7 @@ macro_rules! x86_row_kernels {
                 Q5_0 => 22,
                 Q4_1 => 20,
                 Q8_0 => 34,
+                MXFP4 => 17,
                 _ => 24,
             }
         }
@@ -190,8 +192,8 @@ macro_rules! x86_row_kernels {
         /// A 32-element format's block as u8 lanes `u`, a scale `d` and an offset `m`,
         /// weights being `d·u + m`: Q4_1 and Q5_1 store `m`; Q4_0, Q5_0 and Q8_0 store
         /// `u − 8`, `u − 16` and `u − 128`, i.e. `m = −8d`, `−16d` and `−128d` (Q8_0 only
-        /// where `FULL_RANGE_U8`). Writing the symmetric
-        /// formats this way lets their lanes stay unsigned for the u8 × i8 product (no sign
+        /// where `FULL_RANGE_U8`); MXFP4's codes become `KVALUES + 12`, `m = −12d`. Writing
+        /// the symmetric formats this way lets their lanes stay unsigned for the u8 × i8 product (no sign
         /// juggling per token), the offset meeting the activation block's sum instead.
         #[inline]
         #[target_feature(enable = $features)]
@@ -214,11 +216,26 @@ macro_rules! x86_row_kernels {
                     let u = _mm256_xor_si256(load32(&block[2..34]), _mm256_set1_epi8(-128));
                     (u, d, -128.0 * d)
                 }
+                MXFP4 => {
+                    use crate::quant::mxfp4::{half_scale, OFFSET};
+                    let d = half_scale(block[0]);
+                    let u = _mm256_shuffle_epi8(mxfp4_table(), unpack_nibbles(&block[1..17]));
+                    (u, d, -f32::from(OFFSET) * d)
+                }
                 _ => {
                     let (d, m) = f16_pair(block);
                     (unpack_q5(&block[4..8], &block[8..24]), d, m)
                 }
             }
+        }
+
+        /// `mxfp4::KVALUES_UNSIGNED` in both 128-bit lanes, for `_mm256_shuffle_epi8`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn mxfp4_table() -> __m256i {
+            let t = &crate::quant::mxfp4::KVALUES_UNSIGNED;
+            // SAFETY: the table is exactly 16 bytes; loadu needs no alignment.
+            _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(t.as_ptr().cast()) })
         }
 
         /// Q8_0 over tokens `t0 .. t0 + G` where the dot product saturates for u8 lanes
@@ -444,6 +461,10 @@ macro_rules! x86_row_kernels {
                     (1, group_q8_0::<1>),
                 ],
             );
+        }
+
+        pub(crate) fn row_mxfp4(wrow: &[u8], acts: &[BlockQ8_1], tn: usize, out: &mut [f32]) {
+            row_affine::<MXFP4>(wrow, acts, tn, out)
         }
 
         pub(crate) fn row_q4_1(wrow: &[u8], acts: &[BlockQ8_1], tn: usize, out: &mut [f32]) {

@@ -57,6 +57,7 @@ macro_rules! x86_tile_kernels {
         const T_Q4_1: u8 = 2;
         const T_Q5_1: u8 = 3;
         const T_Q8_0: u8 = 4;
+        const T_MXFP4: u8 = 5;
 
         const fn tile_block_bytes(fmt: u8) -> usize {
             TILE_ROWS
@@ -65,6 +66,7 @@ macro_rules! x86_tile_kernels {
                     T_Q5_0 => 22,
                     T_Q4_1 => 20,
                     T_Q8_0 => 34,
+                    T_MXFP4 => 17,
                     _ => 24,
                 }
         }
@@ -86,13 +88,32 @@ macro_rules! x86_tile_kernels {
             _mm256_cvtph_ps(unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) })
         }
 
+        /// The 8 E8M0 bytes at `bytes[0..8]` as the f32 lanes `2^(e − 128)` (MXFP4's scales
+        /// with the table's factor 2 taken out, as `mxfp4::half_scale`).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn e8m0_halves(bytes: &[u8]) -> __m256 {
+            assert!(bytes.len() >= 8);
+            // SAFETY: 8 bytes are readable (checked above).
+            let e = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(bytes.as_ptr().cast()) });
+            let normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+            let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+            let below_2 = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+            _mm256_castsi256_ps(_mm256_blendv_epi8(normal, subnormal, below_2))
+        }
+
         /// A tile block's 8 rows as `d·u + m`: scales `d`, the offsets `m` where the format
-        /// stores them (Q4_1, Q5_1; the others' are `−8d`, `−16d`, `−128d`) and the unsigned
-        /// quants, `w[c]` holding quants `4c .. 4c + 4` of every row (one lane per row).
+        /// stores them (Q4_1, Q5_1; the others' are `−8d`, `−16d`, `−128d`, MXFP4's `−12d`)
+        /// and the unsigned quants, `w[c]` holding quants `4c .. 4c + 4` of every row (one
+        /// lane per row); MXFP4's codes become `KVALUES + 12`.
         #[inline]
         #[target_feature(enable = $features)]
         fn unpack_tile_block<const FMT: u8>(tb: &[u8]) -> (__m256, Option<__m256>, [__m256i; 8]) {
-            let d = f16x8(tb);
+            let d = if FMT == T_MXFP4 {
+                e8m0_halves(tb)
+            } else {
+                f16x8(tb)
+            };
             let m = match FMT {
                 T_Q4_1 | T_Q5_1 => Some(f16x8(&tb[16..])),
                 _ => None,
@@ -104,10 +125,10 @@ macro_rules! x86_tile_kernels {
                 }
                 return (d, m, w);
             }
-            let scales = if FMT == T_Q4_1 || FMT == T_Q5_1 {
-                32
-            } else {
-                16
+            let scales = match FMT {
+                T_Q4_1 | T_Q5_1 => 32,
+                T_MXFP4 => 8,
+                _ => 16,
             };
             let fifth = FMT == T_Q5_0 || FMT == T_Q5_1;
             let quants = scales + if fifth { 32 } else { 0 };
@@ -122,6 +143,15 @@ macro_rules! x86_tile_kernels {
                 let qh = load_256(&tb[scales..]);
                 for (c, wc) in w.iter_mut().enumerate() {
                     *wc = _mm256_or_si256(*wc, fifth_bits(qh, c));
+                }
+            }
+            if FMT == T_MXFP4 {
+                let t = &crate::quant::mxfp4::KVALUES_UNSIGNED;
+                // SAFETY: the table is exactly 16 bytes; loadu needs no alignment.
+                let table =
+                    _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(t.as_ptr().cast()) });
+                for wc in w.iter_mut() {
+                    *wc = _mm256_shuffle_epi8(table, *wc);
                 }
             }
             (d, m, w)
@@ -221,6 +251,10 @@ macro_rules! x86_tile_kernels {
                         T_Q4_0 => _mm256_set1_epi32(-8 * a[j].sum),
                         T_Q5_0 => _mm256_set1_epi32(-16 * a[j].sum),
                         T_Q8_0 => _mm256_set1_epi32(-128 * a[j].sum),
+                        T_MXFP4 => {
+                            let offset = i32::from(crate::quant::mxfp4::OFFSET);
+                            _mm256_set1_epi32(-offset * a[j].sum)
+                        }
                         _ => _mm256_setzero_si256(),
                     };
                     for (c, wc) in w.iter().enumerate() {
@@ -563,6 +597,10 @@ macro_rules! x86_tile_kernels {
 
         pub(crate) fn tile_q5_1(tile: &[u8], acts: &[BlockQ8_1], tn: usize, out: &mut [f32]) {
             tile_affine::<T_Q5_1>(tile, acts, tn, out)
+        }
+
+        pub(crate) fn tile_mxfp4(tile: &[u8], acts: &[BlockQ8_1], tn: usize, out: &mut [f32]) {
+            tile_affine::<T_MXFP4>(tile, acts, tn, out)
         }
 
         pub(crate) fn tile_q8_0(tile: &[u8], acts: &[BlockQ8_1], tn: usize, out: &mut [f32]) {

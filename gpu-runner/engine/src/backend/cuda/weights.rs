@@ -172,7 +172,9 @@ pub fn quant_kernels(dtype: GgmlType) -> Option<QuantKernels> {
         GgmlType::Q4K => format_kernels!("q4_k"),
         GgmlType::Q5K => format_kernels!("q5_k"),
         GgmlType::Q6K => format_kernels!("q6_k"),
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => return None,
+        // No device kernel reads MXFP4: it is widened like the float types (`fill_bf16`,
+        // through the host's dequantiser) or re-quantized to `--cuda-weights`' format.
+        GgmlType::MXFP4 | GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => return None,
     })
 }
 
@@ -639,5 +641,27 @@ mod tests {
         assert_eq!("q8_0".parse(), Ok(CudaWeights::Q8_0));
         assert_eq!("q4_k".parse(), Ok(CudaWeights::Q4K));
         assert!("fp8".parse::<CudaWeights>().is_err());
+    }
+
+    #[test]
+    fn mxfp4_goes_up_widened_or_requantized_through_the_hosts_dequantiser() {
+        let values: Vec<f32> = (0..64).map(|i| (i as f32 - 31.0) / 8.0).collect();
+        let m = QMatrix::from_f32(2, 32, &values)
+            .and_then(|f| f.quantized(GgmlType::MXFP4))
+            .expect("an MXFP4 matrix");
+        assert!(quant_kernels(GgmlType::MXFP4).is_none());
+        assert_eq!(device_block_format(&m, CudaWeights::Quantized), None);
+        assert_eq!(
+            device_block_format(&m, CudaWeights::Q8_0),
+            Some(GgmlType::Q8_0)
+        );
+        let mut widened = vec![0u16; 64];
+        fill_bf16(&m, &mut widened);
+        let want: Vec<u16> = m
+            .dequantize_all()
+            .iter()
+            .map(|&v| bf16::from_f32(v).to_bits())
+            .collect();
+        assert_eq!(widened, want);
     }
 }

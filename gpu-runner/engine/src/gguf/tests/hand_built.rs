@@ -112,6 +112,26 @@ fn a_hand_built_file_yields_its_tensors() {
 }
 
 #[test]
+fn a_dense_mxfp4_tensor_is_a_matrix_read_in_place_that_multiplies() {
+    // Row 0: every code 7 (twice E2M1: 12) at e = 127, so 6.0; row 1: code 9 (−1) at
+    // e = 130, so −4.0.
+    let blocks = [
+        [vec![127], vec![0x77; 16]].concat(),
+        [vec![130], vec![0x99; 16]].concat(),
+    ];
+    let w = GgufWriter::new().tensor("m.weight", &[32, 2], GgmlType::MXFP4, blocks.concat());
+    let g = open_bytes(&w.to_bytes()).unwrap();
+    let m = g.matrix("m.weight").unwrap();
+    assert_eq!((m.dtype, m.rows, m.cols), (GgmlType::MXFP4, 2, 32));
+    assert!(matches!(m.data, crate::quant::TensorBytes::Mapped { .. }));
+    let all = g.tensor_f32("m.weight").unwrap();
+    assert!(all[..32].iter().all(|&v| v == 6.0) && all[32..].iter().all(|&v| v == -4.0));
+    let mut out = [0f32; 2];
+    m.matmul(&[1.0; 32], 1, &mut out);
+    assert_eq!(out, [192.0, -128.0]);
+}
+
+#[test]
 fn a_version_2_file_is_read() {
     let mut w = sample_file();
     w.version = 2;

@@ -6,7 +6,7 @@ use super::ref_quant::quantize;
 use super::{kernel_agrees, random_acts, raw_blocks, Rng};
 use crate::quant::formats::{self as f, scalar_row, TileKernel, WeightFormat};
 use crate::quant::interleave::{self, TILE_ROWS};
-use crate::quant::{GgmlType, Layout, QMatrix, TensorBytes};
+use crate::quant::{Activations, GgmlType, Layout, QMatrix, TensorBytes};
 
 /// The matrix in the interleaved layout, whatever this CPU would choose.
 fn interleaved(m: &QMatrix) -> QMatrix {
@@ -21,6 +21,7 @@ fn interleaved(m: &QMatrix) -> QMatrix {
         cols: m.cols,
         data: TensorBytes::Owned(out),
         layout: Layout::Interleaved,
+        activations: Activations::Quantized,
     }
 }
 
@@ -90,6 +91,7 @@ fn avx2_tile_kernels_match_the_scalar_kernel() {
     compare::<f::Q4K>(GgmlType::Q4K, k::tile_q4_k);
     compare::<f::Q5K>(GgmlType::Q5K, k::tile_q5_k);
     compare::<f::Q6K>(GgmlType::Q6K, k::tile_q6_k);
+    compare::<f::MXFP4>(GgmlType::MXFP4, k::tile_mxfp4);
 }
 
 #[test]
@@ -107,6 +109,7 @@ fn vnni_tile_kernels_match_the_scalar_kernel() {
     compare::<f::Q4K>(GgmlType::Q4K, k::tile_q4_k);
     compare::<f::Q5K>(GgmlType::Q5K, k::tile_q5_k);
     compare::<f::Q6K>(GgmlType::Q6K, k::tile_q6_k);
+    compare::<f::MXFP4>(GgmlType::MXFP4, k::tile_mxfp4);
 }
 
 #[test]

@@ -97,6 +97,48 @@ fn float_matrices_with_odd_widths_multiply_exactly() {
 }
 
 #[test]
+fn mxfp4_with_f32_activations_multiplies_exactly_beside_a_quantized_twin() {
+    use crate::quant::{Activations, MatJob};
+    let mut rng = Rng::new(14);
+    let (rows, cols) = (40, 512);
+    let values = rng.normals(rows * cols, 0.5);
+    let mut exact = matrix(GgmlType::MXFP4, rows, cols, &values).with_f32_activations();
+    let mut rounded = matrix(GgmlType::MXFP4, rows, cols, &values);
+    assert_eq!(exact.activations(), Activations::F32);
+    // The float path reads rows: only the quantized twin takes the tile layout.
+    exact.use_cpu_layout();
+    rounded.use_cpu_layout();
+    assert_eq!(exact.layout, crate::quant::Layout::Rows);
+    let tiles = crate::quant::formats::has_tile_kernel(GgmlType::MXFP4);
+    assert_eq!(rounded.layout == crate::quant::Layout::Interleaved, tiles);
+    for n_tokens in TOKEN_COUNTS {
+        let x = rng.normals(n_tokens * cols, 1.0);
+        check(&exact, &x, &x, n_tokens, 1e-5);
+        // In one grouped call, each matrix still takes its own route.
+        let (mut a, mut b) = (vec![0.0; n_tokens * rows], vec![0.0; n_tokens * rows]);
+        let mut jobs = [
+            MatJob {
+                mat: &exact,
+                x: &x,
+                n_tokens,
+                out: &mut a,
+            },
+            MatJob {
+                mat: &rounded,
+                x: &x,
+                n_tokens,
+                out: &mut b,
+            },
+        ];
+        QMatrix::matmul_grouped(&mut jobs);
+        let (mut alone_a, mut alone_b) = (vec![0.0; a.len()], vec![0.0; b.len()]);
+        exact.matmul(&x, n_tokens, &mut alone_a);
+        rounded.matmul(&x, n_tokens, &mut alone_b);
+        assert_eq!((a, b), (alone_a, alone_b), "n_tokens={n_tokens}");
+    }
+}
+
+#[test]
 fn zero_tokens_or_rows_is_a_no_op() {
     let m = matrix(GgmlType::Q4_1, 2, 32, &[0.5; 64]);
     m.matmul(&[], 0, &mut []);
@@ -178,6 +220,46 @@ fn grouped_products_equal_the_same_products_made_one_at_a_time() {
             QMatrix::matmul_grouped(&mut jobs);
             drop(jobs);
             assert_eq!(outs, alone, "{types:?}, interleaved {interleave}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "timing only"]
+fn time_mxfp4_routes_against_bf16_and_q4_0() {
+    // One of gpt-oss-20b's expert matrices (2880 × 2880), at decode and at a prefill chunk.
+    let mut rng = Rng::new(15);
+    let (rows, cols) = (2880, 2880);
+    let values = rng.normals(rows * cols, 0.5);
+    let in_cpu_layout = |mut m: QMatrix| {
+        m.use_cpu_layout();
+        m
+    };
+    let mxfp4 = || matrix(GgmlType::MXFP4, rows, cols, &values);
+    let q4_0 = || matrix(GgmlType::Q4_0, rows, cols, &values);
+    let cases = [
+        ("bf16", matrix(GgmlType::BF16, rows, cols, &values)),
+        ("mxfp4 f32 x", mxfp4().with_f32_activations()),
+        ("mxfp4 int8 x rows", mxfp4()),
+        ("mxfp4 int8 x tiles", in_cpu_layout(mxfp4())),
+        ("q4_0 rows", q4_0()),
+        ("q4_0 tiles", in_cpu_layout(q4_0())),
+    ];
+    for n in [1, 16] {
+        let x = rng.normals(n * cols, 1.0);
+        let mut out = vec![0f32; n * rows];
+        for (name, m) in &cases {
+            let mut best = f64::MAX;
+            for _ in 0..20 {
+                let t0 = std::time::Instant::now();
+                m.matmul(&x, n, &mut out);
+                best = best.min(t0.elapsed().as_secs_f64());
+            }
+            eprintln!(
+                "{name:>16} n={n:>2}: {:.3} ms, {:.1} GB/s of weights",
+                best * 1e3,
+                m.bytes().len() as f64 / best / 1e9
+            );
         }
     }
 }

@@ -20,9 +20,14 @@ pub(crate) fn raw_blocks(rng: &mut Rng, t: GgmlType, n: usize) -> Vec<u8> {
     let fields: &[usize] = match t {
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
         GgmlType::Q6K => &[208],
+        // An E8M0 scale byte, not an f16: kept near 1 so that sums stay finite.
+        GgmlType::MXFP4 => &[],
         _ => &[0],
     };
     for block in bytes.chunks_exact_mut(bb) {
+        if t == GgmlType::MXFP4 {
+            block[0] = 120 + (rng.next_u64() % 12) as u8;
+        }
         for &at in fields {
             let v = half::f16::from_f32(rng.normal() * 0.05).to_le_bytes();
             block[at..at + 2].copy_from_slice(&v);

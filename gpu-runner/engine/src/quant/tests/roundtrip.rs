@@ -14,6 +14,9 @@ fn budget(t: GgmlType) -> f32 {
         GgmlType::Q6K => 0.05,
         GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5K => 0.08,
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4K => 0.16,
+        // Eight magnitudes a sign under a power-of-two scale: coarser than Q4_0's sixteen
+        // steps under a fitted one.
+        GgmlType::MXFP4 => 0.25,
     }
 }
 

@@ -105,6 +105,13 @@ fn avx2_q6_k_kernel_matches_the_scalar_kernel() {
 }
 
 #[test]
+fn avx2_mxfp4_kernel_matches_the_scalar_kernel() {
+    if has_avx2() {
+        compare::<f::MXFP4>(GgmlType::MXFP4, avx2::rows::row_mxfp4);
+    }
+}
+
+#[test]
 fn vnni_q4_0_kernel_matches_the_scalar_kernel() {
     if has_vnni() {
         compare::<f::Q4_0>(GgmlType::Q4_0, vnni::row_q4_0);
@@ -157,6 +164,13 @@ fn vnni_q4_k_kernel_matches_the_scalar_kernel() {
 fn vnni_q6_k_kernel_matches_the_scalar_kernel() {
     if has_vnni() {
         compare::<f::Q6K>(GgmlType::Q6K, vnni::row_q6_k);
+    }
+}
+
+#[test]
+fn vnni_mxfp4_kernel_matches_the_scalar_kernel() {
+    if has_vnni() {
+        compare::<f::MXFP4>(GgmlType::MXFP4, vnni::row_mxfp4);
     }
 }
 
@@ -222,6 +236,26 @@ fn avx2_half_conversions_match_the_scalar_ones() {
             .zip(&got)
             .all(|(w, g)| w.to_bits() == g.to_bits() || (w.is_nan() && g.is_nan())));
     }
+}
+
+#[test]
+fn avx2_mxfp4_dequantisation_is_bit_identical_to_the_scalar_one() {
+    if !has_avx2() {
+        return;
+    }
+    let mut rng = Rng::new(23);
+    // Every scale byte, subnormal and overflowing ones included, with random codes.
+    let mut bytes = raw_blocks(&mut rng, GgmlType::MXFP4, 256);
+    for (e, block) in bytes.chunks_exact_mut(17).enumerate() {
+        block[0] = e as u8;
+    }
+    let (mut want, mut got) = (vec![0f32; 256 * 32], vec![f32::NAN; 256 * 32]);
+    for (block, w) in bytes.chunks_exact(17).zip(want.chunks_exact_mut(32)) {
+        crate::quant::mxfp4::dequantize_mxfp4(block, w);
+    }
+    avx2::mxfp4_to_f32(&bytes, &mut got);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got), bits(&want));
 }
 
 #[test]

@@ -239,6 +239,7 @@ fn int8_x_groups(m: &QMatrix, r: usize) -> Vec<Int8Group> {
                 }
             }
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("not a block format"),
+            GgmlType::MXFP4 => unreachable!("no device kernel reads MXFP4"),
         }
     }
     groups
