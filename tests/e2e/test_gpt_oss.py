@@ -244,3 +244,12 @@ def test_an_earlier_call_and_its_result_go_back_to_the_model_as_harmony(gpt_oss,
             '"{\\"time\\": \\"12:00\\"}"<|end|>') in prompt, prompt
     r = chat(gpt_oss, messages=messages, tools=TOOLS, max_tokens=8)
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_a_function_without_a_description_is_offered_too(gpt_oss):
+    # gpt-oss's template writes `"// " + tool.description`; OpenAI makes it optional.
+    bare = [{"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+    choice = chat(gpt_oss, tools=bare, tool_choice=named("get_time"),
+                  logit_bias=END_NUDGE).choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert_follows(json.loads(choice.message.tool_calls[0].function.arguments), TIME)
