@@ -74,6 +74,19 @@ fn tools_and_the_system_prompt_go_to_the_developer_message() {
 }
 
 #[test]
+fn a_function_without_a_description_renders_with_an_empty_one() {
+    // OpenAI makes `description` optional; the template writes `"// " + tool.description`.
+    let messages = [json!({"role": "user", "content": "Time?"})];
+    let tools = json!([{"type": "function", "function": {
+        "name": "get_time", "parameters": {"type": "object", "properties": {}}}}]);
+    let prompt = render(&messages, Some(&tools), &[]);
+    assert!(
+        prompt.contains("namespace functions {\n\n// \ntype get_time = () => any;"),
+        "{prompt}"
+    );
+}
+
+#[test]
 fn an_earlier_call_and_its_result_render_as_harmony_messages_with_the_reasoning() {
     // The shape `prompt::message_value` gives templates: parsed arguments, reasoning as
     // `thinking` too, and `null` content, which gpt-oss's template cannot test with `in`.

@@ -111,12 +111,21 @@ impl ChatTemplate {
             .map_err(|e| TemplateError::Render(describe(&e)))?;
         let rendered = match template.render(&ctx).map_err(|e| render_error(&e)) {
             Ok(rendered) => rendered,
-            Err(TemplateError::Render(message)) if messages.iter().any(has_null_content) => {
-                // Some templates (gpt-oss's) test `'…' in message.content`, which fails on the
-                // `null` content of a turn that only called tools; as llama.cpp does, they get
-                // an empty text instead. The first error stands if that fails too.
+            Err(TemplateError::Render(message))
+                if messages.iter().any(has_null_content) || lacks_description(tools) =>
+            {
+                // gpt-oss's template tests `'…' in message.content`, which fails on the
+                // `null` content of a turn that only called tools, and writes
+                // `"// " + tool.description`, which fails on a function without one (OpenAI
+                // makes it optional). As llama.cpp does for content, such templates get an
+                // empty text instead. The first error stands if that fails too.
                 let texts: Vec<serde_json::Value> = messages.iter().map(with_text).collect();
                 ctx.insert("messages".into(), Value::from_serialize(&texts));
+                if let Some(tools) = tools.and_then(serde_json::Value::as_array) {
+                    let described: Vec<serde_json::Value> =
+                        tools.iter().map(with_description).collect();
+                    ctx.insert("tools".into(), Value::from_serialize(&described));
+                }
                 template
                     .render(&ctx)
                     .map_err(|_| TemplateError::Render(message))?
@@ -143,6 +152,27 @@ fn with_text(message: &serde_json::Value) -> serde_json::Value {
         message["content"] = serde_json::Value::String(String::new());
     }
     message
+}
+
+/// Whether a function tool (`{"type": "function", "function": {…}}`) has no `description`.
+fn lacks_description(tools: Option<&serde_json::Value>) -> bool {
+    tools
+        .and_then(serde_json::Value::as_array)
+        .is_some_and(|tools| tools.iter().any(|tool| with_description(tool) != *tool))
+}
+
+/// `tool` with an empty `function.description` where it has none.
+fn with_description(tool: &serde_json::Value) -> serde_json::Value {
+    let mut tool = tool.clone();
+    if let Some(function) = tool
+        .get_mut("function")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        function
+            .entry("description")
+            .or_insert_with(|| serde_json::Value::String(String::new()));
+    }
+    tool
 }
 
 /// Like transformers: find the final message's text in the prompt and cut right after it,
