@@ -28,6 +28,7 @@ mod launch;
 mod lora;
 mod mmq;
 mod moe;
+mod moe_bank;
 mod moe_clamped;
 mod options;
 mod params;
