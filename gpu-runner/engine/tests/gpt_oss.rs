@@ -3,52 +3,13 @@
 //! would fail that comparison, and what Fallow cannot run is refused at load with the
 //! reason.
 
-use std::path::{Path, PathBuf};
-
-use fallow_engine::backend::cpu::{CpuBackend, KvDtype};
-use fallow_engine::backend::{Backend, LogitsMode, SeqSlice};
 use fallow_engine::model::{self, FeedForward, ModelArtifacts, RopeScaling, Weights, CUDA_LACKS};
 use fallow_engine::quant::{GgmlType, TensorBytes};
 use serde_json::{json, Value};
 
-/// As in `safetensors_vs_transformers.rs`.
-const TOLERANCE: f32 = 1e-3;
-const BLOCK_SIZE: usize = 16;
-/// Longer than the fixture's 5-token window.
-const TOKENS: [u32; 12] = [5, 77, 200, 13, 9, 250, 41, 41, 3, 180, 66, 300];
+mod tiny_fixture;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/tiny")
-        .join(name)
-}
-
-fn open(dir: &Path) -> ModelArtifacts {
-    model::open(dir).unwrap_or_else(|e| panic!("{}: open failed: {e}", dir.display()))
-}
-
-/// Logits at every position of `TOKENS`.
-fn logits(artifacts: &ModelArtifacts) -> Vec<f32> {
-    let mut backend = CpuBackend::with_kv_dtype(artifacts, 4, BLOCK_SIZE, KvDtype::F32)
-        .unwrap_or_else(|e| panic!("backend: {e}"));
-    backend
-        .forward(&[SeqSlice {
-            adapter: None,
-            tokens: &TOKENS,
-            start_pos: 0,
-            block_table: &[0],
-            logits: LogitsMode::All,
-        }])
-        .unwrap_or_else(|e| panic!("forward: {e}"))
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
+use tiny_fixture::{fixture, logits, max_diff, open, TOLERANCE};
 
 /// The fixture with `edit` applied to its freshly opened weights.
 fn with_weights(edit: impl FnOnce(&mut Weights)) -> ModelArtifacts {

@@ -4,56 +4,22 @@
 //! at load with the reason.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use fallow_engine::backend::cpu::{CpuBackend, KvDtype};
 use fallow_engine::backend::{Backend, LogitsMode, SeqSlice};
-use fallow_engine::model::{self, ModelArtifacts};
+use fallow_engine::model;
 use serde_json::{json, Value};
 
-/// As in `safetensors_vs_transformers.rs`.
-const TOLERANCE: f32 = 1e-3;
-const BLOCK_SIZE: usize = 16;
-const TOKENS: [u32; 12] = [5, 77, 200, 13, 9, 250, 41, 41, 3, 180, 66, 300];
+mod tiny_fixture;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/tiny")
-        .join(name)
-}
-
-fn open(dir: &Path) -> ModelArtifacts {
-    model::open(dir).unwrap_or_else(|e| panic!("{}: open failed: {e}", dir.display()))
-}
+use tiny_fixture::{fixture, logits, max_diff, open, BLOCK_SIZE, TOLERANCE};
 
 fn open_err(dir: &Path) -> String {
     match model::open(dir) {
         Ok(_) => panic!("{} opened, but should be refused", dir.display()),
         Err(e) => e.to_string(),
     }
-}
-
-/// Logits at every position of `TOKENS`.
-fn logits(artifacts: &ModelArtifacts) -> Vec<f32> {
-    let mut backend = CpuBackend::with_kv_dtype(artifacts, 4, BLOCK_SIZE, KvDtype::F32)
-        .unwrap_or_else(|e| panic!("backend: {e}"));
-    backend
-        .forward(&[SeqSlice {
-            adapter: None,
-            tokens: &TOKENS,
-            start_pos: 0,
-            block_table: &[0],
-            logits: LogitsMode::All,
-        }])
-        .unwrap_or_else(|e| panic!("forward: {e}"))
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// A copy of fixture `name` in a temporary directory, for editing.
