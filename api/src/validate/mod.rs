@@ -9,6 +9,7 @@ mod constraint;
 mod embeddings;
 mod gbnf;
 mod messages;
+mod reasoning_effort;
 pub mod responses;
 mod sampling;
 mod tokenize;
@@ -118,7 +119,10 @@ pub fn validate_chat(wire: ChatCompletionRequest, limits: &Limits) -> Result<Val
     };
     let tools = tools::validate_tools(&wire)?;
     let mut chat_template_kwargs = wire.chat_template_kwargs.clone().unwrap_or_default();
-    if let Some(effort) = wire.reasoning_effort.clone() {
+    if let Some(mut effort) = wire.reasoning_effort.clone() {
+        if limits.parsers.speaks_harmony() {
+            effort = reasoning_effort::harmony_effort(&effort)?.to_owned();
+        }
         chat_template_kwargs
             .entry("reasoning_effort")
             .or_insert(Value::String(effort));

@@ -401,7 +401,8 @@ fn reasoning(reasoning: Option<&Value>) -> Result<(Value, Option<String>), ApiEr
             return Err(ApiError::invalid(
                 "reasoning.effort",
                 format!(
-                    "`reasoning.effort` must be `minimal`, `low`, `medium` or `high`, got {other}."
+                    "`reasoning.effort` must be `none`, `minimal`, `low`, `medium`, `high` or \
+                     `xhigh`, got {other}."
                 ),
             ))
         }

@@ -586,6 +586,36 @@ fn a_harmony_model_keeps_its_special_tokens_and_its_reasoning_split_even_without
 }
 
 #[test]
+fn a_harmony_model_gets_openais_other_efforts_as_the_nearest_of_its_three() {
+    let limits = harmony_limits();
+    for (asked, written) in [("minimal", "low"), ("none", "low"), ("xhigh", "high")] {
+        let valid = validate_chat(request(json!({"reasoning_effort": asked})), &limits);
+        let valid = valid.expect("valid");
+        assert_eq!(
+            valid.request.chat_template_kwargs.get("reasoning_effort"),
+            Some(&json!(written)),
+            "{asked}"
+        );
+    }
+    let refused = validate_chat(request(json!({"reasoning_effort": "extreme"})), &limits);
+    let refused = format!("{:?}", refused.err());
+    assert!(
+        refused.contains("reasoning_effort") && refused.contains("extreme"),
+        "an unknown effort must be refused naming it: {refused}"
+    );
+    // Other models' templates get the client's word as it is.
+    let other = validate_chat(request(json!({"reasoning_effort": "minimal"})), &LIMITS);
+    assert_eq!(
+        other
+            .expect("valid")
+            .request
+            .chat_template_kwargs
+            .get("reasoning_effort"),
+        Some(&json!("minimal"))
+    );
+}
+
+#[test]
 fn a_forced_harmony_call_is_a_grammar_over_its_special_tokens_that_compiles() {
     let limits = harmony_limits();
     let wire = request(json!({"tools": [weather_tool()], "tool_choice": "required"}));
