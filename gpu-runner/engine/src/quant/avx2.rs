@@ -200,6 +200,7 @@ pub(crate) mod rows {
 
 /// The tile kernels (from the shared [`super::x86_tiles`] source) for AVX2 without VNNI.
 pub(crate) mod tiles {
+    use super::super::x86_ktiles::x86_ktile_kernels;
     use super::super::x86_tiles::x86_tile_kernels;
 
     #[inline]
@@ -224,4 +225,5 @@ pub(crate) mod tiles {
     const WIDE_REGISTERS: bool = false;
 
     x86_tile_kernels!("avx2,fma,f16c");
+    x86_ktile_kernels!("avx2,fma,f16c");
 }

@@ -11,9 +11,9 @@
 //!   the float path's blocked x86_64 kernel;
 //!   `x86_rows`: x86_64 SIMD row kernels for every format, compiled for AVX2 (`avx2`) and
 //!   for AVX-512 VNNI (`vnni`), picked at runtime (portable code elsewhere).
-//! - `interleave` + `x86_tiles`: the layout that stores 8 rows together
-//!   ([`Layout::Interleaved`]) and its kernels, several times faster than the row kernels
-//!   where the CPU has them ([`QMatrix::use_cpu_layout`]).
+//! - `interleave` + `x86_tiles` (and `x86_ktiles` for the K-quants): the layout that stores
+//!   8 rows together ([`Layout::Interleaved`]) and its kernels, several times faster than the
+//!   row kernels where the CPU has them ([`QMatrix::use_cpu_layout`]).
 //!
 //! **Invariant:** a [`QMatrix`] built by [`QMatrix::new`] has `cols` a whole number of blocks
 //! and exactly `rows × row_bytes` bytes, so kernels index its rows without further checks;
@@ -39,6 +39,8 @@ pub(crate) mod quantize;
 pub(crate) mod tests;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
+#[cfg(target_arch = "x86_64")]
+mod x86_ktiles;
 #[cfg(target_arch = "x86_64")]
 mod x86_rows;
 #[cfg(target_arch = "x86_64")]

@@ -27,6 +27,7 @@ x86_row_kernels!("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni");
 
 /// The tile kernels (from the shared [`super::x86_tiles`] source) with VNNI.
 pub(crate) mod tiles {
+    use super::super::x86_ktiles::x86_ktile_kernels;
     use super::super::x86_tiles::x86_tile_kernels;
 
     #[inline]
@@ -48,4 +49,5 @@ pub(crate) mod tiles {
     const WIDE_REGISTERS: bool = true;
 
     x86_tile_kernels!("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni");
+    x86_ktile_kernels!("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni");
 }
