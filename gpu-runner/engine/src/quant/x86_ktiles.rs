@@ -249,6 +249,16 @@ macro_rules! x86_ktile_kernels {
             store_tile_group(&acc, t0, out);
         }
 
+        /// The group sizes of a K-quant kernel, largest first: 8 tokens only where
+        /// `WIDE_REGISTERS` gives room for their sums.
+        fn k_groups<A>(kernels: &[(usize, TileGroupFn<A>); 4]) -> &[(usize, TileGroupFn<A>)] {
+            if WIDE_REGISTERS {
+                kernels
+            } else {
+                &kernels[1..]
+            }
+        }
+
         fn tile_q45_k<const FIVE: bool>(
             tile: &[u8],
             acts: &[BlockQ8K],
@@ -260,20 +270,12 @@ macro_rules! x86_ktile_kernels {
                 acts,
                 tn,
                 out,
-                if WIDE_REGISTERS {
-                    &[
-                        (8, tile_group_q45_k::<FIVE, 8>),
-                        (4, tile_group_q45_k::<FIVE, 4>),
-                        (2, tile_group_q45_k::<FIVE, 2>),
-                        (1, tile_group_q45_k::<FIVE, 1>),
-                    ]
-                } else {
-                    &[
-                        (4, tile_group_q45_k::<FIVE, 4>),
-                        (2, tile_group_q45_k::<FIVE, 2>),
-                        (1, tile_group_q45_k::<FIVE, 1>),
-                    ]
-                },
+                k_groups(&[
+                    (8, tile_group_q45_k::<FIVE, 8>),
+                    (4, tile_group_q45_k::<FIVE, 4>),
+                    (2, tile_group_q45_k::<FIVE, 2>),
+                    (1, tile_group_q45_k::<FIVE, 1>),
+                ]),
             );
         }
 
@@ -291,20 +293,12 @@ macro_rules! x86_ktile_kernels {
                 acts,
                 tn,
                 out,
-                if WIDE_REGISTERS {
-                    &[
-                        (8, tile_group_q6_k::<8>),
-                        (4, tile_group_q6_k::<4>),
-                        (2, tile_group_q6_k::<2>),
-                        (1, tile_group_q6_k::<1>),
-                    ]
-                } else {
-                    &[
-                        (4, tile_group_q6_k::<4>),
-                        (2, tile_group_q6_k::<2>),
-                        (1, tile_group_q6_k::<1>),
-                    ]
-                },
+                k_groups(&[
+                    (8, tile_group_q6_k::<8>),
+                    (4, tile_group_q6_k::<4>),
+                    (2, tile_group_q6_k::<2>),
+                    (1, tile_group_q6_k::<1>),
+                ]),
             );
         }
     };
