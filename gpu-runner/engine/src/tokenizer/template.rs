@@ -158,7 +158,13 @@ fn with_text(message: &serde_json::Value) -> serde_json::Value {
 fn lacks_description(tools: Option<&serde_json::Value>) -> bool {
     tools
         .and_then(serde_json::Value::as_array)
-        .is_some_and(|tools| tools.iter().any(|tool| with_description(tool) != *tool))
+        .is_some_and(|tools| {
+            tools.iter().any(|tool| {
+                tool.get("function")
+                    .and_then(serde_json::Value::as_object)
+                    .is_some_and(|function| !function.contains_key("description"))
+            })
+        })
 }
 
 /// `tool` with an empty `function.description` where it has none.
