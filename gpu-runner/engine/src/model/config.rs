@@ -610,29 +610,24 @@ fn hf_moe(cfg: &Value, model_type: &str, n_layers: usize) -> Result<Option<MoeCo
             .ok_or_else(|| ModelError::MissingKey(format!("config.json: {k}")))
     };
     let opt_f = |k: &str| cfg.get(k).and_then(Value::as_f64).map(|v| v as f32);
+    // Mixtral and gpt-oss: every layer routed, the top k renormalised (gpt-oss's softmax
+    // over the top-k logits gives the same weights), no shared expert.
+    let every_layer = |clamped_swiglu| -> Result<Option<MoeConfig>, ModelError> {
+        Ok(Some(MoeConfig {
+            n_experts: req_u("num_local_experts")?,
+            top_k: req_u("num_experts_per_tok")?,
+            expert_ffn: req_u("intermediate_size")?,
+            norm_topk: true,
+            sparse_layers: vec![true; n_layers],
+            shared_ffn: None,
+            clamped_swiglu,
+        }))
+    };
     match model_type {
-        "mixtral" => Ok(Some(MoeConfig {
-            n_experts: req_u("num_local_experts")?,
-            top_k: req_u("num_experts_per_tok")?,
-            expert_ffn: req_u("intermediate_size")?,
-            norm_topk: true,
-            sparse_layers: vec![true; n_layers],
-            shared_ffn: None,
-            clamped_swiglu: None,
-        })),
-        "gpt_oss" => Ok(Some(MoeConfig {
-            n_experts: req_u("num_local_experts")?,
-            top_k: req_u("num_experts_per_tok")?,
-            expert_ffn: req_u("intermediate_size")?,
-            // Softmax over the top-k logits: the same weights as renormalising the top-k
-            // of the softmax over all experts.
-            norm_topk: true,
-            sparse_layers: vec![true; n_layers],
-            shared_ffn: None,
-            clamped_swiglu: Some(ClampedSwiglu {
-                alpha: opt_f("swiglu_alpha").unwrap_or(GPT_OSS_SWIGLU_ALPHA),
-                limit: opt_f("swiglu_limit").unwrap_or(GPT_OSS_SWIGLU_LIMIT),
-            }),
+        "mixtral" => every_layer(None),
+        "gpt_oss" => every_layer(Some(ClampedSwiglu {
+            alpha: opt_f("swiglu_alpha").unwrap_or(GPT_OSS_SWIGLU_ALPHA),
+            limit: opt_f("swiglu_limit").unwrap_or(GPT_OSS_SWIGLU_LIMIT),
         })),
         "qwen2_moe" | "qwen3_moe" => {
             // transformers 5 writes Qwen3-MoE's `num_experts` as `num_local_experts`.
