@@ -5,6 +5,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -58,6 +59,24 @@ def spawn(command: str, stack: "Stack", *extra: str) -> subprocess.Popen:
     args = [FALLOW, command, "--database-url", stack.database_url, "--redis-url", stack.redis_url, *extra]
     log = open(ROOT / "target" / f"e2e-{stack.database}-{command}-{time.time_ns()}.log", "w")
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def spawn_gateway_runner(stack: "Stack", name: str, *extra: str, token_options: tuple = ()) -> subprocess.Popen:
+    """A gateway runner of `stack`: `fallow runner --control-plane` with a runner token of its
+    own (`fallow admin runner-tokens create --name name *token_options`, through the stack's
+    admin API, open on loopback) in a 0600 file, and no database or Redis URL in its arguments
+    or environment."""
+    token = subprocess.run(
+        [FALLOW, "admin", "runner-tokens", "create", "--name", name, *token_options, "--url", stack.base_url],
+        check=True, capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    path = Path(tempfile.mkdtemp(prefix="fallow-runner-token-")) / name
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("FALLOW_") and "DATABASE" not in k and "REDIS" not in k}
+    log = open(ROOT / "target" / f"e2e-{stack.database}-runner-{name}-{time.time_ns()}.log", "w")
+    return subprocess.Popen([FALLOW, "runner", "--control-plane", stack.base_url, "--runner-token-file", str(path),
+                             *extra], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
 
 
 def stop_process(proc: subprocess.Popen) -> None:

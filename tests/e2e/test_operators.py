@@ -1,6 +1,9 @@
 """Operators: the admin API and `fallow admin`, cordon / drain / resume, and runners that
 yield their GPU to its owner. Multi-runner tests run a `fallow dev` stack (runner A) plus a
-`fallow runner` process (runner B) whose owner probe is a file."""
+`fallow runner` process (runner B) whose owner probe is a file. Runner B reaches Postgres and
+Redis directly; the tests of its hand-overs (a drain deadline, a shutdown deadline, a SIGKILL,
+its owner's return) run again with B a gateway runner, which holds only the api's URL and a
+runner token."""
 
 import datetime
 import json
@@ -16,7 +19,8 @@ import httpx
 import openai
 import pytest
 
-from conftest import FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack, free_port, skip_for_want_of, wait_for
+from conftest import (FALLOW, MODEL_ID, MODEL_PATH, ROOT, Stack, free_port, skip_for_want_of, spawn_gateway_runner,
+                      wait_for)
 
 ADMIN_TOKEN = "admin-secret-for-tests"
 LONG = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
@@ -39,9 +43,12 @@ def job_id(completion_id: str) -> str:
 
 
 class Pair:
-    """A dev stack (runner A) and a second runner process (runner B) on one database."""
+    """A dev stack (runner A) and a second runner process (runner B) on one database. B, and
+    every runner a test adds, is of the pair's transport: `direct` (Postgres and Redis) or
+    `gateway` (the api's runner API, with a runner token and no database or Redis URL)."""
 
-    def __init__(self):
+    def __init__(self, transport="direct"):
+        self.transport = transport
         self.stack = Stack("--lease-seconds", "3", "--slots", "4")
         self.probe = Path(tempfile.mkdtemp(prefix="fallow-owner-")) / "owner-active"
         self.runner_b = None
@@ -49,19 +56,30 @@ class Pair:
     def start(self):
         self.stack.start()
         self.a = self.runner_ids()[0]
-        log = open(ROOT / "target" / f"e2e-{self.stack.database}-runner-b.log", "w")
         self.b_metrics = f"http://127.0.0.1:{free_port()}/metrics"
-        self.runner_b = subprocess.Popen(
-            [FALLOW, "runner", "--database-url", self.stack.database_url, "--redis-url", self.stack.redis_url,
-             "--model", str(MODEL_PATH), "--lease-seconds", "3", "--kv-cache-mb", "64", "--slots", "4",
-             "--owner-probe", f"file:{self.probe}", "--owner-grace-seconds", "2",
-             "--metrics-listen", self.b_metrics.removeprefix("http://").removesuffix("/metrics")],
-            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.runner_b = self.spawn_runner(
+            "b", "--lease-seconds", "3", "--kv-cache-mb", "64", "--slots", "4",
+            "--owner-probe", f"file:{self.probe}", "--owner-grace-seconds", "2",
+            "--metrics-listen", self.b_metrics.removeprefix("http://").removesuffix("/metrics"))
         ids = wait_for(lambda: (lambda ids: ids if len(ids) == 2 else None)(self.runner_ids()), timeout=120)
         self.b = next(i for i in ids if i != self.a)
         self.client = openai.OpenAI(base_url=f"{self.stack.base_url}/v1", api_key="x", max_retries=0,
                                     timeout=180)
         return self
+
+    def spawn_runner(self, name, *extra):
+        """A `fallow runner` process serving the default model, of the pair's transport (a
+        gateway runner's token is named `name`)."""
+        args = ["--model", str(MODEL_PATH), *extra]
+        if self.transport == "gateway":
+            return spawn_gateway_runner(self.stack, name, *args)
+        log = open(ROOT / "target" / f"e2e-{self.stack.database}-runner-{name}.log", "w")
+        return subprocess.Popen(
+            [FALLOW, "runner", "--database-url", self.stack.database_url, "--redis-url", self.stack.redis_url, *args],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def transport_of(self, runner):
+        return admin(self.stack, "GET", f"/runners/{runner}").json()["transport"]
 
     def counter(self, name):
         """A counter's total over both runners: A's in the stack's /metrics, B's on its own."""
@@ -105,10 +123,24 @@ class Pair:
 
 
 @pytest.fixture(scope="module")
-def pair():
-    p = Pair().start()
+def pair(request):
+    """The module's pair, runner B `direct` unless a test is parametrised with
+    `@both_transports`; tests are grouped by transport, so each pair starts once."""
+    p = Pair(request.param).start()
+    assert p.transport_of(p.b) == p.transport, "runner B reaches the control plane as the test says"
     yield p
     p.stop()
+
+
+both_transports = pytest.mark.parametrize("pair", ["direct", "gateway"], indirect=True)
+
+
+def pytest_generate_tests(metafunc):
+    # Every other test of the pair gets the direct one, under the same key as the
+    # parametrised tests' (an unparametrised request would start a pair of its own).
+    marked = any("pair" in m.args[0] for m in metafunc.definition.iter_markers("parametrize"))
+    if "pair" in metafunc.fixturenames and not marked:
+        metafunc.parametrize("pair", ["direct"], indirect=True)
 
 
 def in_background(fn):
@@ -166,6 +198,7 @@ def test_drain_finishes_in_flight_work_and_claims_nothing_new(pair):
     pair.reset()
 
 
+@both_transports
 def test_a_drain_with_a_deadline_hands_its_streams_over_and_they_finish_elsewhere(pair):
     body = {"model": MODEL_ID, "messages": LONG, "max_tokens": 400, "stream": True, "ignore_eos": True,
             "temperature": 0}
@@ -201,6 +234,7 @@ def test_a_drain_with_a_deadline_hands_its_streams_over_and_they_finish_elsewher
     pair.reset()
 
 
+@both_transports
 def test_a_runner_yields_within_2s_of_its_probe_file_its_jobs_finish_elsewhere_and_it_returns(pair):
     pair.reset()
     pair.set(pair.a, "cordon")
@@ -247,12 +281,8 @@ def test_a_runner_outside_its_lending_windows_stays_yielded_and_claims_nothing(p
     pair.reset()
     days = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
     not_today = days[(datetime.datetime.now(datetime.timezone.utc).weekday() + 3) % 7]
-    log = open(ROOT / "target" / f"e2e-{pair.stack.database}-runner-c.log", "w")
-    runner_c = subprocess.Popen(
-        [FALLOW, "runner", "--database-url", pair.stack.database_url, "--redis-url", pair.stack.redis_url,
-         "--model", str(MODEL_PATH), "--kv-cache-mb", "64", "--slots", "4",
-         "--lend-windows", f"{not_today} 00:00-24:00", "--owner-grace-seconds", "1"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    runner_c = pair.spawn_runner("c", "--kv-cache-mb", "64", "--slots", "4",
+                                 "--lend-windows", f"{not_today} 00:00-24:00", "--owner-grace-seconds", "1")
     try:
         ids = wait_for(lambda: (lambda ids: ids if len(ids) == 3 else None)(pair.runner_ids()), timeout=120)
         c = next(i for i in ids if i not in (pair.a, pair.b))
@@ -385,20 +415,18 @@ def json_id(events):
     return json.loads(events[0])["id"]
 
 
+@both_transports
 def test_a_runner_stopped_with_a_shutdown_deadline_hands_back_what_it_could_not_finish(pair):
     body = {"model": MODEL_ID, "messages": LONG, "max_tokens": 400, "stream": True, "ignore_eos": True,
             "temperature": 0}
     want = httpx.post(f"{pair.stack.base_url}/v1/chat/completions", json={**body, "stream": False},
                       timeout=180).json()["choices"][0]["message"]["content"]
     known = set(pair.runner_ids())
-    log = open(ROOT / "target" / f"e2e-{pair.stack.database}-runner-d.log", "w")
-    runner_d = subprocess.Popen(
-        [FALLOW, "runner", "--database-url", pair.stack.database_url, "--redis-url", pair.stack.redis_url,
-         "--model", str(MODEL_PATH), "--lease-seconds", "3", "--kv-cache-mb", "64", "--slots", "4",
-         "--shutdown-deadline", "2s"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    runner_d = pair.spawn_runner("d", "--lease-seconds", "3", "--kv-cache-mb", "64", "--slots", "4",
+                                 "--shutdown-deadline", "2s")
     try:
         d = wait_for(lambda: next((i for i in pair.runner_ids() if i not in known), None), timeout=120)
+        assert pair.transport_of(d) == pair.transport
         wait_for(lambda: admin(pair.stack, "GET", f"/runners/{d}").json()["warm"] == [MODEL_ID], timeout=60)
         stopped = {}
 
@@ -502,11 +530,7 @@ def test_a_job_whose_runner_died_and_whose_stream_redis_lost_continues_from_its_
     request = {"model": MODEL_ID, "messages": LONG, "max_tokens": 400, "ignore_eos": True, "temperature": 0}
     want = httpx.post(f"{pair.stack.base_url}/v1/chat/completions", json=request, timeout=180).json()
     known = set(pair.runner_ids())
-    log = open(ROOT / "target" / f"e2e-{pair.stack.database}-runner-e.log", "w")
-    runner_e = subprocess.Popen(
-        [FALLOW, "runner", "--database-url", pair.stack.database_url, "--redis-url", pair.stack.redis_url,
-         "--model", str(MODEL_PATH), "--lease-seconds", "3", "--kv-cache-mb", "64", "--slots", "4"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    runner_e = pair.spawn_runner("e", "--lease-seconds", "3", "--kv-cache-mb", "64", "--slots", "4")
     try:
         e = wait_for(lambda: next((i for i in pair.runner_ids() if i not in known), None), timeout=120)
         wait_for(lambda: admin(pair.stack, "GET", f"/runners/{e}").json()["warm"] == [MODEL_ID], timeout=60)
@@ -539,6 +563,7 @@ def test_a_job_whose_runner_died_and_whose_stream_redis_lost_continues_from_its_
         "runner A continued from the checkpoint rather than from token zero"
 
 
+@both_transports
 def test_a_stream_whose_runner_is_killed_continues_from_the_last_token_it_sent(pair):
     """Last of the pair's tests: runner B does not come back."""
     body = {"model": MODEL_ID, "messages": LONG, "max_tokens": 400, "stream": True, "ignore_eos": True,
