@@ -526,6 +526,15 @@ def redis_del(url, key):
     return int(reply[1:].strip())
 
 
+def checkpointed_tokens(pair, job):
+    """The tokens a running job's runner has reported generated, once a checkpoint exists."""
+    out = subprocess.run(["psql", pair.stack.database_url, "-tAq", "-c",
+                          "SELECT generated_tokens FROM jobs WHERE id = "
+                          f"'{job}' AND state = 'running' AND checkpoint IS NOT NULL"],
+                         check=True, capture_output=True, text=True)
+    return int(out.stdout.strip() or 0)
+
+
 def test_a_job_whose_runner_died_and_whose_stream_redis_lost_continues_from_its_checkpoint(pair):
     request = {"model": MODEL_ID, "messages": LONG, "max_tokens": 400, "ignore_eos": True, "temperature": 0}
     want = httpx.post(f"{pair.stack.base_url}/v1/chat/completions", json=request, timeout=180).json()
@@ -541,7 +550,9 @@ def test_a_job_whose_runner_died_and_whose_stream_redis_lost_continues_from_its_
         t, result = in_background(lambda: httpx.post(f"{pair.stack.base_url}/v1/chat/completions",
                                                      json=request, timeout=240).json())
         job = wait_for(lambda: (pair.running_on(e) or [None])[0], timeout=60)
-        time.sleep(2.5)  # tokens generated, and a heartbeat or two checkpointed them
+        # Killed as soon as a heartbeat checkpointed some tokens, well before its 400th: a
+        # fixed wait could outlast the whole generation on a fast machine.
+        wait_for(lambda: checkpointed_tokens(pair, job["id"]) > 0, timeout=30)
         runner_e.kill()
         runner_e.wait(timeout=10)
         assert redis_del(pair.stack.redis_url, f"fallow:job:{job['id']}") == 1, "the stream existed"
