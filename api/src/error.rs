@@ -209,7 +209,10 @@ impl From<SchedulerError> for ApiError {
             SchedulerError::Store(fallow_scheduler::store::StoreError::S3(_)) => {
                 ApiError::Unavailable(err.to_string())
             }
-            SchedulerError::Migrate(_) | SchedulerError::Corrupt(_) | SchedulerError::Store(_) => {
+            SchedulerError::Migrate(_)
+            | SchedulerError::MigrationsPending { .. }
+            | SchedulerError::Corrupt(_)
+            | SchedulerError::Store(_) => {
                 ApiError::Internal(err.to_string())
             }
         }

@@ -5,9 +5,10 @@
 //! schema (`t_<uuid>`), which keeps tests independent while they share one database.
 
 use crate::SchedulerError;
-use sqlx::migrate::Migrator;
+use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor, PgPool};
+use std::collections::HashMap;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -66,6 +67,72 @@ pub async fn connect_with(
 pub async fn migrate(pool: &PgPool) -> Result<(), SchedulerError> {
     MIGRATOR.run(pool).await?;
     Ok(())
+}
+
+/// What a service does as it starts: nothing when the schema is this binary's, which needs
+/// only `SELECT` on `_sqlx_migrations`, so least-privilege roles need no `CREATE` on the
+/// schema; otherwise it applies the pending migrations, and says to run `fallow migrate`
+/// as the schema's owner when its role may not.
+/// Returns how many migrations it found pending.
+pub async fn ensure_migrated(pool: &PgPool) -> Result<usize, SchedulerError> {
+    let pending = pending_migrations(pool).await?;
+    if pending == 0 {
+        return Ok(0);
+    }
+    match MIGRATOR.run(pool).await {
+        Err(MigrateError::Execute(e) | MigrateError::ExecuteMigration(e, _))
+            if is_permission_denied(&e) =>
+        {
+            Err(SchedulerError::MigrationsPending {
+                pending,
+                cause: e.to_string(),
+            })
+        }
+        result => Ok(result.map(|()| pending)?),
+    }
+}
+
+/// How many of this binary's migrations the schema lacks, or has in another form; a schema
+/// with migrations this binary does not know counts too, so that sqlx's check explains it.
+async fn pending_migrations(pool: &PgPool) -> Result<usize, SchedulerError> {
+    let applied: Vec<(i64, Vec<u8>, bool)> =
+        match sqlx::query_as("SELECT version, checksum, success FROM _sqlx_migrations")
+            .fetch_all(pool)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNDEFINED_TABLE) => {
+                Vec::new()
+            }
+            Err(e) => return Err(e.into()),
+        };
+    let applied: HashMap<i64, (Vec<u8>, bool)> = applied
+        .into_iter()
+        .map(|(version, checksum, success)| (version, (checksum, success)))
+        .collect();
+    let known: Vec<_> = MIGRATOR
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .collect();
+    let missing = known
+        .iter()
+        .filter(|m| match applied.get(&m.version) {
+            Some((checksum, success)) => !success || checksum[..] != m.checksum[..],
+            None => true,
+        })
+        .count();
+    let unknown = applied
+        .keys()
+        .filter(|version| !known.iter().any(|m| m.version == **version))
+        .count();
+    Ok(missing + unknown)
+}
+
+const UNDEFINED_TABLE: &str = "42P01";
+const INSUFFICIENT_PRIVILEGE: &str = "42501";
+
+fn is_permission_denied(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some(INSUFFICIENT_PRIVILEGE))
 }
 
 /// Creates a uniquely named schema, migrates it, returns (pool, schema name). For tests.

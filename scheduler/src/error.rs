@@ -10,6 +10,9 @@ pub enum SchedulerError {
     Redis(#[from] redis::RedisError),
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The schema is behind this binary and the service's role may not migrate it.
+    #[error("the database schema lacks {pending} of this version's migrations, and this role may not apply them ({cause}): run `fallow migrate` as the schema's owner first")]
+    MigrationsPending { pending: usize, cause: String },
     /// A stored payload could not be decoded (a bug or a schema mismatch).
     #[error("corrupt stored data: {0}")]
     Corrupt(String),

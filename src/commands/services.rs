@@ -32,7 +32,7 @@ async fn connect(settings: &Settings) -> anyhow::Result<Connections> {
                 redact_url(&settings.database_url)
             )
         })?;
-    fallow_scheduler::db::migrate(&pool).await?;
+    fallow_scheduler::db::ensure_migrated(&pool).await?;
     let relay = TokenRelay::connect(&settings.redis_url)
         .await
         .with_context(|| {
@@ -342,7 +342,11 @@ pub async fn migrate(args: ServiceArgs) -> anyhow::Result<()> {
                 redact_url(&settings.database_url)
             )
         })?;
-    fallow_scheduler::db::migrate(&pool).await?;
-    println!("migrations applied");
+    // Up to date, it asks nothing of the role but reading `_sqlx_migrations`, so a
+    // service's `ExecStartPre` may run it with the service's own least-privilege role.
+    match fallow_scheduler::db::ensure_migrated(&pool).await? {
+        0 => println!("the schema is up to date"),
+        n => println!("migrations applied ({n} pending)"),
+    }
     Ok(())
 }
