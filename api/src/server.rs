@@ -4,6 +4,7 @@
 
 use crate::routes::{metrics_router, router};
 use crate::state::AppState;
+use axum::serve::ListenerExt;
 use std::future::Future;
 use std::time::Duration;
 
@@ -33,6 +34,13 @@ pub async fn serve(
         shutdown.await;
         closing.runner_api().closing.close();
     };
+    // Streams are many small writes; Nagle's algorithm would hold each behind the last
+    // one's acknowledgement.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+    });
     let result = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await;

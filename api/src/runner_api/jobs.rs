@@ -70,10 +70,16 @@ pub async fn claim(
             metrics::histogram!(metered::CLAIM_SECONDS, "outcome" => outcome)
                 .record((now - started).as_secs_f64());
             if let (Some(claim_id), false) = (claim.claim_id, jobs.is_empty()) {
-                let kept = claim_replay::remember(state.relay(), id, claim_id, &jobs, lease);
-                if let Err(e) = kept.await {
-                    tracing::warn!(error = %e, "keeping a claim's answer failed; a lost answer will not be replayed");
-                }
+                // Kept beside the answer, not before it: a round trip to Redis would delay
+                // every claimed job's first token. A runner asks again only after its
+                // answer is lost and a back-off, long after this has landed.
+                let (relay, kept) = (state.relay().clone(), jobs.clone());
+                tokio::spawn(async move {
+                    let kept = claim_replay::remember(&relay, id, claim_id, &kept, lease);
+                    if let Err(e) = kept.await {
+                        tracing::warn!(error = %e, "keeping a claim's answer failed; a lost answer will not be replayed");
+                    }
+                });
             }
             return Ok(Json(holding_now(&state, id, jobs)));
         }

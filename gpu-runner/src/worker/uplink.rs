@@ -39,13 +39,28 @@ pub enum News {
     Revoked,
 }
 
-/// One step's uplink: the jobs whose first tokens it carries, its events, and each job's
-/// stream cap.
+/// Steps that queued up while an append was on its way leave together, in order, up to
+/// about this many events: a slow round trip then costs one append, not one per step.
+const COALESCE_EVENTS: usize = fallow_scheduler::runner_wire::MAX_EVENTS_PER_APPEND / 2;
+
+/// One step's uplink, or several consecutive steps': the jobs whose first tokens they
+/// carry, their events in order, and each job's stream cap.
 struct Step {
     marks: Vec<(Uuid, i32)>,
     events: Vec<(Uuid, JobEvent)>,
     caps: HashMap<Uuid, usize>,
-    sent: oneshot::Sender<()>,
+    sent: Vec<oneshot::Sender<()>>,
+}
+
+impl Step {
+    /// Appends the next step. Its marks go ahead of the earlier steps' events, which is
+    /// harmless: a job is marked `streamed` a step early at most.
+    fn absorb(&mut self, next: Step) {
+        self.marks.extend(next.marks);
+        self.events.extend(next.events);
+        self.caps.extend(next.caps);
+        self.sent.extend(next.sent);
+    }
 }
 
 enum Item {
@@ -89,7 +104,7 @@ impl Uplink {
             marks,
             events,
             caps,
-            sent,
+            sent: vec![sent],
         };
         // A closed uplink (revoked) answers at once: the receiver sees the sender dropped.
         let _ = self.items.send(Item::Step(step)).await;
@@ -114,12 +129,30 @@ struct Sender {
 
 impl Sender {
     async fn run(mut self, mut queue: mpsc::Receiver<Item>) {
-        while let Some(item) = queue.recv().await {
+        let mut next = None;
+        loop {
+            let item = match next.take() {
+                Some(item) => item,
+                None => match queue.recv().await {
+                    Some(item) => item,
+                    None => return,
+                },
+            };
             match item {
                 Item::Flush(done) => {
                     let _ = done.send(());
                 }
-                Item::Step(step) => {
+                Item::Step(mut step) => {
+                    while step.events.len() < COALESCE_EVENTS {
+                        match queue.try_recv() {
+                            Ok(Item::Step(later)) => step.absorb(later),
+                            Ok(flush) => {
+                                next = Some(flush);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
                     if self.send_step(step).await.is_err() {
                         let _ = self.news.send(News::Revoked);
                         return; // the worker stops; what is queued is no longer its to send
@@ -129,7 +162,7 @@ impl Sender {
         }
     }
 
-    /// Sends one step; `Err` once the runner is revoked.
+    /// Sends one step (or several coalesced); `Err` once the runner is revoked.
     async fn send_step(&mut self, step: Step) -> Result<(), ()> {
         let Step {
             marks,
@@ -164,7 +197,9 @@ impl Sender {
                 }
             }
         }
-        let _ = sent.send(());
+        for sent in sent {
+            let _ = sent.send(());
+        }
         Ok(())
     }
 
@@ -183,3 +218,7 @@ fn distinct(jobs: impl Iterator<Item = Uuid>) -> Vec<Uuid> {
     let mut seen = HashSet::new();
     jobs.filter(|job| seen.insert(*job)).collect()
 }
+
+#[cfg(test)]
+#[path = "uplink_tests.rs"]
+mod tests;
