@@ -341,10 +341,12 @@ def texts_of(events, n=1):
     return texts
 
 
-# Bounded, so that the forced call ends (`tool_calls`) rather than running out of tokens.
+# Bounded, so that the forced call ends (`tool_calls`) rather than running out of tokens (391
+# of 500), and long enough that runner B cannot finish it before it reads its owner probe
+# (every 0.5 s): without `minLength` the model wrote 83 tokens, done in about 0.3 s.
 SHORT_STORY = {"type": "object", "properties": {
     "title": {"type": "string", "maxLength": 40},
-    "chapters": {"type": "array", "items": {"type": "string", "maxLength": 120}, "minItems": 3, "maxItems": 3}},
+    "chapters": {"type": "array", "items": {"type": "string", "minLength": 150, "maxLength": 200}, "minItems": 6, "maxItems": 6}},
     "required": ["title", "chapters"]}
 
 
