@@ -205,6 +205,9 @@ pub struct ServiceArgs {
     /// Seconds the owner must have been idle before a yielded runner returns.
     #[arg(long, env = "FALLOW_OWNER_GRACE_SECONDS")]
     pub owner_grace_seconds: Option<u64>,
+    /// How often the owner probe runs (`500ms`, the default; `100ms`, `2s`).
+    #[arg(long, env = "FALLOW_OWNER_EVERY")]
+    pub owner_every: Option<String>,
     /// On SIGTERM, let in-flight jobs finish for this long (`20s`, `1m`) before handing the
     /// rest back; other runners continue those from their progress. Default 0: at once.
     #[arg(long, env = "FALLOW_SHUTDOWN_DEADLINE")]

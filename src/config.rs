@@ -55,6 +55,7 @@ pub struct FileConfig {
     pub metrics_listen: Option<String>,
     pub owner_probe: Option<String>,
     pub owner_grace_seconds: Option<u64>,
+    pub owner_every: Option<String>,
     pub shutdown_deadline: Option<String>,
     pub prepare_timeout: Option<String>,
     pub lend_windows: Option<String>,
@@ -270,6 +271,8 @@ pub struct Settings {
     /// The runner's owner probe, parsed (a bad spec fails at start-up).
     pub owner_probe: Option<fallow_runner::worker::OwnerProbe>,
     pub owner_grace_seconds: u64,
+    /// How often the owner probe runs.
+    pub owner_every: Duration,
     /// How long a runner lets in-flight jobs finish after SIGTERM before handing the rest
     /// back.
     pub shutdown_deadline: Duration,
@@ -415,6 +418,13 @@ impl Settings {
                 .owner_grace_seconds
                 .or(file.owner_grace_seconds)
                 .unwrap_or(60),
+            owner_every: match args.owner_every.clone().or(file.owner_every) {
+                Some(value) => parse_duration(&value)
+                    .context("--owner-every")?
+                    .filter(|every| !every.is_zero())
+                    .context("--owner-every: a period, such as 500ms")?,
+                None => fallow_runner::worker::RunnerConfig::default().owner_every,
+            },
             shutdown_deadline: match args.shutdown_deadline.clone().or(file.shutdown_deadline) {
                 Some(value) => parse_duration(&value)
                     .context("--shutdown-deadline")?
@@ -692,6 +702,21 @@ mod tests {
         assert_eq!(s.listen.port(), 9000);
         assert_eq!(s.slots, 5);
         assert_eq!(s.kv_cache_mb, 0, "automatic unless given");
+    }
+
+    #[test]
+    fn the_owner_probe_runs_every_500ms_unless_told_and_never_continuously() {
+        let every = |value: Option<&str>| {
+            Settings::resolve(&ServiceArgs {
+                owner_every: value.map(str::to_string),
+                ..Default::default()
+            })
+            .map(|s| s.owner_every)
+        };
+        assert_eq!(every(None).unwrap(), Duration::from_millis(500));
+        assert_eq!(every(Some("100ms")).unwrap(), Duration::from_millis(100));
+        assert!(every(Some("0s")).is_err());
+        assert!(every(Some("forever")).is_err());
     }
 
     fn no_auth_on(listen: &str) -> ServiceArgs {

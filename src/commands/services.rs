@@ -171,6 +171,7 @@ fn runner_config(settings: &Settings, offers: &[ModelOffer]) -> anyhow::Result<R
         heartbeat_every: lease / 3,
         owner_probe: settings.owner_probe.clone(),
         owner_grace: Duration::from_secs(settings.owner_grace_seconds),
+        owner_every: settings.owner_every,
         shutdown_deadline: settings.shutdown_deadline,
         prepare_timeout: settings.prepare_timeout,
         lend_windows: settings.lend_windows.clone(),

@@ -59,7 +59,8 @@ class Pair:
         self.b_metrics = f"http://127.0.0.1:{free_port()}/metrics"
         self.runner_b = self.spawn_runner(
             "b", "--lease-seconds", "3", "--kv-cache-mb", "64", "--slots", "4",
-            "--owner-probe", f"file:{self.probe}", "--owner-grace-seconds", "2",
+            # The probe read every 100 ms: a short job cannot finish before B sees its owner.
+            "--owner-probe", f"file:{self.probe}", "--owner-every", "100ms", "--owner-grace-seconds", "2",
             "--metrics-listen", self.b_metrics.removeprefix("http://").removesuffix("/metrics"))
         ids = wait_for(lambda: (lambda ids: ids if len(ids) == 2 else None)(self.runner_ids()), timeout=120)
         self.b = next(i for i in ids if i != self.a)
