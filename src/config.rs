@@ -423,7 +423,7 @@ impl Settings {
                     .context("--owner-every")?
                     .filter(|every| !every.is_zero())
                     .context("--owner-every: a period, such as 500ms")?,
-                None => fallow_runner::worker::RunnerConfig::default().owner_every,
+                None => fallow_runner::worker::DEFAULT_OWNER_EVERY,
             },
             shutdown_deadline: match args.shutdown_deadline.clone().or(file.shutdown_deadline) {
                 Some(value) => parse_duration(&value)

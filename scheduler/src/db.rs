@@ -5,10 +5,10 @@
 //! schema (`t_<uuid>`), which keeps tests independent while they share one database.
 
 use crate::SchedulerError;
-use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::migrate::{Migrate, MigrateError, Migrator};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor, PgPool};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -81,7 +81,7 @@ pub async fn ensure_migrated(pool: &PgPool) -> Result<usize, SchedulerError> {
     }
     match MIGRATOR.run(pool).await {
         Err(MigrateError::Execute(e) | MigrateError::ExecuteMigration(e, _))
-            if is_permission_denied(&e) =>
+            if has_code(&e, INSUFFICIENT_PRIVILEGE) =>
         {
             Err(SchedulerError::MigrationsPending {
                 pending,
@@ -92,47 +92,40 @@ pub async fn ensure_migrated(pool: &PgPool) -> Result<usize, SchedulerError> {
     }
 }
 
-/// How many of this binary's migrations the schema lacks, or has in another form; a schema
-/// with migrations this binary does not know counts too, so that sqlx's check explains it.
+/// How many of this binary's migrations the schema lacks, or has in another form or half
+/// applied; a schema with migrations this binary does not know counts too, so that sqlx's
+/// check explains it. Read with sqlx's own queries, which need only `SELECT`.
 async fn pending_migrations(pool: &PgPool) -> Result<usize, SchedulerError> {
-    let applied: Vec<(i64, Vec<u8>, bool)> =
-        match sqlx::query_as("SELECT version, checksum, success FROM _sqlx_migrations")
-            .fetch_all(pool)
-            .await
-        {
-            Ok(rows) => rows,
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNDEFINED_TABLE) => {
-                Vec::new()
-            }
-            Err(e) => return Err(e.into()),
-        };
-    let applied: HashMap<i64, (Vec<u8>, bool)> = applied
-        .into_iter()
-        .map(|(version, checksum, success)| (version, (checksum, success)))
+    let mut conn = pool.acquire().await?;
+    let applied = match conn.list_applied_migrations().await {
+        Ok(applied) => applied,
+        Err(MigrateError::Execute(e)) if has_code(&e, UNDEFINED_TABLE) => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    let dirty = !applied.is_empty() && conn.dirty_version().await?.is_some();
+    let applied: HashMap<i64, &[u8]> = applied
+        .iter()
+        .map(|m| (m.version, &m.checksum[..]))
         .collect();
-    let known: Vec<_> = MIGRATOR
+    let known: HashSet<i64> = MIGRATOR
         .iter()
         .filter(|m| !m.migration_type.is_down_migration())
+        .map(|m| m.version)
         .collect();
-    let missing = known
+    let missing = MIGRATOR
         .iter()
-        .filter(|m| match applied.get(&m.version) {
-            Some((checksum, success)) => !success || checksum[..] != m.checksum[..],
-            None => true,
-        })
+        .filter(|m| known.contains(&m.version))
+        .filter(|m| applied.get(&m.version) != Some(&&m.checksum[..]))
         .count();
-    let unknown = applied
-        .keys()
-        .filter(|version| !known.iter().any(|m| m.version == **version))
-        .count();
-    Ok(missing + unknown)
+    let unknown = applied.keys().filter(|v| !known.contains(v)).count();
+    Ok(missing + unknown + usize::from(dirty))
 }
 
 const UNDEFINED_TABLE: &str = "42P01";
 const INSUFFICIENT_PRIVILEGE: &str = "42501";
 
-fn is_permission_denied(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some(INSUFFICIENT_PRIVILEGE))
+fn has_code(e: &sqlx::Error, code: &str) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some(code))
 }
 
 /// Creates a uniquely named schema, migrates it, returns (pool, schema name). For tests.

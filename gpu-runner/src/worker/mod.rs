@@ -59,6 +59,10 @@ const MAX_HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
 /// How often idle models are checked against their keep-alive and background loads start.
 const MODELS_TICK: Duration = Duration::from_secs(1);
 
+/// How often the owner probe runs unless told: the owner gets the machine back within
+/// about this long.
+pub const DEFAULT_OWNER_EVERY: Duration = Duration::from_millis(500);
+
 #[derive(Debug, Clone)]
 pub struct RunnerConfig {
     /// Jobs held at once.
@@ -109,7 +113,7 @@ impl Default for RunnerConfig {
             poll_every: Duration::from_secs(1),
             host: hostname(),
             owner_probe: None,
-            owner_every: Duration::from_millis(500),
+            owner_every: DEFAULT_OWNER_EVERY,
             owner_grace: Duration::from_secs(60),
             shutdown_deadline: Duration::ZERO,
             lend_windows: None,
